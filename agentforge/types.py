@@ -1,0 +1,290 @@
+"""The objects that cross boundaries: tasks, rollouts, attempts, spans, rewards, resource versions.
+
+Every component (gateway, store, runner, trainer, serving) speaks these pydantic models; the store maps
+them onto tables, the HTTP store server onto JSON. Modelled on agent-lightning ``schemas.py``.
+
+State machines:
+
+* A **rollout** is one episode of an agent on one task. ``queued → running → succeeded | failed |
+  timed_out``; a failed or timed-out rollout with attempts left goes back to ``queued`` (a *retry*),
+  and ``running → queued`` happens when a worker's heartbeat is lost (the attempt is abandoned).
+* An **attempt** is one try at a rollout by one worker. Spans and rewards carry the attempt id, so a
+  dead attempt's spans are never counted with the attempt that finally succeeded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from agentforge.errors import InvalidTransitionError
+
+__all__ = [
+    "RolloutState",
+    "AttemptState",
+    "ROLLOUT_TRANSITIONS",
+    "check_transition",
+    "Task",
+    "Rollout",
+    "Attempt",
+    "SpanKind",
+    "Span",
+    "LLMCall",
+    "ToolCall",
+    "Reward",
+    "ResourceVersion",
+    "new_id",
+    "now",
+]
+
+
+def new_id(prefix: str) -> str:
+    """Return a fresh unique id like ``ro-1f2e...`` (prefix + 16 hex chars)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def now() -> float:
+    """Wall-clock time in seconds since the epoch (the unit of every timestamp here)."""
+    return time.time()
+
+
+class RolloutState(StrEnum):
+    """Life cycle of a rollout; see the module docstring."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    timed_out = "timed_out"
+    cancelled = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """True for states no worker will move on from without a retry."""
+        return self in (RolloutState.succeeded, RolloutState.failed, RolloutState.timed_out, RolloutState.cancelled)
+
+
+class AttemptState(StrEnum):
+    """Life cycle of one attempt: ``running`` then exactly one terminal state."""
+
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    timed_out = "timed_out"
+    abandoned = "abandoned"  # the worker stopped heartbeating (killed); its spans are not counted
+
+
+#: The one transition table for rollouts. Keys are current states, values the states they may move to.
+ROLLOUT_TRANSITIONS: dict[RolloutState, frozenset[RolloutState]] = {
+    RolloutState.queued: frozenset({RolloutState.running, RolloutState.cancelled}),
+    RolloutState.running: frozenset(
+        {RolloutState.succeeded, RolloutState.failed, RolloutState.timed_out, RolloutState.queued}
+    ),
+    RolloutState.failed: frozenset({RolloutState.queued}),
+    RolloutState.timed_out: frozenset({RolloutState.queued}),
+    RolloutState.succeeded: frozenset(),
+    RolloutState.cancelled: frozenset(),
+}
+
+
+def check_transition(current: RolloutState, target: RolloutState) -> None:
+    """Raise if ``current → target`` is not an edge of :data:`ROLLOUT_TRANSITIONS`.
+
+    Raises:
+        InvalidTransitionError: naming both states and the allowed targets.
+    """
+    allowed = ROLLOUT_TRANSITIONS[RolloutState(current)]
+    if RolloutState(target) not in allowed:
+        names = ", ".join(sorted(s.value for s in allowed)) or "none (terminal state)"
+        raise InvalidTransitionError(f"rollout cannot go from {current} to {target}; allowed: {names}")
+
+
+class Task(BaseModel):
+    """One unit of work for an agent: an input payload plus metadata (dataset, split, gold answer)."""
+
+    task_id: str = Field(default_factory=lambda: new_id("task"))
+    input: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rollout(BaseModel):
+    """One episode of an agent on a task.
+
+    Attributes:
+        resources: resource versions pinned to this rollout, e.g. ``{"policy": "policy@v3",
+            "prompt:cs-system": "2"}``; the runner hands them to the agent and the gateway serves them.
+        group_id: rollouts of the same task sampled together for GRPO share a group id.
+        max_attempts: total tries (first run + retries) before the rollout stays failed.
+        timeout_s: wall-clock limit per attempt, seconds.
+    """
+
+    rollout_id: str = Field(default_factory=lambda: new_id("ro"))
+    task: Task = Field(default_factory=Task)
+    state: RolloutState = RolloutState.queued
+    agent: str = ""
+    group_id: str | None = None
+    resources: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    attempts: int = 0
+    max_attempts: int = Field(default=3, ge=1)
+    timeout_s: float = Field(default=600.0, gt=0)
+    error: str | None = None
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+
+
+class Attempt(BaseModel):
+    """One try at a rollout by one worker. ``heartbeat_at`` is refreshed while the worker is alive."""
+
+    attempt_id: str = Field(default_factory=lambda: new_id("at"))
+    rollout_id: str
+    number: int = Field(ge=1)
+    worker_id: str = ""
+    state: AttemptState = AttemptState.running
+    error: str | None = None
+    started_at: float = Field(default_factory=now)
+    heartbeat_at: float = Field(default_factory=now)
+    ended_at: float | None = None
+
+
+class SpanKind(StrEnum):
+    """What a span records."""
+
+    llm = "llm"
+    tool = "tool"
+    custom = "custom"
+
+
+class ToolCall(BaseModel):
+    """A tool call the model emitted, parsed from the engine's answer.
+
+    Attributes:
+        arguments: the raw argument string exactly as the engine sent it.
+        parsed: the decoded JSON object, or ``None`` when ``arguments`` is not valid JSON.
+        flags: e.g. ``"empty_arguments_normalised"``, ``"malformed_arguments"``.
+    """
+
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+    parsed: dict[str, Any] | None = None
+    flags: list[str] = Field(default_factory=list)
+
+
+class LLMCall(BaseModel):
+    """The token-exact record of one LLM call, as the inference engine saw and sampled it.
+
+    ``prompt_token_ids`` and ``completion_token_ids`` come from the engine (vLLM's
+    ``return_token_ids``), never from re-tokenising text. ``logprobs[i]`` is the log-probability
+    (natural log) of ``completion_token_ids[i]`` under the serving policy, so
+    ``len(logprobs) == len(completion_token_ids)`` whenever ``trainable`` is true.
+
+    Attributes:
+        model: the model name the client asked for (e.g. the alias ``policy``).
+        version: the resolved version that served the call (e.g. ``policy@v3``).
+        trainable: false when ids/logprobs are missing or inconsistent; ``flags`` says why.
+        request: the request body as the client sent it (messages, tools, sampling parameters).
+        response_text: the assistant text returned.
+        latency_s: seconds from receiving the request to the last byte of the answer.
+    """
+
+    model: str = ""
+    version: str = ""
+    endpoint: Literal["chat", "completions"] = "chat"
+    stream: bool = False
+    request: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    response_text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] = Field(default_factory=dict)
+    latency_s: float = 0.0
+    trainable: bool = True
+    flags: list[str] = Field(default_factory=list)
+
+
+class Span(BaseModel):
+    """One recorded operation inside a rollout (an LLM call, a tool call, or anything custom).
+
+    A span whose ``rollout_id`` is ``None`` is an *orphan*: it reached the gateway without
+    attribution. ``sequence`` orders spans and rewards of a rollout; the store assigns it on insert.
+    """
+
+    span_id: str = Field(default_factory=lambda: new_id("sp"))
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    kind: SpanKind = SpanKind.custom
+    name: str = ""
+    status: Literal["ok", "error"] = "ok"
+    error: str | None = None
+    llm: LLMCall | None = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    started_at: float = Field(default_factory=now)
+    ended_at: float | None = None
+    sequence: int | None = None
+
+
+class Reward(BaseModel):
+    """A scalar reward for a rollout, emitted at any time (inside a node, at the end, hours later).
+
+    Attachment rule (one rule everywhere): a reward belongs to its rollout; ``span_id`` is the span it
+    follows — given explicitly, or else the latest span of the rollout recorded before the reward
+    (``None`` if there is none). A rollout's training reward is its **last** reward by ``sequence``
+    (a ``final`` reward wins over non-final ones regardless of order). ``value=None`` or NaN is kept,
+    marked ``valid=False`` and never turned into a number.
+    """
+
+    reward_id: str = Field(default_factory=lambda: new_id("rw"))
+    rollout_id: str
+    attempt_id: str | None = None
+    span_id: str | None = None
+    name: str = "reward"
+    value: float | None = None
+    final: bool = False
+    source: str = "agent"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=now)
+    sequence: int | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _nan_to_none(cls, v: float | None) -> float | None:
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    @property
+    def valid(self) -> bool:
+        """Whether the value is a usable number."""
+        return self.value is not None
+
+
+class ResourceVersion(BaseModel):
+    """A versioned resource: a prompt template, an adapter, or any JSON payload.
+
+    ``name`` identifies the resource (e.g. ``prompt:cs-system`` or ``policy``); versions count up from
+    1 per name. ``active`` marks the version served by default.
+
+    Attributes:
+        kind: ``"prompt"``, ``"adapter"`` or ``"other"``.
+        payload: for prompts ``{"template": str}``; for adapters ``{"path": str, "base_model": str,
+            "rank": int}``.
+    """
+
+    name: str
+    version: int = Field(default=0, ge=0)
+    kind: Literal["prompt", "adapter", "other"] = "other"
+    payload: dict[str, Any] = Field(default_factory=dict)
+    active: bool = False
+    created_at: float = Field(default_factory=now)
+
+    @property
+    def ref(self) -> str:
+        """``name@vN``, the versioned name used by serving and the gateway."""
+        return f"{self.name}@v{self.version}"
