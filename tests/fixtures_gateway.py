@@ -1,0 +1,1 @@
+"""Fixtures for the gateway component (filled in by its tests)."""

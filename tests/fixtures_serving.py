@@ -1,0 +1,1 @@
+"""Fixtures for the serving component (filled in by its tests)."""

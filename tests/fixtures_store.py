@@ -1,0 +1,1 @@
+"""Fixtures for the store component (filled in by its tests)."""
