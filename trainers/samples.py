@@ -1,0 +1,154 @@
+"""Token-exact training samples from stored LLM spans.
+
+Every id here comes from the spans the gateway recorded (the engine's ``prompt_token_ids`` and sampled
+``completion_token_ids``); nothing is re-tokenised (DESIGN fact 1).
+
+**Merge rule.** The LLM spans of one rollout are walked in ``sequence`` order. A call *continues* the
+current trajectory when its prompt ids start with the trajectory's ids so far (prompt + every completion
+and in-between token) exactly; the extra prompt tokens between the previous completion and this call's
+completion (tool results, user turns, template glue) are appended with ``env_mask`` 0 and logprob 0.0,
+then the sampled ids with ``env_mask`` 1 and the engine's logprobs. A call that does not continue it
+(the chat template rewrote history, e.g. stripped earlier reasoning) **starts a new trajectory**; it is
+never re-wrapped. Every trajectory of a rollout carries that rollout's reward.
+
+The output of :func:`to_rollout_func_output` is TRL's ``rollout_func`` dict (``trl.GRPOTrainer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentforge.errors import UserError
+from agentforge.types import Span, SpanKind
+
+__all__ = ["SampleValidationError", "Trajectory", "build_trajectories", "to_rollout_func_output"]
+
+
+class SampleValidationError(UserError):
+    """A span cannot be trained on (no engine token ids or logprobs, or inconsistent lengths)."""
+
+
+@dataclass
+class Trajectory:
+    """One training sequence. ``completion_ids``, ``logprobs`` and ``env_mask`` have equal length.
+
+    Attributes:
+        prompt_ids: ids of the first call's prompt, shape ``(P,)``.
+        completion_ids: sampled ids and interleaved environment ids, shape ``(C,)``.
+        logprobs: engine log-probabilities of sampled ids; 0.0 where ``env_mask`` is 0, shape ``(C,)``.
+        env_mask: 1 for tokens the policy sampled, 0 for tokens it did not, shape ``(C,)``.
+        versions: the policy versions that produced the sampled parts, in order.
+        truncated: some call in it ended with ``finish_reason == "length"``.
+        span_ids: the spans merged into it.
+    """
+
+    rollout_id: str | None
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    truncated: bool = False
+    span_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        """Prompt followed by completion ids."""
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Number of tokens the policy sampled (``sum(env_mask)``)."""
+        return sum(self.env_mask)
+
+
+def _checked(span: Span) -> tuple[list[int], list[int], list[float]]:
+    llm = span.llm
+    if llm is None or llm.prompt_token_ids is None or llm.completion_token_ids is None:
+        raise SampleValidationError(
+            f"span {span.span_id} has no engine token ids (flags: {llm.flags if llm else []}); serve the policy "
+            "through vLLM or the embedded backend so the gateway records return_token_ids"
+        )
+    if llm.logprobs is None or len(llm.logprobs) != len(llm.completion_token_ids):
+        got = None if llm.logprobs is None else len(llm.logprobs)
+        raise SampleValidationError(
+            f"span {span.span_id} has {got} logprobs for {len(llm.completion_token_ids)} completion tokens; "
+            "request logprobs from the engine (the gateway does this by default)"
+        )
+    if not llm.trainable:
+        raise SampleValidationError(f"span {span.span_id} is flagged not trainable: {', '.join(llm.flags)}")
+    return llm.prompt_token_ids, llm.completion_token_ids, llm.logprobs
+
+
+def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
+    """Merge a rollout's LLM spans into trajectories by the module's merge rule.
+
+    Args:
+        spans: spans of one rollout (one attempt), any kinds; only ``kind == llm`` spans with
+            ``status == "ok"`` are used, in ``sequence`` order.
+
+    Returns:
+        Trajectories in order; one per run of continuing calls.
+
+    Raises:
+        SampleValidationError: an LLM span lacks engine token ids or logprobs, or is flagged not trainable.
+    """
+    calls = sorted(
+        (s for s in spans if s.kind == SpanKind.llm and s.status == "ok"),
+        key=lambda s: (s.sequence if s.sequence is not None else 0, s.started_at),
+    )
+    out: list[Trajectory] = []
+    for span in calls:
+        prompt, completion, logprobs = _checked(span)
+        version = span.llm.version if span.llm else ""
+        current = out[-1] if out else None
+        if current is not None and prompt[: len(current.ids)] == current.ids:
+            gap = prompt[len(current.ids) :]
+            current.completion_ids += gap
+            current.logprobs += [0.0] * len(gap)
+            current.env_mask += [0] * len(gap)
+        else:
+            current = Trajectory(rollout_id=span.rollout_id, prompt_ids=list(prompt))
+            out.append(current)
+        current.completion_ids += completion
+        current.logprobs += logprobs
+        current.env_mask += [1] * len(completion)
+        current.versions.append(version)
+        current.truncated |= span.llm is not None and span.llm.finish_reason == "length"
+        current.span_ids.append(span.span_id)
+    return out
+
+
+def to_rollout_func_output(
+    trajectories: Sequence[Trajectory], rewards: Sequence[float | None], **extra: Sequence[Any]
+) -> dict[str, list[Any]]:
+    """Lay trajectories out as TRL's ``rollout_func`` output.
+
+    Args:
+        trajectories: ``N`` trajectories.
+        rewards: ``N`` rewards (``None`` = missing; reward functions mask it).
+        **extra: further per-sample fields (length ``N`` each), passed to reward functions by TRL.
+
+    Returns:
+        ``{"prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "rollout_id", "version", ...}``,
+        each a list of length ``N``.
+
+    Raises:
+        UserError: the lengths of ``rewards`` or an ``extra`` field differ from ``N``.
+    """
+    n = len(trajectories)
+    for name, values in {"rewards": rewards, **extra}.items():
+        if len(values) != n:
+            raise UserError(f"{name} has {len(values)} entries for {n} trajectories")
+    return {
+        "prompt_ids": [t.prompt_ids for t in trajectories],
+        "completion_ids": [t.completion_ids for t in trajectories],
+        "logprobs": [t.logprobs for t in trajectories],
+        "env_mask": [t.env_mask for t in trajectories],
+        "reward": list(rewards),
+        "rollout_id": [t.rollout_id for t in trajectories],
+        "version": [t.versions[-1] if t.versions else "" for t in trajectories],
+        **{k: list(v) for k, v in extra.items()},
+    }
