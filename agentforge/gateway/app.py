@@ -1,0 +1,391 @@
+"""The gateway's HTTP app: OpenAI-compatible routes that forward to the engine and record one span per call.
+
+Routes (each also under ``/rollouts/{rollout_id}``, which attributes the call to that rollout):
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions``, streamed or not;
+* ``GET /v1/models`` (every alias and version the :class:`~agentforge.gateway.router.ModelRouter` knows);
+* ``GET /health``; the store's ``/api/...`` routes when ``include_store_api`` (same port for rewards).
+
+Anything else is a 404 with an OpenAI-style body: vLLM's admin routes (``/v1/load_lora_adapter``, ...)
+are never forwarded. Attribution: the URL prefix wins, else the ``X-Rollout-Id`` header; ``X-Attempt-Id``
+is optional. A call without attribution is stored as an *orphan* span (``rollout_id=None``,
+``attributes["orphan"] = True``) and the ``agentforge.gateway`` logger warns once per gateway. The
+warning is a log record, not a :mod:`warnings` warning, on purpose: a warning raised inside a request
+handler is either swallowed by the once-per-location filter or, under ``-W error``, turns a recorded
+call into an HTTP 500. A span naming a rollout the store does not know is also kept as an orphan, with
+``attributes["claimed_rollout_id"]``.
+
+Errors reach the client as ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or a bad
+body → 400 (no upstream call), unknown model → 404 ``model_not_found``, engine errors → the engine's
+status and message (e.g. vLLM's 400 for a prompt over the context limit), engine unreachable → 502,
+engine timeout → 504. Every call that got past JSON decoding is recorded, failed ones with
+``status="error"`` and the message in ``Span.error``. A failed store write is logged (``ERROR``) and
+never breaks the client's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from agentforge.errors import NotFoundError, UserError
+from agentforge.gateway.auth import ApiKeyMiddleware
+from agentforge.gateway.capture import llm_call_from_response
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.gateway.stream import StreamRelay, relay_response
+from agentforge.gateway.wire import (
+    Endpoint,
+    client_ask,
+    encode_json,
+    error_body,
+    shape_response,
+    upstream_body,
+    upstream_error_body,
+)
+from agentforge.types import LLMCall, Span, SpanKind, now
+
+if TYPE_CHECKING:
+    from agentforge.stores.base import TraceStore
+
+__all__ = ["create_gateway", "CallContext"]
+
+logger = logging.getLogger("agentforge.gateway")
+
+_PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+
+
+class CallContext:
+    """Everything known about one call before the engine answers (shared by the unary and stream paths).
+
+    Attributes:
+        endpoint: ``"chat"`` or ``"completions"``.
+        body: the request body as the client sent it.
+        rollout_id: attribution from the URL prefix or ``X-Rollout-Id`` (``None`` for an orphan).
+        attempt_id: the ``X-Attempt-Id`` header, if any.
+        started_at: wall-clock start, seconds since the epoch.
+        t0: ``time.perf_counter()`` at the start, for ``latency_s``.
+        version: the resolved version (empty until resolved).
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, body: dict[str, Any], rollout_id: str | None, attempt_id: str | None
+    ) -> None:
+        self.endpoint, self.body = endpoint, body
+        self.rollout_id, self.attempt_id = rollout_id, attempt_id
+        self.started_at, self.t0 = now(), time.perf_counter()
+        self.version = ""
+
+    @property
+    def model(self) -> str:
+        """The model name the client asked for."""
+        value = self.body.get("model")
+        return value if isinstance(value, str) else ""
+
+    def latency_s(self) -> float:
+        """Seconds since the request arrived."""
+        return time.perf_counter() - self.t0
+
+
+def _clean(text: str) -> str:
+    """Make a message storable in a SQL text column (no NUL, no lone surrogates)."""
+    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _Gateway:
+    """State and handlers behind one gateway app."""
+
+    def __init__(
+        self,
+        store: TraceStore,
+        router: ModelRouter,
+        transport: httpx.AsyncBaseTransport | None,
+        timeout_s: float,
+    ) -> None:
+        self.store, self.router = store, router
+        self._transport, self._timeout_s = transport, timeout_s
+        self._client: httpx.AsyncClient | None = None
+        self._orphan_warned = False
+        self.orphans = 0
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> Any:
+        yield
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The upstream client, created on first use (so nothing happens at app creation)."""
+        if self._client is None:
+            timeout = httpx.Timeout(self._timeout_s, connect=min(10.0, self._timeout_s))
+            self._client = httpx.AsyncClient(transport=self._transport, timeout=timeout)
+        return self._client
+
+    # --- recording ------------------------------------------------------------------------------
+    async def record(
+        self, ctx: CallContext, llm: LLMCall, error: str | None = None, **attributes: Any
+    ) -> None:
+        """Write the call's span (shielded from cancellation; store failures are logged, not raised)."""
+        span = Span(
+            rollout_id=ctx.rollout_id,
+            attempt_id=ctx.attempt_id,
+            kind=SpanKind.llm,
+            name=f"{ctx.endpoint}.completions" if ctx.endpoint == "chat" else "completions",
+            status="error" if error else "ok",
+            error=_clean(error) if error else None,
+            llm=llm,
+            attributes={"endpoint": ctx.endpoint, **attributes},
+            started_at=ctx.started_at,
+            ended_at=now(),
+        )
+        if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
+            self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._write, span)
+
+    def _orphan(self, span: Span, why: str) -> None:
+        span.attributes["orphan"] = True
+        self.orphans += 1
+        level = logging.DEBUG if self._orphan_warned else logging.WARNING
+        self._orphan_warned = True
+        logger.log(
+            level,
+            "gateway call stored as an orphan span (%s); point the client at <gateway>/rollouts/<rollout_id>/v1 "
+            "or send the X-Rollout-Id header to attribute it",
+            why,
+        )
+
+    def _write(self, span: Span) -> None:
+        try:
+            try:
+                self.store.add_span(span)
+            except (NotFoundError, UserError) as exc:
+                if span.rollout_id is None:
+                    raise
+                claimed = span.rollout_id
+                span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
+                span.attributes = {**span.attributes, "claimed_rollout_id": _clean(claimed)}
+                self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
+                self.store.add_span(span)
+        except Exception:
+            logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
+
+    def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
+        """The LLMCall of a call that produced no answer."""
+        return LLMCall(
+            model=ctx.model, version=ctx.version, endpoint=ctx.endpoint, stream=bool(ctx.body.get("stream")),
+            request=ctx.body, latency_s=ctx.latency_s(), trainable=False, **fields,
+        )  # fmt: skip
+
+    async def fail(self, ctx: CallContext, status: int, body: dict[str, Any], flag: str) -> JSONResponse:
+        """Record a failed span and return the OpenAI-style error to the client."""
+        await self.record(
+            ctx, self.failed_call(ctx, flags=[flag]), error=body["error"]["message"], http_status=status
+        )
+        return JSONResponse(body, status_code=status)
+
+    # --- handlers -------------------------------------------------------------------------------
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        """Validate, resolve, forward and record one call."""
+        rollout_id = request.path_params.get("rollout_id") or request.headers.get("x-rollout-id") or None
+        attempt_id = request.headers.get("x-attempt-id") or None
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            logger.warning("rejected a request with a malformed JSON body: %s", exc)
+            return JSONResponse(
+                error_body(f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json"),
+                400,
+            )
+        if not isinstance(body, dict):
+            return JSONResponse(
+                error_body("request body must be a JSON object", "invalid_request_error", "invalid_json"), 400
+            )
+        ctx = CallContext(endpoint, body, rollout_id, attempt_id)
+        problem = _validate(body, endpoint)
+        if problem is not None:
+            return await self.fail(
+                ctx,
+                400,
+                error_body(problem[1], "invalid_request_error", "invalid_value", problem[0]),
+                "invalid_request",
+            )
+        try:
+            ctx.version, upstream = self.router.acquire(ctx.model)
+        except NotFoundError as exc:
+            return await self.fail(
+                ctx,
+                404,
+                error_body(str(exc), "invalid_request_error", "model_not_found", "model"),
+                "model_not_found",
+            )
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.router.release(ctx.version)
+
+        try:
+            response = await self._forward(ctx, upstream, release)
+        except BaseException:
+            release()
+            raise
+        if not isinstance(response, StreamingResponse):
+            release()  # a stream's relay releases when the stream ends or the client leaves
+        return response
+
+    async def _send(
+        self, ctx: CallContext, upstream: Upstream, stream: bool
+    ) -> httpx.Response | JSONResponse:
+        """Send the request upstream; a transport failure becomes a recorded 502/504 error response."""
+        headers = {"content-type": "application/json"}
+        if upstream.api_key:
+            headers["authorization"] = f"Bearer {upstream.api_key}"
+        url = upstream.base_url.rstrip("/") + _PATHS[ctx.endpoint]
+        content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
+        request = self.client.build_request("POST", url, content=content, headers=headers)
+        try:
+            return await self.client.send(request, stream=stream)
+        except httpx.TimeoutException as exc:
+            msg = f"upstream {upstream.base_url} timed out after {self._timeout_s} s ({type(exc).__name__})"
+            return await self.fail(
+                ctx, 504, error_body(msg, "upstream_timeout", "upstream_timeout"), "upstream_timeout"
+            )
+        except httpx.HTTPError as exc:
+            msg = f"upstream {upstream.base_url} is unreachable: {type(exc).__name__}: {exc}"
+            return await self.fail(
+                ctx,
+                502,
+                error_body(msg, "upstream_unreachable", "upstream_unreachable"),
+                "upstream_unreachable",
+            )
+
+    async def _forward(self, ctx: CallContext, upstream: Upstream, release: Callable[[], None]) -> Response:
+        stream = bool(ctx.body.get("stream"))
+        response = await self._send(ctx, upstream, stream)
+        if isinstance(response, JSONResponse):
+            release()
+            return response
+        if response.status_code >= 400:
+            content = await response.aread()
+            await response.aclose()
+            release()
+            body = upstream_error_body(response.status_code, content)
+            return await self.fail(ctx, response.status_code, body, "upstream_error")
+        ask = client_ask(ctx.body, ctx.endpoint)
+        if stream:
+            relay = StreamRelay(self, ctx, response, ask, release)
+            return relay_response(relay)
+        try:
+            data = json.loads(response.content)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            msg = (
+                f"upstream answered HTTP {response.status_code} with a body that is not a JSON object: {exc}"
+            )
+            return await self.fail(
+                ctx, 502, error_body(msg, "upstream_error", "bad_upstream_response"), "bad_upstream_response"
+            )
+        llm = llm_call_from_response(
+            data, endpoint=ctx.endpoint, request=ctx.body, model=ctx.model, version=ctx.version,
+            latency_s=ctx.latency_s(),
+        )  # fmt: skip
+        await self.record(ctx, llm)
+        return JSONResponse(shape_response(data, ask, ctx.version))
+
+    async def models(self) -> JSONResponse:
+        """``GET /v1/models`` in OpenAI's list shape."""
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "agentforge"} for m in self.router.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+
+def _validate(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | None:
+    """``(param, message)`` for a body the engine cannot take, else ``None``."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "model", "'model' is required and must be a non-empty string"
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "messages", "'messages' must be a non-empty list of messages"
+        if not all(isinstance(m, dict) for m in messages):
+            return "messages", "every item of 'messages' must be an object"
+    elif "prompt" not in body:
+        return "prompt", "'prompt' is required"
+    return None
+
+
+def create_gateway(
+    store: TraceStore,
+    router: ModelRouter,
+    api_key: str | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout_s: float = 600.0,
+    include_store_api: bool = True,
+) -> FastAPI:
+    """Build the gateway app (see the module docstring for routes, attribution and errors).
+
+    Args:
+        store: where spans are written (``add_span``, called in a worker thread).
+        router: resolves model names to versions and upstreams; counts in-flight requests.
+        api_key: when set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``
+            (the store routes check it themselves, with the store's error format).
+        transport: httpx transport for upstream requests (tests pass ``ScriptedUpstream.transport()``).
+        timeout_s: per-request upstream timeout, seconds (connect: at most 10 s).
+        include_store_api: mount ``agentforge.stores.http.store_router(store)`` when that module exists.
+
+    Returns:
+        The FastAPI app; ``app.state.gateway.orphans`` counts orphan spans written.
+    """
+    gateway = _Gateway(store, router, transport, timeout_s)
+    app = FastAPI(
+        title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.gateway = gateway
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+
+    def handler(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await gateway.handle(request, endpoint)
+
+        return route
+
+    for prefix in ("", "/rollouts/{rollout_id}"):
+        app.add_api_route(prefix + "/v1/chat/completions", handler("chat"), methods=["POST"])
+        app.add_api_route(prefix + "/v1/completions", handler("completions"), methods=["POST"])
+        app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])
+    app.add_api_route("/health", _health, methods=["GET"])
+    if include_store_api:
+        try:
+            from agentforge.stores.http import store_router
+        except ImportError:
+            logger.debug("agentforge.stores.http is not available; the store API is not mounted")
+        else:
+            app.include_router(store_router(store, api_key=api_key))
+    app.add_api_route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    return app
+
+
+async def _health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def _not_found(request: Request) -> JSONResponse:
+    msg = f"no route {request.method} {request.url.path} on the agentforge gateway"
+    return JSONResponse(error_body(msg, "invalid_request_error", "not_found"), status_code=404)

@@ -1,0 +1,40 @@
+"""API-key check for the gateway's OpenAI routes (the store's ``/api`` routes check the key themselves)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from fastapi.responses import JSONResponse
+
+from agentforge.gateway.wire import error_body
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["ApiKeyMiddleware"]
+
+
+class ApiKeyMiddleware:
+    """Reject requests without ``Authorization: Bearer <api_key>`` (or ``X-Api-Key``) with a 401."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self._key = app, api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path != "/health" and not path.startswith("/api/"):
+            headers = dict(scope.get("headers") or [])
+            given = (
+                headers.get(b"x-api-key")
+                or headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
+            )
+            if not hmac.compare_digest(given, self._key):
+                body = error_body(
+                    "missing or wrong API key for the agentforge gateway",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

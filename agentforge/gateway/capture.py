@@ -1,0 +1,281 @@
+"""Build the token-exact :class:`~agentforge.types.LLMCall` of one gateway call.
+
+One path for both modes: a non-streamed answer is read directly; a stream is folded by
+:class:`StreamCapture` into the same shape the engine would have answered without streaming, then read
+by the same function. So a streamed call and a non-streamed one with the same tokens give the same
+record (ids, logprobs, usage, finish_reason, tool calls).
+
+Where vLLM puts things (``return_token_ids: true``, verified on vLLM 0.32):
+
+* chat, non-streamed: ``prompt_token_ids`` at top level; ``choices[0].token_ids``;
+  ``choices[0].logprobs.content[i].logprob``.
+* chat, streamed: ``prompt_token_ids`` at top level of the first chunk; ``token_ids`` and
+  ``logprobs.content`` in each chunk's ``choices[0]``; a final chunk with ``choices: []`` and ``usage``.
+* completions: ``choices[0].prompt_token_ids``, ``choices[0].token_ids`` and
+  ``choices[0].logprobs.token_logprobs`` (streamed: the same per chunk; ``prompt_token_ids`` only in
+  the first).
+
+Ids are never rebuilt from text. When they cannot be trusted the call is kept with ``trainable=False``
+and a flag naming the reason (see :data:`UNTRAINABLE_FLAGS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentforge.gateway.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai
+from agentforge.gateway.wire import Endpoint
+from agentforge.types import LLMCall
+
+__all__ = ["SAMPLING_KEYS", "UNTRAINABLE_FLAGS", "sampling_params", "llm_call_from_response", "StreamCapture"]
+
+#: Request keys copied into ``LLMCall.sampling``.
+SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "n", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs",
+    "tool_choice", "response_format",
+)  # fmt: skip
+
+#: Flags that make a call unusable for training, with their meaning.
+UNTRAINABLE_FLAGS = {
+    "no_token_ids": "the upstream returned no prompt or completion token ids (hosted API?)",
+    "no_logprobs": "the upstream returned no logprobs",
+    "logprob_count_mismatch": "the number of logprobs differs from the number of completion ids",
+    "token_ids_missing": "fewer completion ids than usage.completion_tokens (a parser swallowed some)",
+    "token_count_mismatch": "more completion ids than usage.completion_tokens",
+    "prompt_token_count_mismatch": "prompt ids differ in number from usage.prompt_tokens",
+    "stream_incomplete": "the stream ended before a finish_reason",
+}
+
+
+def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling parameters of a request (the :data:`SAMPLING_KEYS` it sets)."""
+    return {k: body[k] for k in SAMPLING_KEYS if k in body}
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
+
+
+def _logprobs(choice: dict[str, Any], endpoint: Endpoint) -> list[float] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if endpoint == "chat":
+        content = lp.get("content")
+        if not isinstance(content, list):
+            return None
+        return [float(item["logprob"]) for item in content if isinstance(item, dict) and "logprob" in item]
+    values = lp.get("token_logprobs")
+    return [float(v) for v in values if v is not None] if isinstance(values, list) else None
+
+
+def _consistency_flags(call: LLMCall) -> list[str]:
+    flags: list[str] = []
+    ids, usage = call.completion_token_ids, call.usage
+    if ids is None or call.prompt_token_ids is None:
+        flags.append("no_token_ids")
+    if ids is not None:
+        if call.logprobs is None:
+            flags.append("no_logprobs")
+        elif len(call.logprobs) != len(ids):
+            flags.append("logprob_count_mismatch")
+        expected = usage.get("completion_tokens")
+        if isinstance(expected, int) and len(ids) < expected:
+            flags.append("token_ids_missing")
+        elif isinstance(expected, int) and len(ids) > expected:
+            flags.append("token_count_mismatch")
+    prompt_expected = usage.get("prompt_tokens")
+    if call.prompt_token_ids is not None and isinstance(prompt_expected, int):
+        if len(call.prompt_token_ids) != prompt_expected:
+            flags.append("prompt_token_count_mismatch")
+    return flags
+
+
+def llm_call_from_response(
+    data: dict[str, Any],
+    *,
+    endpoint: Endpoint,
+    request: dict[str, Any],
+    model: str,
+    version: str,
+    stream: bool = False,
+    latency_s: float = 0.0,
+    extra_flags: list[str] | None = None,
+) -> LLMCall:
+    """Read the engine's (non-streamed-shaped) answer into an :class:`~agentforge.types.LLMCall`.
+
+    Only choice 0 is recorded; more choices (``n > 1``) add the flag ``extra_choices_dropped``.
+
+    Args:
+        data: the engine's JSON answer, or :meth:`StreamCapture.response` for a stream.
+        endpoint: ``"chat"`` or ``"completions"``.
+        request: the request body as the client sent it (stored verbatim).
+        model: the model name the client asked for.
+        version: the version that served the call.
+        stream: whether the client streamed.
+        latency_s: seconds from receiving the request to the last byte of the answer.
+        extra_flags: flags found while reading the stream (e.g. ``stream_incomplete``).
+
+    Returns:
+        The record; ``trainable`` is false when any flag of :data:`UNTRAINABLE_FLAGS` is set.
+    """
+    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    choice: dict[str, Any] = choices[0] if choices and isinstance(choices[0], dict) else {}
+    if endpoint == "chat":
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        text = message.get("content") or ""
+        raw_calls = message.get("tool_calls") or []
+        prompt_ids = _int_list(data.get("prompt_token_ids"))
+    else:
+        text, raw_calls = choice.get("text") or "", []
+        prompt_ids = _int_list(choice.get("prompt_token_ids"))
+    tool_calls = [tool_call_from_openai(c) for c in raw_calls if isinstance(c, dict)]
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    flags = list(extra_flags or [])
+    if len(choices) > 1:
+        flags.append("extra_choices_dropped")
+    if any(MALFORMED_ARGUMENTS in c.flags for c in tool_calls):
+        flags.append("malformed_tool_call")
+    call = LLMCall(
+        model=model,
+        version=version,
+        endpoint=endpoint,
+        stream=stream,
+        request=request,
+        sampling=sampling_params(request),
+        prompt_token_ids=prompt_ids,
+        completion_token_ids=_int_list(choice.get("token_ids")),
+        logprobs=_logprobs(choice, endpoint),
+        response_text=text if isinstance(text, str) else str(text),
+        tool_calls=tool_calls,
+        finish_reason=choice.get("finish_reason"),
+        usage={k: v for k, v in usage.items() if v is not None},
+        latency_s=latency_s,
+    )
+    flags.extend(_consistency_flags(call))
+    call.flags = list(dict.fromkeys(flags))
+    call.trainable = not any(f in UNTRAINABLE_FLAGS for f in call.flags)
+    return call
+
+
+@dataclass
+class _ToolAcc:
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class StreamCapture:
+    """Fold streamed chunks (decoded ``data:`` payloads) into one non-streamed-shaped answer.
+
+    Only choice 0 is accumulated. Ids and logprobs are concatenated exactly as the chunks carry them.
+
+    Attributes:
+        endpoint: ``"chat"`` or ``"completions"``.
+    """
+
+    endpoint: Endpoint
+    _prompt_ids: list[int] | None = None
+    _ids: list[int] | None = None
+    _logprobs: list[float] | None = None
+    _text: list[str] = field(default_factory=list)
+    _tools: dict[int, _ToolAcc] = field(default_factory=dict)
+    _finish_reason: str | None = None
+    _usage: dict[str, Any] | None = None
+    _extra_choices: bool = False
+    _last: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """Whether choice 0 has received its ``finish_reason``."""
+        return self._finish_reason is not None
+
+    def feed(self, chunk: dict[str, Any]) -> bool:
+        """Add one chunk.
+
+        Args:
+            chunk: a decoded ``data:`` payload of the engine's stream.
+
+        Returns:
+            True when this chunk carried choice 0's ``finish_reason``.
+        """
+        self._last = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        if self._prompt_ids is None:
+            self._prompt_ids = _int_list(chunk.get("prompt_token_ids"))
+        finished = False
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("index", 0) != 0:
+                self._extra_choices = True
+                continue
+            finished = self._feed_choice(choice) or finished
+        return finished
+
+    def _feed_choice(self, choice: dict[str, Any]) -> bool:
+        if self._prompt_ids is None:
+            self._prompt_ids = _int_list(choice.get("prompt_token_ids"))
+        ids = _int_list(choice.get("token_ids"))
+        if ids is not None:
+            self._ids = (self._ids or []) + ids
+        lps = _logprobs(choice, self.endpoint)
+        if lps is not None:
+            self._logprobs = (self._logprobs or []) + lps
+        if self.endpoint == "chat":
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            if isinstance(delta.get("content"), str):
+                self._text.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                self._feed_tool(call)
+        elif isinstance(choice.get("text"), str):
+            self._text.append(choice["text"])
+        if choice.get("finish_reason") is not None:
+            self._finish_reason = choice["finish_reason"]
+            return True
+        return False
+
+    def _feed_tool(self, call: dict[str, Any]) -> None:
+        acc = self._tools.setdefault(int(call.get("index", 0)), _ToolAcc())
+        acc.id = call.get("id") or acc.id
+        acc.type = call.get("type") or acc.type
+        function = call.get("function") or {}
+        acc.name += function.get("name") or ""
+        acc.arguments += function.get("arguments") or ""
+
+    def empty_argument_indexes(self) -> list[int]:
+        """Indexes of accumulated tool calls whose arguments are still empty."""
+        return [i for i, acc in sorted(self._tools.items()) if not acc.arguments.strip()]
+
+    def response(self) -> dict[str, Any]:
+        """The accumulated answer in the engine's non-streamed shape (for :func:`llm_call_from_response`)."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self._finish_reason, "token_ids": self._ids}
+        text = "".join(self._text)
+        if self.endpoint == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if self._tools:
+                message["tool_calls"] = [
+                    {"id": t.id, "type": t.type, "function": {"name": t.name, "arguments": t.arguments}}
+                    for _, t in sorted(self._tools.items())
+                ]
+            choice["message"] = message
+            choice["logprobs"] = (
+                None if self._logprobs is None else {"content": [{"logprob": v} for v in self._logprobs]}
+            )
+        else:
+            choice["text"] = text
+            choice["prompt_token_ids"] = self._prompt_ids
+            choice["logprobs"] = None if self._logprobs is None else {"token_logprobs": self._logprobs}
+        out: dict[str, Any] = dict(self._last, choices=[choice] + ([{}] if self._extra_choices else []))
+        if self.endpoint == "chat":
+            out["prompt_token_ids"] = self._prompt_ids
+        if self._usage is not None:
+            out["usage"] = self._usage
+        return out

@@ -1,0 +1,177 @@
+"""Run an ASGI app (the gateway, or a fake upstream) under uvicorn in a background thread.
+
+Binding rule: the gateway listens on loopback (``127.0.0.1``) by default; binding any other interface
+(``0.0.0.0``, a LAN address, a host name) without an ``api_key`` raises :class:`~agentforge.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import uvicorn
+
+from agentforge.errors import ServingError, UserError
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from agentforge.gateway.router import ModelRouter
+    from agentforge.stores.base import TraceStore
+
+__all__ = ["is_loopback", "AppServer", "GatewayServer", "serve_gateway"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1`` or ``localhost``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class AppServer:
+    """An ASGI app served by uvicorn in a daemon thread; ``port=0`` picks a free port.
+
+    Args:
+        app: the ASGI app.
+        host: interface to bind.
+        port: TCP port (0: any free port; read :attr:`port` after :meth:`start`).
+        startup_timeout_s: seconds to wait for the server to accept connections.
+    """
+
+    def __init__(
+        self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 10.0
+    ) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._startup_timeout_s = startup_timeout_s
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (IPv6 hosts bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> Self:
+        """Bind, start serving and wait until ready.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ServingError: the port is taken or the server did not start within the timeout.
+        """
+        if self._thread is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host.strip("[]"), self.port))
+        except OSError as exc:
+            sock.close()
+            raise ServingError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{self.port}"
+        )
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServingError(f"server on {self.url} did not start within {self._startup_timeout_s} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask uvicorn to exit and join its thread (waits at most ``timeout_s`` seconds). Safe twice."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._server, self._thread = None, None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class GatewayServer(AppServer):
+    """The gateway app on a port, in a background thread.
+
+    Args:
+        store: trace store for spans.
+        router: model router.
+        host: interface; non-loopback needs ``api_key``.
+        port: TCP port (0: any free port).
+        api_key: required from clients when set.
+        **gateway_kwargs: passed to :func:`~agentforge.gateway.app.create_gateway`
+            (``transport``, ``timeout_s``, ``include_store_api``).
+
+    Attributes:
+        store: the trace store spans are written to.
+        router: the model router.
+
+    Raises:
+        UserError: ``host`` is not loopback and no ``api_key`` is given.
+    """
+
+    def __init__(
+        self,
+        store: TraceStore,
+        router: ModelRouter,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        **gateway_kwargs: Any,
+    ) -> None:
+        if not is_loopback(host) and not api_key:
+            raise UserError(
+                f"refusing to bind the gateway to non-loopback interface {host!r} without an api_key; "
+                "pass api_key=... (clients then send 'Authorization: Bearer <key>') or bind 127.0.0.1"
+            )
+        from agentforge.gateway.app import create_gateway
+
+        self.store, self.router = store, router
+        super().__init__(create_gateway(store, router, api_key, **gateway_kwargs), host, port)
+
+    @property
+    def openai_base_url(self) -> str:
+        """Base URL for OpenAI clients without attribution: ``http://host:port/v1``."""
+        return f"{self.url}/v1"
+
+    def rollout_base_url(self, rollout_id: str) -> str:
+        """Base URL that attributes every call to ``rollout_id``: ``http://host:port/rollouts/<id>/v1``."""
+        return f"{self.url}/rollouts/{rollout_id}/v1"
+
+
+def serve_gateway(
+    store: TraceStore,
+    router: ModelRouter,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    **gateway_kwargs: Any,
+) -> GatewayServer:
+    """Start a :class:`GatewayServer` and return it (call ``stop()`` or use it as a context manager).
+
+    Raises:
+        UserError: non-loopback ``host`` without ``api_key``.
+        ServingError: the port cannot be bound or the server did not start.
+    """
+    return GatewayServer(store, router, host, port, api_key, **gateway_kwargs).start()

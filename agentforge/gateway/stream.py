@@ -1,0 +1,154 @@
+"""Relay an engine's server-sent-event stream to the client while capturing it.
+
+The client receives valid SSE (``data: {...}\\n\\n`` ... ``data: [DONE]\\n\\n``) shaped by
+:func:`~agentforge.gateway.wire.shape_chunk`. The span is written *before* ``[DONE]`` is sent, so a
+client that finished reading the stream finds its span in the store. The router's in-flight count is
+released exactly once: when the stream ends, fails, or the client disconnects (then the span is kept
+with ``status="error"``, ``attributes["client_disconnected"] = True`` and what arrived so far).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentforge.gateway.capture import StreamCapture, llm_call_from_response
+from agentforge.gateway.wire import ClientAsk, encode_json, error_body, normalise_empty_arguments, shape_chunk
+
+if TYPE_CHECKING:
+    from agentforge.gateway.app import CallContext, _Gateway
+
+__all__ = ["sse_data", "StreamRelay", "relay_response"]
+
+_DONE = b"data: [DONE]\n\n"
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """Yield the ``data`` payload of each server-sent event of ``response`` (multi-line data joined)."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+        elif line.startswith("data:"):
+            lines.append(line[5:].removeprefix(" "))
+    if lines:
+        yield "\n".join(lines)
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + encode_json(data) + b"\n\n"
+
+
+class StreamRelay:
+    """Owns one upstream stream: relays it, captures it, records the span and releases the version.
+
+    Args:
+        gateway: the gateway whose ``record`` writes the span.
+        ctx: the call's context.
+        response: the engine's open streaming response (status < 400).
+        ask: what the client asked for.
+        release: ends the call's in-flight count on the router (idempotent).
+    """
+
+    def __init__(
+        self,
+        gateway: _Gateway,
+        ctx: CallContext,
+        response: httpx.Response,
+        ask: ClientAsk,
+        release: Callable[[], None],
+    ) -> None:
+        self.gateway, self.ctx, self.response, self.ask, self._release = gateway, ctx, response, ask, release
+        self.capture = StreamCapture(ctx.endpoint)
+        self._recorded = False
+        self._closed = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE bytes for the client."""
+        error: str | None = None
+        try:
+            async for data in sse_data(self.response):
+                if data.strip() == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    error = f"upstream sent a stream event that is not JSON: {data[:200]!r}"
+                    yield _event(error_body(error, "upstream_error", "bad_upstream_response"))
+                    break
+                if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+                    error = str(chunk["error"].get("message") or chunk["error"])
+                    yield _event(chunk)
+                    break
+                if not isinstance(chunk, dict):
+                    continue
+                if self.capture.feed(chunk) and self.ctx.endpoint == "chat":
+                    normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
+                shaped = shape_chunk(chunk, self.ask, self.ctx.version)
+                if shaped is not None:
+                    yield _event(shaped)
+        except httpx.HTTPError as exc:
+            error = f"upstream stream broke: {type(exc).__name__}: {exc}"
+            yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
+        await self.finish(error)
+        yield _DONE
+
+    async def finish(self, error: str | None, **attributes: Any) -> None:
+        """Release the version, close the upstream response and record the span (each at most once)."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+            with anyio.CancelScope(shield=True):
+                await self.response.aclose()
+        if self._recorded:
+            return
+        self._recorded = True
+        flags = [] if self.capture.finished else ["stream_incomplete"]
+        llm = llm_call_from_response(
+            self.capture.response(), endpoint=self.ctx.endpoint, request=self.ctx.body, model=self.ctx.model,
+            version=self.ctx.version, stream=True, latency_s=self.ctx.latency_s(), extra_flags=flags,
+        )  # fmt: skip
+        if error is not None:
+            llm.flags.append("upstream_error")
+            llm.trainable = False
+        await self.gateway.record(self.ctx, llm, error=error, **attributes)
+
+    async def abort(self) -> None:
+        """Finish after the client went away (no-op when the stream already finished)."""
+        if self._recorded and self._closed:
+            return
+        await self.finish("client disconnected before the stream ended", client_disconnected=True)
+
+
+class _RelayResponse(StreamingResponse):
+    """A ``StreamingResponse`` that always finishes its relay, even if the client disconnects early."""
+
+    def __init__(self, relay: StreamRelay) -> None:
+        super().__init__(
+            relay.events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass  # recorded by ``abort`` below; nothing left to answer
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.relay.abort()
+
+
+def relay_response(relay: StreamRelay) -> StreamingResponse:
+    """The client's streaming response for ``relay``."""
+    return _RelayResponse(relay)

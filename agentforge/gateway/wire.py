@@ -1,0 +1,229 @@
+"""What the gateway asks the engine for, and what it hands back to the client.
+
+The gateway always asks the engine for token ids and logprobs (vLLM's ``return_token_ids: true`` and
+``logprobs``) and, for streams, for the final usage chunk; the client receives only what it asked for:
+
+* ``logprobs`` not requested → every ``choices[i].logprobs`` is ``null`` (OpenAI's own shape).
+* ``return_token_ids`` not requested → ``prompt_token_ids`` (top level for chat, per choice for
+  completions) and ``choices[i].token_ids`` are removed.
+* ``stream_options.include_usage`` not requested → the final usage-only chunk is not forwarded.
+* ``model`` in the answer is the resolved version (``policy@v3``), so the client can see what served it.
+* A tool call whose arguments are empty (a tool without parameters) reaches the client as ``"{}"``;
+  the span keeps the engine's ``""`` verbatim (see :mod:`agentforge.gateway.toolcalls`).
+
+Hosted upstreams (``Upstream.token_ids=False``) get the request unchanged apart from ``model``.
+Every error the gateway returns has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentforge.gateway.router import Upstream
+
+__all__ = [
+    "Endpoint",
+    "ClientAsk",
+    "client_ask",
+    "upstream_body",
+    "shape_response",
+    "shape_chunk",
+    "normalise_empty_arguments",
+    "error_body",
+    "upstream_error_body",
+    "encode_json",
+]
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(frozen=True)
+class ClientAsk:
+    """What the client asked to receive beyond the plain answer.
+
+    Attributes:
+        logprobs: the client requested logprobs.
+        token_ids: the client requested ``return_token_ids``.
+        usage_chunk: the client requested the final usage chunk of a stream.
+        stream: the client requested a stream.
+    """
+
+    logprobs: bool
+    token_ids: bool
+    usage_chunk: bool
+    stream: bool
+
+
+def client_ask(body: dict[str, Any], endpoint: Endpoint) -> ClientAsk:
+    """Read what the client asked for from its request body.
+
+    Args:
+        body: the JSON body as the client sent it.
+        endpoint: ``"chat"`` (``/v1/chat/completions``) or ``"completions"`` (``/v1/completions``).
+
+    Returns:
+        The :class:`ClientAsk` for shaping the answer.
+    """
+    logprobs = bool(body.get("logprobs")) if endpoint == "chat" else body.get("logprobs") is not None
+    options = body.get("stream_options")
+    usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
+    return ClientAsk(
+        logprobs=logprobs,
+        token_ids=bool(body.get("return_token_ids")),
+        usage_chunk=usage,
+        stream=bool(body.get("stream")),
+    )
+
+
+def upstream_body(body: dict[str, Any], endpoint: Endpoint, upstream: Upstream) -> dict[str, Any]:
+    """The body sent to the engine: the client's, with the engine's model name and capture options.
+
+    Args:
+        body: the client's JSON body (not modified).
+        endpoint: which OpenAI endpoint is called.
+        upstream: the engine serving the resolved version.
+
+    Returns:
+        A new dict. For engines with ``token_ids=True``: ``return_token_ids: true``, ``logprobs: true``
+        (chat) or at least ``0`` (completions: the sampled token's logprob only) and, when streaming,
+        ``stream_options.include_usage: true``.
+    """
+    out = dict(body)
+    out["model"] = upstream.model
+    if not upstream.token_ids:
+        return out
+    out["return_token_ids"] = True
+    if endpoint == "chat":
+        out["logprobs"] = True
+    elif out.get("logprobs") is None:
+        out["logprobs"] = 0
+    if out.get("stream"):
+        options = dict(out.get("stream_options") or {})
+        options["include_usage"] = True
+        out["stream_options"] = options
+    return out
+
+
+def _shape_choices(choices: Iterable[Any], ask: ClientAsk) -> None:
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if not ask.logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+        if not ask.token_ids:
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+
+
+def shape_response(data: dict[str, Any], ask: ClientAsk, version: str) -> dict[str, Any]:
+    """The non-streamed answer as the client should see it (see the module docstring).
+
+    Args:
+        data: the engine's JSON answer (not modified).
+        ask: what the client asked for.
+        version: the resolved version, written into ``model``.
+
+    Returns:
+        A new dict.
+    """
+    out = copy.deepcopy(data)
+    out["model"] = version
+    if not ask.token_ids:
+        out.pop("prompt_token_ids", None)
+    _shape_choices(out.get("choices") or [], ask)
+    for choice in out.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for call in (message or {}).get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and not (function.get("arguments") or "").strip():
+                function["arguments"] = "{}"
+    return out
+
+
+def shape_chunk(chunk: dict[str, Any], ask: ClientAsk, version: str) -> dict[str, Any] | None:
+    """One streamed chunk as the client should see it, or ``None`` to drop it.
+
+    Args:
+        chunk: the engine's decoded chunk (modified in place and returned).
+        ask: what the client asked for.
+        version: the resolved version, written into ``model``.
+
+    Returns:
+        The chunk, or ``None`` for the usage-only chunk the client did not ask for.
+    """
+    if not chunk.get("choices") and "usage" in chunk and not ask.usage_chunk:
+        return None
+    if not ask.usage_chunk:
+        chunk.pop("usage", None)
+    if "model" in chunk:
+        chunk["model"] = version
+    if not ask.token_ids:
+        chunk.pop("prompt_token_ids", None)
+    _shape_choices(chunk.get("choices") or [], ask)
+    return chunk
+
+
+def normalise_empty_arguments(chunk: dict[str, Any], indexes: list[int]) -> None:
+    """Add an ``arguments: "{}"`` delta for each streamed tool call that received no arguments.
+
+    Called on the chunk that carries choice 0's ``finish_reason``, so a client accumulating deltas
+    ends with ``"{}"`` instead of ``""`` for tools without parameters.
+
+    Args:
+        chunk: the finishing chunk (modified in place).
+        indexes: tool-call indexes whose accumulated arguments are empty.
+    """
+    if not indexes:
+        return
+    choice = chunk["choices"][0]
+    delta = choice.setdefault("delta", {}) or {}
+    choice["delta"] = delta
+    calls = delta.get("tool_calls") or []
+    calls.extend({"index": i, "function": {"arguments": "{}"}} for i in indexes)
+    delta["tool_calls"] = calls
+
+
+def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def upstream_error_body(status: int, content: bytes) -> dict[str, Any]:
+    """Normalise an engine's error answer into an OpenAI-style error body.
+
+    Args:
+        status: the engine's HTTP status.
+        content: the engine's response body (JSON or anything else).
+
+    Returns:
+        The engine's ``{"error": {...}}`` when it already has that shape (vLLM does), else a body whose
+        message quotes the first 500 characters of what the engine sent.
+    """
+    try:
+        data = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and data["error"].get("message"):
+        err = data["error"]
+        return error_body(
+            str(err["message"]),
+            str(err.get("type") or "upstream_error"),
+            err.get("code", status),
+            err.get("param"),
+        )
+    if isinstance(data, dict) and isinstance(data.get("detail") or data.get("message"), str):
+        return error_body(data.get("detail") or data["message"], "upstream_error", status)
+    text = content[:500].decode("utf-8", "replace").strip() or "(empty body)"
+    return error_body(f"upstream answered HTTP {status}: {text}", "upstream_error", status)
+
+
+def encode_json(data: Any) -> bytes:
+    """UTF-8 JSON bytes (non-ASCII kept as is; lone surrogates fall back to ``\\u`` escapes)."""
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode("ascii")
