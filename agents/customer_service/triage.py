@@ -12,15 +12,15 @@ Output format the model is asked for (one line each)::
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from agentforge.errors import MissingExtraError
+from agentforge.rewards.triage import parse_triage
 
 if TYPE_CHECKING:
     from openai import OpenAI
 
-__all__ = ["INTENTS", "DEFAULT_TRIAGE_PROMPT", "TriageState", "parse_triage", "build_triage_graph"]
+__all__ = ["INTENTS", "DEFAULT_TRIAGE_PROMPT", "TriageState", "parse_intent_and_order", "build_triage_graph"]
 
 #: The 27 Bitext customer-support intents.
 INTENTS: tuple[str, ...] = (
@@ -38,10 +38,6 @@ DEFAULT_TRIAGE_PROMPT = (
     "order_id: <the order number in the message, or none>"
 )
 
-_INTENT_RE = re.compile(r"intent\s*[:=]\s*([a-z_ ]+)", re.IGNORECASE)
-_ORDER_RE = re.compile(r"order[_ ]?id\s*[:=]\s*#?([A-Za-z0-9-]+)", re.IGNORECASE)
-
-
 class TriageState(TypedDict, total=False):
     """Graph state. ``message`` is the input; the rest is filled by the nodes."""
 
@@ -52,24 +48,16 @@ class TriageState(TypedDict, total=False):
     reply: str
 
 
-def parse_triage(text: str) -> tuple[str | None, str | None]:
-    """Parse the model's triage answer.
-
-    Args:
-        text: the assistant text.
+def parse_intent_and_order(text: str) -> tuple[str | None, str | None]:
+    """Parse the model's triage answer with the scorer's parser (:func:`agentforge.rewards.parse_triage`).
 
     Returns:
-        ``(intent, order_id)``; ``intent`` is ``None`` unless it names one of :data:`INTENTS`,
-        ``order_id`` is ``None`` when absent or ``none``.
+        ``(intent, order_id)``; ``intent`` is ``None`` unless it names one of :data:`INTENTS`.
     """
-    intent = None
-    if m := _INTENT_RE.search(text):
-        candidate = m.group(1).strip().lower().replace(" ", "_")
-        intent = candidate if candidate in INTENTS else None
-    order_id = None
-    if (m := _ORDER_RE.search(text)) and m.group(1).lower() not in {"none", "null", "n"}:
-        order_id = m.group(1)
-    return intent, order_id
+    pred = parse_triage(text, labels=INTENTS)
+    if pred is None:
+        return None, None
+    return (pred.intent if pred.intent in INTENTS else None), pred.order_id
 
 
 def build_triage_graph(
@@ -109,7 +97,7 @@ def build_triage_graph(
             temperature=temperature,
         )
         text = out.choices[0].message.content or ""
-        intent, order_id = parse_triage(text)
+        intent, order_id = parse_intent_and_order(text)
         return {"triage_text": text, "intent": intent, "order_id": order_id}
 
     def answer(state: TriageState) -> TriageState:
