@@ -1,0 +1,266 @@
+"""``HTTPStore``: the ``TraceStore`` client of a store server, for runners and apps in other processes
+or on other machines.
+
+.. code-block:: python
+
+    app = create_store_app(SQLStore("postgresql+psycopg://..."), api_key="secret")  # run with uvicorn
+    store = HTTPStore("http://host:8000", api_key="secret")  # a TraceStore like any other
+
+The server side (routes, wire format, status codes) is :mod:`agentforge.stores.server`; its
+``store_router`` and ``create_store_app`` are re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
+from agentforge.stores.server import create_store_app, store_router
+from agentforge.stores.tables import dumps
+from agentforge.types import (
+    Attempt,
+    AttemptState,
+    ResourceVersion,
+    Reward,
+    Rollout,
+    RolloutState,
+    Span,
+    SpanKind,
+)
+
+__all__ = ["store_router", "create_store_app", "HTTPStore"]
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    "NotFoundError": NotFoundError,
+    "InvalidTransitionError": InvalidTransitionError,
+    "StoreError": StoreError,
+}
+
+
+class HTTPStore:
+    """A ``TraceStore`` client for a store server (:func:`create_store_app` or the gateway).
+
+    Args:
+        base_url: the server root, e.g. ``http://127.0.0.1:8000`` (routes are under ``/api``).
+        api_key: sent as ``Authorization: Bearer <api_key>``.
+        timeout_s: per-request timeout, seconds.
+        retries: extra tries after a connection error (only for requests safe to repeat once the server
+            may have seen them: everything except ``claim_rollout`` and ``publish_resource``, which are
+            retried only when the connection could not be opened at all).
+        backoff_s: first wait between tries, doubled each time, seconds.
+        transport: an ``httpx`` transport (tests: ``httpx.MockTransport``).
+
+    Raises (from every method):
+        NotFoundError, InvalidTransitionError, UserError: as the server's store raised them.
+        StoreError: the server failed, or could not be reached after the retries (message has the URL).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries, self.backoff_s = retries, backoff_s
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def __repr__(self) -> str:
+        return f"HTTPStore({self.base_url!r})"
+
+    def __enter__(self) -> HTTPStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        safe: bool = True,
+    ) -> Any:
+        content = None if body is None else dumps(body).encode("ascii")
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        url, delay = f"{self.base_url}{path}", self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._client.request(method, path, content=content, params=params)
+                break
+            except httpx.TransportError as exc:
+                repeatable = safe or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if not repeatable or attempt == self.retries:
+                    raise StoreError(
+                        f"store server {url} unreachable after {attempt + 1} tries: {type(exc).__name__}: {exc}"
+                    ) from exc
+            time.sleep(delay)
+            delay *= 2
+        if resp.status_code >= 400:
+            raise self._error(resp, method, url)
+        return json.loads(resp.content)
+
+    @staticmethod
+    def _error(resp: httpx.Response, method: str, url: str) -> Exception:
+        try:
+            detail = resp.json().get("detail")
+        except ValueError:
+            detail = None
+        if isinstance(detail, dict) and "message" in detail:
+            name, message = str(detail.get("error")), str(detail["message"])
+        else:
+            name, message = "", f"{method} {url} → HTTP {resp.status_code}: {detail or resp.text[:500]}"
+        if resp.status_code == 401:
+            return UserError(
+                f"store server {url} rejected the request ({message}); check HTTPStore(api_key=...)"
+            )
+        cls = _ERRORS.get(name)
+        if cls is None:
+            cls = StoreError if resp.status_code >= 500 else UserError
+        if cls is StoreError:
+            message = f"store server {url}: {message}"
+        return cls(message)
+
+    # --- rollouts ---------------------------------------------------------------------------------
+    def enqueue_rollout(self, rollout: Rollout) -> Rollout:
+        """See :meth:`TraceStore.enqueue_rollout`."""
+        return Rollout.model_validate(self._request("POST", "/api/rollouts", rollout.model_dump()))
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        """See :meth:`TraceStore.get_rollout`."""
+        return Rollout.model_validate(self._request("GET", f"/api/rollouts/{_q(rollout_id)}"))
+
+    def list_rollouts(
+        self,
+        state: RolloutState | None = None,
+        group_id: str | None = None,
+        agent: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """See :meth:`TraceStore.list_rollouts`."""
+        params = {"state": state, "group_id": group_id, "agent": agent, "since": since, "limit": limit}
+        return [Rollout.model_validate(d) for d in self._request("GET", "/api/rollouts", params=params)]
+
+    def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
+        """See :meth:`TraceStore.claim_rollout`."""
+        data = self._request(
+            "POST", "/api/rollouts/claim", {"worker_id": worker_id, "agent": agent}, safe=False
+        )
+        if data is None:
+            return None
+        return Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
+
+    def heartbeat(self, attempt_id: str) -> None:
+        """See :meth:`TraceStore.heartbeat`."""
+        self._request("POST", f"/api/attempts/{_q(attempt_id)}/heartbeat")
+
+    def finish_attempt(self, attempt_id: str, state: AttemptState, error: str | None = None) -> Rollout:
+        """See :meth:`TraceStore.finish_attempt`."""
+        body = {"state": AttemptState(state).value, "error": error}
+        return Rollout.model_validate(self._request("POST", f"/api/attempts/{_q(attempt_id)}/finish", body))
+
+    def requeue_stale(self, heartbeat_timeout_s: float) -> list[str]:
+        """See :meth:`TraceStore.requeue_stale`."""
+        return list(
+            self._request("POST", "/api/rollouts/requeue_stale", {"heartbeat_timeout_s": heartbeat_timeout_s})
+        )
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
+        """See :meth:`TraceStore.update_rollout`."""
+        return Rollout.model_validate(self._request("PATCH", f"/api/rollouts/{_q(rollout_id)}", fields))
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        """See :meth:`TraceStore.list_attempts`."""
+        return [
+            Attempt.model_validate(d)
+            for d in self._request("GET", f"/api/rollouts/{_q(rollout_id)}/attempts")
+        ]
+
+    # --- spans and rewards ------------------------------------------------------------------------
+    def add_span(self, span: Span) -> Span:
+        """See :meth:`TraceStore.add_span`."""
+        return Span.model_validate(self._request("POST", "/api/spans", span.model_dump()))
+
+    def list_spans(
+        self,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        kind: SpanKind | None = None,
+        orphans: bool = False,
+        valid_only: bool = False,
+    ) -> list[Span]:
+        """See :meth:`TraceStore.list_spans`."""
+        params = {
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "kind": None if kind is None else SpanKind(kind).value,
+            "orphans": orphans,
+            "valid_only": valid_only,
+        }
+        return [Span.model_validate(d) for d in self._request("GET", "/api/spans", params=params)]
+
+    def add_reward(self, reward: Reward) -> Reward:
+        """See :meth:`TraceStore.add_reward`."""
+        return Reward.model_validate(self._request("POST", "/api/rewards", reward.model_dump()))
+
+    def list_rewards(self, rollout_id: str) -> list[Reward]:
+        """See :meth:`TraceStore.list_rewards`."""
+        return [
+            Reward.model_validate(d) for d in self._request("GET", f"/api/rollouts/{_q(rollout_id)}/rewards")
+        ]
+
+    def final_reward(self, rollout_id: str) -> Reward | None:
+        """See :meth:`TraceStore.final_reward`."""
+        data = self._request("GET", f"/api/rollouts/{_q(rollout_id)}/final_reward")
+        return None if data is None else Reward.model_validate(data)
+
+    # --- versioned resources ----------------------------------------------------------------------
+    def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:
+        """See :meth:`TraceStore.publish_resource`."""
+        data = self._request(
+            "POST", "/api/resources", resource.model_dump(), {"activate": activate}, safe=False
+        )
+        return ResourceVersion.model_validate(data)
+
+    def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
+        """See :meth:`TraceStore.get_resource`."""
+        data = self._request("GET", "/api/resources/version", params={"name": name, "version": version})
+        return ResourceVersion.model_validate(data)
+
+    def activate_resource(self, name: str, version: int) -> ResourceVersion:
+        """See :meth:`TraceStore.activate_resource`."""
+        data = self._request("POST", "/api/resources/activate", {"name": name, "version": version})
+        return ResourceVersion.model_validate(data)
+
+    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
+        """See :meth:`TraceStore.list_resources`."""
+        return [
+            ResourceVersion.model_validate(d)
+            for d in self._request("GET", "/api/resources", params={"name": name})
+        ]
+
+    def close(self) -> None:
+        """Close the HTTP connection pool. Safe to call twice."""
+        self._client.close()
+
+
+def _q(identifier: str) -> str:
+    return quote(identifier, safe="")

@@ -1,0 +1,194 @@
+"""The store server: FastAPI routes under ``/api`` serving any ``TraceStore`` as JSON.
+
+Used by :func:`create_store_app` (a store-only app) and by the gateway (``include_router`` of
+:func:`store_router`, so one port serves both); its client is :class:`agentforge.stores.http.HTTPStore`.
+
+Wire format: JSON bodies, **ASCII-escaped** both ways (``\\uXXXX``), so every string the store can hold
+(lone surrogates included) and non-finite floats inside attributes cross the wire unchanged. Errors
+come back as ``{"detail": {"error": <class name>, "message": str}}`` with status 404 (``NotFoundError``),
+409 (``InvalidTransitionError``), 400 (other ``UserError``), 401 (bad API key) or 503 (``StoreError``);
+request bodies that do not validate get FastAPI's 422.
+
+Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET|PATCH /api/rollouts/{id}``,
+``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
+``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans``,
+``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
+``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate`` and the
+unauthenticated ``GET /api/store/health``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException
+from fastapi.responses import Response
+
+from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
+from agentforge.stores.base import TraceStore
+from agentforge.stores.tables import dumps
+from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
+
+__all__ = ["store_router", "create_store_app"]
+
+
+class _ASCIIJSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("ascii")
+
+
+def _dump(obj: Any) -> Any:
+    if isinstance(obj, list | tuple):
+        return [_dump(o) for o in obj]
+    return obj.model_dump() if hasattr(obj, "model_dump") else obj
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _ASCIIJSONResponse:
+    """Run a store method and turn its result or error into a response."""
+    try:
+        return _ASCIIJSONResponse(_dump(fn(*args, **kwargs)))
+    except NotFoundError as exc:
+        status = 404
+        error: Exception = exc
+    except InvalidTransitionError as exc:
+        status, error = 409, exc
+    except UserError as exc:
+        status, error = 400, exc
+    except StoreError as exc:
+        status, error = 503, exc
+    raise HTTPException(status, detail={"error": type(error).__name__, "message": str(error)})
+
+
+def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
+    """JSON routes under ``/api`` serving ``store`` (see the module docstring for the list).
+
+    Args:
+        store: any ``TraceStore`` (usually a :class:`~agentforge.stores.sql.SQLStore`).
+        api_key: when set, every route but ``/api/store/health`` needs ``Authorization: Bearer <api_key>``.
+
+    Returns:
+        A router to ``include_router`` into a FastAPI app. Route functions are synchronous, so FastAPI
+        runs the blocking store calls in its thread pool.
+    """
+
+    def check_key(authorization: str | None = Header(default=None)) -> None:
+        if api_key is None:
+            return
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise HTTPException(
+                401, detail={"error": "UserError", "message": "missing or wrong store API key"}
+            )
+
+    r = APIRouter(dependencies=[Depends(check_key)])
+    open_r = APIRouter(prefix="/api")
+
+    @open_r.get("/store/health")
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    @r.post("/rollouts")
+    def enqueue(rollout: Rollout) -> Response:
+        return _call(store.enqueue_rollout, rollout)
+
+    @r.get("/rollouts")
+    def list_rollouts(
+        state: RolloutState | None = None,
+        group_id: str | None = None,
+        agent: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> Response:
+        return _call(
+            store.list_rollouts, state=state, group_id=group_id, agent=agent, since=since, limit=limit
+        )
+
+    @r.post("/rollouts/claim")
+    def claim(worker_id: str = Body(), agent: str | None = Body(default=None)) -> Response:
+        def fn() -> Any:
+            got = store.claim_rollout(worker_id, agent=agent)
+            return None if got is None else {"rollout": got[0].model_dump(), "attempt": got[1].model_dump()}
+
+        return _call(fn)
+
+    @r.post("/rollouts/requeue_stale")
+    def requeue_stale(heartbeat_timeout_s: float = Body(embed=True)) -> Response:
+        return _call(store.requeue_stale, heartbeat_timeout_s)
+
+    @r.get("/rollouts/{rollout_id}")
+    def get_rollout(rollout_id: str) -> Response:
+        return _call(store.get_rollout, rollout_id)
+
+    @r.patch("/rollouts/{rollout_id}")
+    def update_rollout(rollout_id: str, fields: dict[str, Any] = Body()) -> Response:
+        return _call(store.update_rollout, rollout_id, **fields)
+
+    @r.get("/rollouts/{rollout_id}/attempts")
+    def list_attempts(rollout_id: str) -> Response:
+        return _call(store.list_attempts, rollout_id)
+
+    @r.post("/attempts/{attempt_id}/heartbeat")
+    def heartbeat(attempt_id: str) -> Response:
+        return _call(store.heartbeat, attempt_id)
+
+    @r.post("/attempts/{attempt_id}/finish")
+    def finish(
+        attempt_id: str, state: AttemptState = Body(), error: str | None = Body(default=None)
+    ) -> Response:
+        return _call(store.finish_attempt, attempt_id, state, error)
+
+    @r.post("/spans")
+    def add_span(span: Span) -> Response:
+        return _call(store.add_span, span)
+
+    @r.get("/spans")
+    def list_spans(
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        kind: SpanKind | None = None,
+        orphans: bool = False,
+        valid_only: bool = False,
+    ) -> Response:
+        return _call(store.list_spans, rollout_id, attempt_id, kind, orphans, valid_only)
+
+    @r.post("/rewards")
+    def add_reward(reward: Reward) -> Response:
+        return _call(store.add_reward, reward)
+
+    @r.get("/rollouts/{rollout_id}/rewards")
+    def list_rewards(rollout_id: str) -> Response:
+        return _call(store.list_rewards, rollout_id)
+
+    @r.get("/rollouts/{rollout_id}/final_reward")
+    def final_reward(rollout_id: str) -> Response:
+        return _call(store.final_reward, rollout_id)
+
+    @r.post("/resources")
+    def publish(resource: ResourceVersion, activate: bool = True) -> Response:
+        return _call(store.publish_resource, resource, activate)
+
+    @r.get("/resources")
+    def list_resources(name: str | None = None) -> Response:
+        return _call(store.list_resources, name)
+
+    @r.get("/resources/version")
+    def get_resource(name: str, version: int | None = None) -> Response:
+        return _call(store.get_resource, name, version)
+
+    @r.post("/resources/activate")
+    def activate(name: str = Body(), version: int = Body()) -> Response:
+        return _call(store.activate_resource, name, version)
+
+    open_r.include_router(r)
+    return open_r
+
+
+def create_store_app(store: TraceStore, api_key: str | None = None) -> FastAPI:
+    """A FastAPI app serving only :func:`store_router` (run it with uvicorn)."""
+    app = FastAPI(title="agentforge trace store")
+    app.include_router(store_router(store, api_key=api_key))
+    return app

@@ -1,0 +1,360 @@
+"""``SQLStore``: the :class:`~agentforge.stores.base.TraceStore` on SQLite (default) or PostgreSQL.
+
+SQLite (WAL, ``BEGIN IMMEDIATE`` writes) or PostgreSQL (row locks, ``SKIP LOCKED`` claims), with
+transient errors retried internally: see :mod:`agentforge.stores.engine`. The rollout queue (claims,
+attempts, retries) lives in :mod:`agentforge.stores.sql_rollouts`; spans, rewards and resources here.
+
+Spans and rewards share one store-wide sequence (``af_sequence``): numbers are unique and increase in
+the order they are taken. See :mod:`agentforge.stores.tables` for the schema and the text policy
+(structured fields round-trip byte-exact; lone surrogates/``NUL`` in scalar fields raise ``UserError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, update
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, SQLModel, select
+
+from agentforge.config import default_store_url
+from agentforge.errors import NotFoundError, UserError
+from agentforge.stores.engine import (
+    Transactor,
+    attempt_row,
+    next_seq,
+    open_engine,
+    rollout_row,
+    running_attempt_id,
+)
+from agentforge.stores.sql_rollouts import RolloutQueue
+from agentforge.stores.tables import (
+    AttemptRow,
+    ResourceRow,
+    RewardRow,
+    SpanRow,
+    plain,
+    resource_to_row,
+    reward_to_row,
+    row_to_resource,
+    row_to_reward,
+    row_to_span,
+    span_to_row,
+)
+from agentforge.types import AttemptState, ResourceVersion, Reward, Span, SpanKind
+
+__all__ = ["SQLStore"]
+
+
+class SQLStore(RolloutQueue):
+    """Trace store on SQLite or PostgreSQL through SQLModel / SQLAlchemy 2.
+
+    Args:
+        url: SQLAlchemy URL; ``None`` uses :func:`agentforge.config.default_store_url` (SQLite file
+            under ``$AGENTFORGE_HOME``). ``sqlite:///path.db`` (file, WAL), ``sqlite://`` (in-memory,
+            shared by the threads of this store only) or ``postgresql+psycopg://user:pw@host/db``.
+        busy_timeout_s: how long one SQLite statement waits for the write lock, seconds.
+        sqlite_synchronous: ``"FULL"`` (default: a commit survives power loss) or ``"NORMAL"`` (about twice
+            as fast; a commit survives process crashes but not power loss). Ignored for PostgreSQL.
+        max_retries: retries of a transaction that hit a transient error before ``StoreError``.
+        create_tables: create missing tables on start (idempotent; safe from many processes).
+
+    Raises:
+        UserError: unsupported URL scheme.
+        MissingExtraError: a PostgreSQL URL without ``psycopg`` installed.
+        StoreError: the database cannot be opened.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        busy_timeout_s: float = 5.0,
+        sqlite_synchronous: str = "FULL",
+        max_retries: int = 10,
+        create_tables: bool = True,
+    ) -> None:
+        self.url = url or default_store_url()
+        self.dialect = make_url(self.url).get_backend_name()
+        self._tx = Transactor(
+            open_engine(self.url, busy_timeout_s, sqlite_synchronous), repr(self), max_retries
+        )
+        if create_tables:
+            self._tx.run(
+                lambda s: SQLModel.metadata.create_all(s.connection()), write=True, integrity_retries=5
+            )
+
+    def __repr__(self) -> str:
+        return f"SQLStore({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    def __enter__(self) -> SQLStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- spans ------------------------------------------------------------------------------------
+    def _resolve_attempt(self, s: Session, rollout_id: str, attempt_id: str | None) -> str | None:
+        """Check ``attempt_id`` belongs to the rollout, or default it to the running attempt."""
+        if attempt_id is None:
+            return running_attempt_id(s, rollout_id)
+        att = attempt_row(s, attempt_id)
+        if att.rollout_id != rollout_id:
+            raise UserError(
+                f"attempt {attempt_id!r} belongs to rollout {att.rollout_id!r}, not {rollout_id!r}"
+            )
+        return attempt_id
+
+    def add_span(self, span: Span) -> Span:
+        """Store a span; idempotent by ``span_id``; assigns ``sequence``.
+
+        A span without ``rollout_id`` is an orphan (allowed). With a ``rollout_id`` but no ``attempt_id``
+        it is stamped with the rollout's running attempt, if any, so ``valid_only`` can judge it.
+
+        Returns:
+            The stored span (the existing one if the id was already present).
+
+        Raises:
+            NotFoundError: unknown rollout or attempt.
+            UserError: the attempt belongs to another rollout; bad text in a scalar field.
+        """
+        span_to_row(span, 0)  # validate scalar text before touching the database
+
+        def fn(s: Session) -> Span:
+            existing = s.exec(select(SpanRow).where(SpanRow.span_id == span.span_id)).first()
+            if existing is not None:
+                return row_to_span(existing)
+            rollout_id, attempt_id = span.rollout_id, span.attempt_id
+            if rollout_id is None and attempt_id is not None:
+                rollout_id = attempt_row(s, attempt_id).rollout_id
+            if rollout_id is not None:
+                rollout_row(s, rollout_id)
+                attempt_id = self._resolve_attempt(s, rollout_id, attempt_id)
+            stored = span.model_copy(update={"rollout_id": rollout_id, "attempt_id": attempt_id})
+            row = span_to_row(stored, next_seq(s))
+            s.add(row)
+            s.flush()
+            return row_to_span(row)
+
+        return self._tx.run(fn, write=True)
+
+    def list_spans(
+        self,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        kind: SpanKind | None = None,
+        orphans: bool = False,
+        valid_only: bool = False,
+    ) -> list[Span]:
+        """Spans by ``sequence``.
+
+        Args:
+            rollout_id: only this rollout's spans.
+            attempt_id: only this attempt's spans.
+            kind: only spans of this kind.
+            orphans: only spans without a rollout (not combinable with ``rollout_id``/``attempt_id``).
+            valid_only: per rollout, keep only spans of the succeeded attempt if there is one, else of
+                the latest attempt; spans without an attempt id are always kept.
+
+        Raises:
+            NotFoundError: unknown rollout or attempt.
+            UserError: ``orphans`` combined with an id.
+        """
+        if orphans and (rollout_id is not None or attempt_id is not None):
+            raise UserError(
+                "list_spans(orphans=True) lists spans without a rollout; do not pass rollout_id/attempt_id"
+            )
+
+        def fn(s: Session) -> list[Span]:
+            q = select(SpanRow)
+            if orphans:
+                q = q.where(SpanRow.rollout_id.is_(None))  # type: ignore[union-attr]
+            if rollout_id is not None:
+                rollout_row(s, rollout_id)
+                q = q.where(SpanRow.rollout_id == rollout_id)
+            if attempt_id is not None:
+                attempt_row(s, attempt_id)
+                q = q.where(SpanRow.attempt_id == attempt_id)
+            if kind is not None:
+                q = q.where(SpanRow.kind == SpanKind(kind).value)
+            spans = [row_to_span(r) for r in s.exec(q.order_by(SpanRow.seq))]
+            return self._valid_spans(s, spans) if valid_only else spans
+
+        return self._tx.run(fn, write=False)
+
+    @staticmethod
+    def _valid_spans(s: Session, spans: list[Span]) -> list[Span]:
+        rollout_ids = sorted({sp.rollout_id for sp in spans if sp.rollout_id is not None})
+        chosen: dict[str, AttemptRow] = {}
+        for i in range(0, len(rollout_ids), 500):
+            q = select(AttemptRow).where(AttemptRow.rollout_id.in_(rollout_ids[i : i + 500]))  # type: ignore[attr-defined]
+            for att in s.exec(q):
+                best = chosen.get(att.rollout_id)
+                rank = (att.state == AttemptState.succeeded.value, att.number)
+                if best is None or rank > (best.state == AttemptState.succeeded.value, best.number):
+                    chosen[att.rollout_id] = att
+        return [
+            sp
+            for sp in spans
+            if sp.rollout_id not in chosen
+            or sp.attempt_id is None
+            or sp.attempt_id == chosen[sp.rollout_id].attempt_id
+        ]
+
+    # --- rewards ----------------------------------------------------------------------------------
+    def add_reward(self, reward: Reward) -> Reward:
+        """Store a reward (idempotent by ``reward_id``) attached by the rule in ``Reward``'s docstring.
+
+        Without ``span_id`` it follows the rollout's latest span recorded (committed) before it. Without
+        ``attempt_id`` it takes the running attempt's id, else that of the span it follows. ``None`` is
+        stored as an invalid reward, never as a number.
+
+        Returns:
+            The stored reward with ``span_id``, ``attempt_id`` and ``sequence`` filled in.
+
+        Raises:
+            NotFoundError: unknown rollout, attempt or span.
+            UserError: the span/attempt belongs to another rollout; bad text in a scalar field.
+        """
+        reward_to_row(reward, 0)
+
+        def fn(s: Session) -> Reward:
+            existing = s.exec(select(RewardRow).where(RewardRow.reward_id == reward.reward_id)).first()
+            if existing is not None:
+                return row_to_reward(existing)
+            rollout_row(s, reward.rollout_id)
+            attempt_id = self._resolve_attempt(s, reward.rollout_id, reward.attempt_id)
+            if reward.span_id is not None:
+                span = s.exec(select(SpanRow).where(SpanRow.span_id == reward.span_id)).first()
+                if span is None:
+                    raise NotFoundError(f"span {reward.span_id!r} does not exist")
+                if span.rollout_id != reward.rollout_id:
+                    raise UserError(
+                        f"span {reward.span_id!r} belongs to rollout {span.rollout_id!r}, "
+                        f"not {reward.rollout_id!r}"
+                    )
+            else:
+                q = (
+                    select(SpanRow)
+                    .where(SpanRow.rollout_id == reward.rollout_id)
+                    .order_by(SpanRow.seq.desc())
+                )
+                span = s.exec(q.limit(1)).first()
+            if attempt_id is None and span is not None:
+                attempt_id = span.attempt_id
+            stored = reward.model_copy(
+                update={"span_id": span.span_id if span else None, "attempt_id": attempt_id}
+            )
+            row = reward_to_row(stored, next_seq(s))
+            s.add(row)
+            s.flush()
+            return row_to_reward(row)
+
+        return self._tx.run(fn, write=True)
+
+    def list_rewards(self, rollout_id: str) -> list[Reward]:
+        """Rewards of a rollout by ``sequence``. Raises: ``NotFoundError``."""
+
+        def fn(s: Session) -> list[Reward]:
+            rollout_row(s, rollout_id)
+            q = select(RewardRow).where(RewardRow.rollout_id == rollout_id).order_by(RewardRow.seq)
+            return [row_to_reward(r) for r in s.exec(q)]
+
+        return self._tx.run(fn, write=False)
+
+    def final_reward(self, rollout_id: str) -> Reward | None:
+        """The last ``final`` reward by sequence, else the last reward, else ``None``; it may be
+        invalid (``value is None``): callers mask it. Raises: ``NotFoundError``."""
+
+        def fn(s: Session) -> Reward | None:
+            rollout_row(s, rollout_id)
+            q = (
+                select(RewardRow)
+                .where(RewardRow.rollout_id == rollout_id)
+                .order_by(RewardRow.final.desc(), RewardRow.seq.desc())
+                .limit(1)
+            )  # type: ignore[attr-defined]
+            row = s.exec(q).first()
+            return None if row is None else row_to_reward(row)
+
+        return self._tx.run(fn, write=False)
+
+    # --- versioned resources ------------------------------------------------------------------------
+    def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:
+        """Store a new version of ``resource.name``: ``version`` = previous highest + 1 (from 1).
+
+        Args:
+            resource: name, kind and payload (its ``version``/``active`` are ignored).
+            activate: make it the active version (the others are deactivated).
+
+        Returns:
+            The stored version.
+        """
+        plain("resource name", resource.name)
+
+        def fn(s: Session) -> ResourceVersion:
+            top = s.exec(
+                select(func.max(ResourceRow.version)).where(ResourceRow.name == resource.name)
+            ).first()
+            if activate:
+                s.exec(update(ResourceRow).where(ResourceRow.name == resource.name).values(active=False))
+            stored = resource.model_copy(update={"version": (top or 0) + 1, "active": activate})
+            s.add(resource_to_row(stored))
+            s.flush()
+            return stored
+
+        return self._tx.run(fn, write=True, integrity_retries=self._tx.max_retries)
+
+    def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
+        """The given version, or the active one when ``version`` is ``None``.
+
+        Raises:
+            NotFoundError: unknown name or version, or no active version.
+        """
+
+        def fn(s: Session) -> ResourceVersion:
+            q = select(ResourceRow).where(ResourceRow.name == name)
+            q = q.where(ResourceRow.active) if version is None else q.where(ResourceRow.version == version)
+            row = s.exec(q).first()
+            if row is None:
+                what = "no active version" if version is None else f"no version {version}"
+                raise NotFoundError(f"resource {name!r} has {what}")
+            return row_to_resource(row)
+
+        return self._tx.run(fn, write=False)
+
+    def activate_resource(self, name: str, version: int) -> ResourceVersion:
+        """Make ``version`` the active one (a rollback is this call with an older version).
+
+        Raises:
+            NotFoundError: unknown name or version.
+        """
+
+        def fn(s: Session) -> ResourceVersion:
+            q = select(ResourceRow).where(ResourceRow.name == name, ResourceRow.version == version)
+            row = s.exec(q.with_for_update()).first()
+            if row is None:
+                raise NotFoundError(f"resource {name!r} has no version {version}")
+            s.exec(
+                update(ResourceRow)
+                .where(ResourceRow.name == name, ResourceRow.version != version)
+                .values(active=False)
+            )
+            row.active = True
+            s.add(row)
+            s.flush()
+            return row_to_resource(row)
+
+        return self._tx.run(fn, write=True)
+
+    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
+        """All versions (of ``name``, or of every name), by name then version; ``[]`` for an unknown name."""
+        q = select(ResourceRow)
+        if name is not None:
+            q = q.where(ResourceRow.name == name)
+        q = q.order_by(ResourceRow.name, ResourceRow.version)
+        return self._tx.run(lambda s: [row_to_resource(r) for r in s.exec(q)], write=False)
+
+    def close(self) -> None:
+        """Dispose of the connection pool (an in-memory database is lost). Safe to call twice."""
+        self._tx.close()

@@ -1,0 +1,271 @@
+"""The rollout queue of the SQL store: enqueue, claim, heartbeats, attempts and retries.
+
+The state machine is :data:`agentforge.types.ROLLOUT_TRANSITIONS`; every state change here goes through
+:func:`~agentforge.types.check_transition`. Locking and retries: :mod:`agentforge.stores.engine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, select
+
+from agentforge.errors import InvalidTransitionError, UserError
+from agentforge.stores.engine import Transactor, attempt_row, rollout_row
+from agentforge.stores.tables import (
+    AttemptRow,
+    RolloutRow,
+    attempt_to_row,
+    dumps,
+    plain,
+    rollout_to_row,
+    row_to_attempt,
+    row_to_rollout,
+)
+from agentforge.types import Attempt, AttemptState, Rollout, RolloutState, check_transition, now
+
+__all__ = ["RolloutQueue", "close_rollout"]
+
+_UPDATABLE = {"metadata", "resources", "state", "error"}
+
+
+def close_rollout(ro: RolloutRow, att: AttemptRow, state: AttemptState, error: str | None, t: float) -> None:
+    """Move the running rollout after its current attempt ended in ``state``."""
+    if ro.state != RolloutState.running.value or att.number != ro.attempts:
+        return
+    if state is AttemptState.succeeded:
+        target, ro.error = RolloutState.succeeded, None
+    else:
+        terminal = RolloutState.timed_out if state is AttemptState.timed_out else RolloutState.failed
+        target = RolloutState.queued if ro.attempts < ro.max_attempts else terminal
+        ro.error = error if error is not None else ro.error
+    check_transition(RolloutState(ro.state), target)
+    ro.state, ro.updated_at = target.value, t
+
+
+class RolloutQueue:
+    """The rollout half of :class:`~agentforge.stores.sql.SQLStore` (which sets ``_tx``)."""
+
+    _tx: Transactor
+
+    # --- rollouts ---------------------------------------------------------------------------------
+    def enqueue_rollout(self, rollout: Rollout) -> Rollout:
+        """Store ``rollout`` in state ``queued`` with 0 attempts; idempotent by ``rollout_id``.
+
+        Returns:
+            The stored rollout (the existing one, unchanged, if the id was already present).
+
+        Raises:
+            UserError: a scalar field holds ``NUL`` or a lone surrogate.
+        """
+        fresh = rollout.model_copy(update={"state": RolloutState.queued, "attempts": 0})
+        row = rollout_to_row(fresh)
+
+        def fn(s: Session) -> Rollout:
+            existing = s.exec(select(RolloutRow).where(RolloutRow.rollout_id == rollout.rollout_id)).first()
+            if existing is not None:
+                return row_to_rollout(existing)
+            s.add(row)
+            s.flush()
+            return row_to_rollout(row)
+
+        return self._tx.run(fn, write=True)
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        """Return the rollout. Raises: ``NotFoundError``."""
+        return self._tx.run(lambda s: row_to_rollout(rollout_row(s, rollout_id)), write=False)
+
+    def list_rollouts(
+        self,
+        state: RolloutState | None = None,
+        group_id: str | None = None,
+        agent: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """Rollouts filtered by state / group / agent / ``created_at >= since`` (epoch seconds),
+        oldest (first enqueued) first, at most ``limit``."""
+        q = select(RolloutRow)
+        if state is not None:
+            q = q.where(RolloutRow.state == RolloutState(state).value)
+        if group_id is not None:
+            q = q.where(RolloutRow.group_id == group_id)
+        if agent is not None:
+            q = q.where(RolloutRow.agent == agent)
+        if since is not None:
+            q = q.where(RolloutRow.created_at >= since)
+        q = q.order_by(RolloutRow.seq)
+        if limit is not None:
+            q = q.limit(limit)
+        return self._tx.run(lambda s: [row_to_rollout(r) for r in s.exec(q)], write=False)
+
+    def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
+        """Atomically move the oldest queued rollout (of ``agent``, if given) to ``running`` and open
+        attempt number ``attempts + 1`` for ``worker_id``.
+
+        Returns:
+            ``(rollout, attempt)``, or ``None`` when nothing is queued.
+        """
+        plain("worker_id", worker_id)
+
+        def fn(s: Session) -> tuple[Rollout, Attempt] | None:
+            q = select(RolloutRow).where(RolloutRow.state == RolloutState.queued.value)
+            if agent is not None:
+                q = q.where(RolloutRow.agent == agent)
+            row = s.exec(q.order_by(RolloutRow.seq).limit(1).with_for_update(skip_locked=True)).first()
+            if row is None:
+                return None
+            t = now()
+            row.state, row.attempts, row.updated_at = RolloutState.running.value, row.attempts + 1, t
+            attempt = Attempt(
+                rollout_id=row.rollout_id,
+                number=row.attempts,
+                worker_id=worker_id,
+                started_at=t,
+                heartbeat_at=t,
+            )
+            s.add(row)
+            s.add(attempt_to_row(attempt))
+            s.flush()
+            return row_to_rollout(row), attempt
+
+        return self._tx.run(fn, write=True)
+
+    def heartbeat(self, attempt_id: str) -> None:
+        """Set a running attempt's ``heartbeat_at`` to now (a finished attempt is left unchanged).
+
+        Raises:
+            NotFoundError: unknown attempt.
+        """
+
+        def fn(s: Session) -> None:
+            att = attempt_row(s, attempt_id)
+            if att.state == AttemptState.running.value:
+                s.exec(
+                    update(AttemptRow).where(AttemptRow.attempt_id == attempt_id).values(heartbeat_at=now())
+                )
+
+        self._tx.run(fn, write=True)
+
+    def finish_attempt(self, attempt_id: str, state: AttemptState, error: str | None = None) -> Rollout:
+        """Close a running attempt and move its rollout (retry rule in the protocol docstring).
+
+        ``succeeded`` → rollout ``succeeded`` (``error`` cleared). ``failed``/``timed_out``/``abandoned``
+        → rollout ``queued`` while ``attempts < max_attempts`` (``error`` kept), else ``failed`` (or
+        ``timed_out``). An attempt that is no longer running is left unchanged.
+
+        Returns:
+            The rollout after the change.
+
+        Raises:
+            NotFoundError: unknown attempt.
+            InvalidTransitionError: ``state`` is ``running``.
+        """
+        state = AttemptState(state)
+        if state is AttemptState.running:
+            raise InvalidTransitionError("finish_attempt needs a terminal state, got 'running'")
+        plain("error", error)
+
+        def fn(s: Session) -> Rollout:
+            att = attempt_row(s, attempt_id, lock=True)
+            ro = rollout_row(s, att.rollout_id, lock=True)
+            if att.state == AttemptState.running.value:
+                t = now()
+                att.state, att.error, att.ended_at = state.value, error, t
+                close_rollout(ro, att, state, error, t)
+                s.add(att)
+                s.add(ro)
+                s.flush()
+            return row_to_rollout(ro)
+
+        return self._tx.run(fn, write=True)
+
+    def requeue_stale(self, heartbeat_timeout_s: float) -> list[str]:
+        """Abandon running attempts whose last heartbeat is older than ``heartbeat_timeout_s`` seconds;
+        their rollouts go back to ``queued`` (or ``failed`` when out of attempts).
+
+        Returns:
+            Ids of the affected rollouts, in attempt order.
+        """
+        cutoff = now() - heartbeat_timeout_s
+        message = f"heartbeat lost: no heartbeat for more than {heartbeat_timeout_s:g} s"
+
+        def fn(s: Session) -> list[str]:
+            q = (
+                select(AttemptRow)
+                .where(AttemptRow.state == AttemptState.running.value, AttemptRow.heartbeat_at < cutoff)
+                .order_by(AttemptRow.started_at)
+                .with_for_update(skip_locked=True)
+            )
+            affected = []
+            for att in s.exec(q).all():
+                ro = rollout_row(s, att.rollout_id, lock=True)
+                t = now()
+                att.state, att.error, att.ended_at = AttemptState.abandoned.value, message, t
+                close_rollout(ro, att, AttemptState.abandoned, message, t)
+                s.add(att)
+                s.add(ro)
+                affected.append(ro.rollout_id)
+            s.flush()
+            return affected
+
+        return self._tx.run(fn, write=True)
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
+        """Update ``metadata``, ``resources``, ``error`` or ``state``.
+
+        A ``state`` change is checked against :data:`~agentforge.types.ROLLOUT_TRANSITIONS` (setting the
+        current state again is a no-op); leaving ``running`` closes the running attempt (``queued`` →
+        ``abandoned``, otherwise the same state).
+
+        Raises:
+            NotFoundError: unknown rollout.
+            InvalidTransitionError: the state change is not an edge of the table.
+            UserError: another field was given.
+        """
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise UserError(f"update_rollout cannot change {sorted(unknown)}; allowed: {sorted(_UPDATABLE)}")
+        plain("error", fields.get("error"))
+
+        def fn(s: Session) -> Rollout:
+            running_q = select(AttemptRow).where(
+                AttemptRow.rollout_id == rollout_id, AttemptRow.state == AttemptState.running.value
+            )
+            running = s.exec(running_q.with_for_update()).all()
+            ro = rollout_row(s, rollout_id, lock=True)
+            t = now()
+            if "state" in fields and RolloutState(fields["state"]).value != ro.state:
+                target = RolloutState(fields["state"])
+                check_transition(RolloutState(ro.state), target)
+                if ro.state == RolloutState.running.value:
+                    att_state = (
+                        AttemptState.abandoned if target is RolloutState.queued else AttemptState(target)
+                    )
+                    for att in running:
+                        att.state, att.ended_at = att_state.value, t
+                        s.add(att)
+                ro.state = target.value
+            if "metadata" in fields:
+                ro.metadata_json = dumps(dict(fields["metadata"]))
+            if "resources" in fields:
+                ro.resources_json = dumps({str(k): str(v) for k, v in dict(fields["resources"]).items()})
+            if "error" in fields:
+                ro.error = fields["error"]
+            ro.updated_at = t
+            s.add(ro)
+            s.flush()
+            return row_to_rollout(ro)
+
+        return self._tx.run(fn, write=True)
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        """All attempts of a rollout, by number. Raises: ``NotFoundError``."""
+
+        def fn(s: Session) -> list[Attempt]:
+            rollout_row(s, rollout_id)
+            q = select(AttemptRow).where(AttemptRow.rollout_id == rollout_id).order_by(AttemptRow.number)
+            return [row_to_attempt(r) for r in s.exec(q)]
+
+        return self._tx.run(fn, write=False)

@@ -1,0 +1,358 @@
+"""SQLModel tables of the SQL trace store and their conversion to and from the pydantic types.
+
+The schema is portable (SQLite and PostgreSQL alike): ids and short scalars are ``VARCHAR``, floats
+are ``FLOAT``, and every structured field (task input, attributes, the LLM call record, metadata,
+payloads) is a ``TEXT`` column holding **ASCII-escaped JSON** written by :func:`dumps`.
+
+Text policy (the same on every backend):
+
+* Structured fields round-trip byte-exact, whatever they hold: emoji, ZWJ sequences, CJK, curly
+  quotes, ``NUL`` and even lone surrogates (``"\\ud800"``), because they are stored as ``\\uXXXX``
+  escapes, which PostgreSQL ``TEXT`` accepts (it rejects raw ``NUL`` and is never handed unencodable
+  text). Floats, including ``NaN`` and ``Infinity`` inside attributes, round-trip too.
+* Scalar text columns (ids, names, ``agent``, ``worker_id``, ``error``, ...) must be encodable UTF-8
+  without ``NUL``: a lone surrogate or ``NUL`` there raises :class:`~agentforge.errors.UserError`
+  naming the field (put such text in ``attributes``/``metadata`` instead).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from agentforge.errors import UserError
+from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task
+
+__all__ = [
+    "RolloutRow",
+    "AttemptRow",
+    "SpanRow",
+    "RewardRow",
+    "ResourceRow",
+    "SequenceTicket",
+    "dumps",
+    "loads",
+    "plain",
+    "rollout_to_row",
+    "row_to_rollout",
+    "attempt_to_row",
+    "row_to_attempt",
+    "span_to_row",
+    "row_to_span",
+    "reward_to_row",
+    "row_to_reward",
+    "resource_to_row",
+    "row_to_resource",
+]
+
+
+def dumps(value: Any) -> str:
+    """Serialise to ASCII-only JSON (non-ASCII, ``NUL`` and lone surrogates become ``\\uXXXX``)."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=to_jsonable_python)
+
+
+def loads(text: str | None) -> Any:
+    """Inverse of :func:`dumps`; ``None`` (SQL ``NULL``) stays ``None``."""
+    return None if text is None else json.loads(text)
+
+
+def plain(field: str, value: str | None) -> str | None:
+    """Check a value bound for a scalar text column (see the module's text policy).
+
+    Raises:
+        UserError: the value holds ``NUL`` or a lone surrogate.
+    """
+    if value is None:
+        return None
+    if "\x00" in value:
+        raise UserError(
+            f"{field} contains a NUL character, which SQL text columns cannot store; "
+            "remove it or put the text in attributes/metadata (stored as escaped JSON)"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(
+            f"{field} contains a lone surrogate at position {exc.start}, which is not valid "
+            "UTF-8; put such text in attributes/metadata (stored as escaped JSON)"
+        ) from None
+    return value
+
+
+#: 64-bit ids on PostgreSQL; plain ``INTEGER`` on SQLite, where only that spelling is the rowid alias.
+_BIGINT = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _json_col() -> Any:
+    return Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class RolloutRow(SQLModel, table=True):
+    """One rollout; ``seq`` (insertion order) makes "oldest first" exact."""
+
+    __tablename__ = "af_rollouts"
+
+    seq: int | None = Field(default=None, primary_key=True, sa_type=_BIGINT)
+    rollout_id: str = Field(unique=True, index=True, max_length=200)
+    task_json: str | None = _json_col()
+    state: str = Field(index=True, max_length=20)
+    agent: str = Field(default="", index=True)
+    group_id: str | None = Field(default=None, index=True)
+    resources_json: str | None = _json_col()
+    metadata_json: str | None = _json_col()
+    attempts: int = 0
+    max_attempts: int = 3
+    timeout_s: float = 600.0
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: float = Field(index=True)
+    updated_at: float
+
+
+class AttemptRow(SQLModel, table=True):
+    """One attempt at a rollout; ``(rollout_id, number)`` is unique."""
+
+    __tablename__ = "af_attempts"
+    __table_args__ = (UniqueConstraint("rollout_id", "number"),)
+
+    attempt_id: str = Field(primary_key=True, max_length=200)
+    rollout_id: str = Field(index=True, max_length=200)
+    number: int
+    worker_id: str = ""
+    state: str = Field(index=True, max_length=20)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    started_at: float
+    heartbeat_at: float
+    ended_at: float | None = None
+
+
+class SequenceTicket(SQLModel, table=True):
+    """Source of the store-wide sequence shared by spans and rewards (rows are deleted once taken;
+    ``AUTOINCREMENT`` on SQLite and a sequence on PostgreSQL guarantee no number is handed out twice)."""
+
+    __tablename__ = "af_sequence"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    seq: int | None = Field(default=None, primary_key=True, sa_type=_BIGINT)
+    taken_at: float = 0.0
+
+
+class SpanRow(SQLModel, table=True):
+    """One span; ``seq`` is the store-wide sequence number assigned on insert."""
+
+    __tablename__ = "af_spans"
+
+    seq: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs={"autoincrement": False})
+    span_id: str = Field(unique=True, index=True, max_length=200)
+    rollout_id: str | None = Field(default=None, index=True, max_length=200)
+    attempt_id: str | None = Field(default=None, index=True, max_length=200)
+    kind: str = Field(max_length=20)
+    name: str = ""
+    status: str = Field(default="ok", max_length=10)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    llm_json: str | None = _json_col()
+    attributes_json: str | None = _json_col()
+    started_at: float
+    ended_at: float | None = None
+
+
+class RewardRow(SQLModel, table=True):
+    """One reward; ``value`` is ``NULL`` (and ``valid`` false) for a missing/NaN reward."""
+
+    __tablename__ = "af_rewards"
+
+    seq: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs={"autoincrement": False})
+    reward_id: str = Field(unique=True, index=True, max_length=200)
+    rollout_id: str = Field(index=True, max_length=200)
+    attempt_id: str | None = Field(default=None, max_length=200)
+    span_id: str | None = Field(default=None, max_length=200)
+    name: str = "reward"
+    value: float | None = None
+    valid: bool = False
+    final: bool = False
+    source: str = "agent"
+    metadata_json: str | None = _json_col()
+    created_at: float
+
+
+class ResourceRow(SQLModel, table=True):
+    """One version of a named resource; at most one active version per name (kept by the store)."""
+
+    __tablename__ = "af_resources"
+
+    name: str = Field(primary_key=True, max_length=300)
+    version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    kind: str = Field(max_length=20)
+    payload_json: str | None = _json_col()
+    active: bool = Field(default=False, index=True)
+    created_at: float
+
+
+# --- conversion ---------------------------------------------------------------------------------
+
+
+def rollout_to_row(r: Rollout) -> RolloutRow:
+    """Rollout → row (``seq`` is assigned by the database)."""
+    return RolloutRow(
+        rollout_id=plain("rollout_id", r.rollout_id),
+        task_json=dumps(r.task.model_dump()),
+        state=r.state.value,
+        agent=plain("agent", r.agent),
+        group_id=plain("group_id", r.group_id),
+        resources_json=dumps(r.resources),
+        metadata_json=dumps(r.metadata),
+        attempts=r.attempts,
+        max_attempts=r.max_attempts,
+        timeout_s=r.timeout_s,
+        error=plain("error", r.error),
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+    )
+
+
+def row_to_rollout(row: RolloutRow) -> Rollout:
+    """Row → Rollout."""
+    return Rollout(
+        rollout_id=row.rollout_id,
+        task=Task.model_validate(loads(row.task_json)),
+        state=row.state,
+        agent=row.agent,
+        group_id=row.group_id,
+        resources=loads(row.resources_json) or {},
+        metadata=loads(row.metadata_json) or {},
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        timeout_s=row.timeout_s,
+        error=row.error,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def attempt_to_row(a: Attempt) -> AttemptRow:
+    """Attempt → row."""
+    return AttemptRow(
+        attempt_id=plain("attempt_id", a.attempt_id),
+        rollout_id=a.rollout_id,
+        number=a.number,
+        worker_id=plain("worker_id", a.worker_id),
+        state=a.state.value,
+        error=plain("error", a.error),
+        started_at=a.started_at,
+        heartbeat_at=a.heartbeat_at,
+        ended_at=a.ended_at,
+    )
+
+
+def row_to_attempt(row: AttemptRow) -> Attempt:
+    """Row → Attempt."""
+    return Attempt(
+        attempt_id=row.attempt_id,
+        rollout_id=row.rollout_id,
+        number=row.number,
+        worker_id=row.worker_id,
+        state=row.state,
+        error=row.error,
+        started_at=row.started_at,
+        heartbeat_at=row.heartbeat_at,
+        ended_at=row.ended_at,
+    )
+
+
+def span_to_row(s: Span, seq: int) -> SpanRow:
+    """Span → row with the store-assigned sequence number ``seq``."""
+    return SpanRow(
+        seq=seq,
+        span_id=plain("span_id", s.span_id),
+        rollout_id=plain("rollout_id", s.rollout_id),
+        attempt_id=plain("attempt_id", s.attempt_id),
+        kind=s.kind.value,
+        name=plain("span name", s.name),
+        status=s.status,
+        error=plain("span error", s.error),
+        llm_json=None if s.llm is None else dumps(s.llm.model_dump()),
+        attributes_json=dumps(s.attributes),
+        started_at=s.started_at,
+        ended_at=s.ended_at,
+    )
+
+
+def row_to_span(row: SpanRow) -> Span:
+    """Row → Span (``sequence`` = ``row.seq``)."""
+    llm = loads(row.llm_json)
+    return Span(
+        span_id=row.span_id,
+        rollout_id=row.rollout_id,
+        attempt_id=row.attempt_id,
+        kind=row.kind,
+        name=row.name,
+        status=row.status,
+        error=row.error,
+        llm=None if llm is None else LLMCall.model_validate(llm),
+        attributes=loads(row.attributes_json) or {},
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        sequence=row.seq,
+    )
+
+
+def reward_to_row(r: Reward, seq: int) -> RewardRow:
+    """Reward → row with the store-assigned sequence number ``seq``."""
+    return RewardRow(
+        seq=seq,
+        reward_id=plain("reward_id", r.reward_id),
+        rollout_id=r.rollout_id,
+        attempt_id=plain("attempt_id", r.attempt_id),
+        span_id=plain("span_id", r.span_id),
+        name=plain("reward name", r.name),
+        value=r.value,
+        valid=r.valid,
+        final=r.final,
+        source=plain("reward source", r.source),
+        metadata_json=dumps(r.metadata),
+        created_at=r.created_at,
+    )
+
+
+def row_to_reward(row: RewardRow) -> Reward:
+    """Row → Reward (``sequence`` = ``row.seq``)."""
+    return Reward(
+        reward_id=row.reward_id,
+        rollout_id=row.rollout_id,
+        attempt_id=row.attempt_id,
+        span_id=row.span_id,
+        name=row.name,
+        value=row.value,
+        final=row.final,
+        source=row.source,
+        metadata=loads(row.metadata_json) or {},
+        created_at=row.created_at,
+        sequence=row.seq,
+    )
+
+
+def resource_to_row(r: ResourceVersion) -> ResourceRow:
+    """ResourceVersion → row."""
+    return ResourceRow(
+        name=plain("resource name", r.name),
+        version=r.version,
+        kind=r.kind,
+        payload_json=dumps(r.payload),
+        active=r.active,
+        created_at=r.created_at,
+    )
+
+
+def row_to_resource(row: ResourceRow) -> ResourceVersion:
+    """Row → ResourceVersion."""
+    return ResourceVersion(
+        name=row.name,
+        version=row.version,
+        kind=row.kind,
+        payload=loads(row.payload_json) or {},
+        active=row.active,
+        created_at=row.created_at,
+    )

@@ -1,0 +1,452 @@
+"""The one conformance suite every ``TraceStore`` backend passes (run by ``test_store_conformance.py``).
+
+Each test takes the ``store`` fixture (``fixtures_store.py``), a fresh empty store of one backend.
+Modelled on langgraph's ``checkpoint-conformance``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
+from agentforge.stores.base import TraceStore
+from agentforge.types import (
+    AttemptState,
+    LLMCall,
+    ResourceVersion,
+    Reward,
+    Rollout,
+    RolloutState,
+    Span,
+    SpanKind,
+    Task,
+)
+
+
+def _running(store: TraceStore, **kw: object) -> tuple[Rollout, str]:
+    rollout = store.enqueue_rollout(Rollout(**kw))  # type: ignore[arg-type]
+    claimed = store.claim_rollout("w-1")
+    assert claimed is not None and claimed[0].rollout_id == rollout.rollout_id
+    return claimed[0], claimed[1].attempt_id
+
+
+def _claim(store: TraceStore) -> tuple[Rollout, str]:
+    claimed = store.claim_rollout("w-2")
+    assert claimed is not None
+    return claimed[0], claimed[1].attempt_id
+
+
+# --- protocol and idempotency ---------------------------------------------------------------------
+
+
+def test_implements_protocol(store: TraceStore) -> None:
+    assert isinstance(store, TraceStore)
+
+
+def test_enqueue_is_idempotent_and_forces_queued(store: TraceStore) -> None:
+    first = store.enqueue_rollout(Rollout(rollout_id="ro-a", state=RolloutState.running, attempts=5))
+    assert first.state is RolloutState.queued and first.attempts == 0
+    again = store.enqueue_rollout(Rollout(rollout_id="ro-a", metadata={"changed": True}))
+    assert again == first
+    assert [r.rollout_id for r in store.list_rollouts()] == ["ro-a"]
+
+
+def test_add_span_and_reward_are_idempotent(store: TraceStore) -> None:
+    ro, _ = _running(store)
+    span = store.add_span(Span(span_id="sp-1", rollout_id=ro.rollout_id, name="first"))
+    assert store.add_span(Span(span_id="sp-1", rollout_id=ro.rollout_id, name="changed")) == span
+    reward = store.add_reward(Reward(reward_id="rw-1", rollout_id=ro.rollout_id, value=1.0))
+    assert store.add_reward(Reward(reward_id="rw-1", rollout_id=ro.rollout_id, value=0.0)) == reward
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id)] == ["first"]
+    assert [r.value for r in store.list_rewards(ro.rollout_id)] == [1.0]
+
+
+def test_unknown_ids_raise_not_found(store: TraceStore) -> None:
+    calls = [
+        lambda: store.get_rollout("ro-missing"),
+        lambda: store.update_rollout("ro-missing", metadata={}),
+        lambda: store.list_attempts("ro-missing"),
+        lambda: store.heartbeat("at-missing"),
+        lambda: store.finish_attempt("at-missing", AttemptState.succeeded),
+        lambda: store.add_span(Span(rollout_id="ro-missing")),
+        lambda: store.list_spans(rollout_id="ro-missing"),
+        lambda: store.list_spans(attempt_id="at-missing"),
+        lambda: store.add_reward(Reward(rollout_id="ro-missing", value=1.0)),
+        lambda: store.list_rewards("ro-missing"),
+        lambda: store.final_reward("ro-missing"),
+        lambda: store.get_resource("missing"),
+        lambda: store.activate_resource("missing", 1),
+    ]
+    for call in calls:
+        with pytest.raises(NotFoundError):
+            call()
+    ro = store.enqueue_rollout(Rollout())
+    with pytest.raises(NotFoundError):
+        store.add_reward(Reward(rollout_id=ro.rollout_id, span_id="sp-missing", value=1.0))
+    store.publish_resource(ResourceVersion(name="p"))
+    with pytest.raises(NotFoundError):
+        store.get_resource("p", version=7)
+    assert store.list_resources("missing") == []
+
+
+# --- rollout state machine ------------------------------------------------------------------------
+
+
+def test_happy_path_and_invalid_transitions(store: TraceStore) -> None:
+    ro, attempt_id = _running(store, task=Task(input={"q": "2+2"}), agent="math")
+    assert ro.state is RolloutState.running and ro.attempts == 1
+    assert store.get_rollout(ro.rollout_id).state is RolloutState.running
+    (attempt,) = store.list_attempts(ro.rollout_id)
+    assert (attempt.number, attempt.worker_id, attempt.state) == (1, "w-1", AttemptState.running)
+    done = store.finish_attempt(attempt_id, AttemptState.succeeded)
+    assert done.state is RolloutState.succeeded and done.error is None
+    # finishing again changes nothing
+    assert store.finish_attempt(attempt_id, AttemptState.failed, "late").state is RolloutState.succeeded
+    assert store.list_attempts(ro.rollout_id)[0].state is AttemptState.succeeded
+    for target in (RolloutState.running, RolloutState.queued, RolloutState.failed):
+        with pytest.raises(InvalidTransitionError):
+            store.update_rollout(ro.rollout_id, state=target)
+    queued = store.enqueue_rollout(Rollout())
+    with pytest.raises(InvalidTransitionError):
+        store.update_rollout(queued.rollout_id, state=RolloutState.succeeded)
+    assert (
+        store.update_rollout(queued.rollout_id, state=RolloutState.cancelled).state is RolloutState.cancelled
+    )
+    with pytest.raises(InvalidTransitionError):
+        store.update_rollout(queued.rollout_id, state=RolloutState.queued)
+    assert store.claim_rollout("w-2") is None
+    with pytest.raises(InvalidTransitionError):
+        store.finish_attempt(attempt_id, AttemptState.running)
+
+
+def test_update_rollout_fields(store: TraceStore) -> None:
+    ro = store.enqueue_rollout(Rollout())
+    updated = store.update_rollout(ro.rollout_id, metadata={"k": [1, 2]}, resources={"policy": "policy@v2"})
+    assert updated.metadata == {"k": [1, 2]} and updated.resources == {"policy": "policy@v2"}
+    assert store.get_rollout(ro.rollout_id) == updated
+    with pytest.raises(UserError):
+        store.update_rollout(ro.rollout_id, attempts=9)
+
+
+def test_leaving_running_by_update_closes_the_attempt(store: TraceStore) -> None:
+    ro, attempt_id = _running(store)
+    assert store.update_rollout(ro.rollout_id, state=RolloutState.queued).state is RolloutState.queued
+    assert store.list_attempts(ro.rollout_id)[0].state is AttemptState.abandoned
+    ro2, attempt2 = _claim(store)
+    assert ro2.rollout_id == ro.rollout_id and ro2.attempts == 2 and attempt2 != attempt_id
+
+
+def test_retries_until_attempts_run_out(store: TraceStore) -> None:
+    ro = store.enqueue_rollout(Rollout(max_attempts=2))
+    _, a1 = store.claim_rollout("w-1") or (None, None)
+    assert a1 is not None
+    after1 = store.finish_attempt(a1.attempt_id, AttemptState.failed, "upstream 500")
+    assert (after1.state, after1.attempts, after1.error) == (RolloutState.queued, 1, "upstream 500")
+    claimed = store.claim_rollout("w-2")
+    assert claimed is not None and claimed[1].number == 2 and claimed[0].attempts == 2
+    after2 = store.finish_attempt(claimed[1].attempt_id, AttemptState.failed, "upstream 500 again")
+    assert (after2.state, after2.attempts, after2.error) == (RolloutState.failed, 2, "upstream 500 again")
+    assert [a.state for a in store.list_attempts(ro.rollout_id)] == [AttemptState.failed] * 2
+    assert store.claim_rollout("w-3") is None
+
+    once = store.enqueue_rollout(Rollout(max_attempts=1))
+    _, a = store.claim_rollout("w-1") or (None, None)
+    assert a is not None and a.rollout_id == once.rollout_id
+    assert store.finish_attempt(a.attempt_id, AttemptState.timed_out, "600 s").state is RolloutState.timed_out
+    # a manual retry of a timed-out rollout is an edge of the table
+    assert store.update_rollout(once.rollout_id, state=RolloutState.queued).state is RolloutState.queued
+
+
+def test_claim_order_and_agent_filter(store: TraceStore) -> None:
+    ids = [store.enqueue_rollout(Rollout(agent="a" if i % 2 else "b")).rollout_id for i in range(4)]
+    got = store.claim_rollout("w", agent="a")
+    assert got is not None and got[0].rollout_id == ids[1]
+    got = store.claim_rollout("w")
+    assert got is not None and got[0].rollout_id == ids[0]
+    assert store.claim_rollout("w", agent="nobody") is None
+
+
+def test_claim_is_atomic_across_threads(store: TraceStore) -> None:
+    ids = {store.enqueue_rollout(Rollout()).rollout_id for _ in range(50)}
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        try:
+            start.wait()
+            while (got := store.claim_rollout(f"w-{n}")) is not None:
+                assert got[1].number == 1
+                with lock:
+                    claimed.append(got[0].rollout_id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert Counter(claimed) == Counter(ids)  # each exactly once
+    assert all(len(store.list_attempts(rid)) == 1 for rid in ids)
+    assert len(store.list_rollouts(state=RolloutState.running)) == 50
+
+
+def test_requeue_stale(store: TraceStore) -> None:
+    stale = store.enqueue_rollout(Rollout(max_attempts=2))
+    alive = store.enqueue_rollout(Rollout())
+    last = store.enqueue_rollout(Rollout(max_attempts=1))
+    claims = {c[0].rollout_id: c[1] for c in (store.claim_rollout("w") for _ in range(3)) if c}
+    time.sleep(0.3)
+    store.heartbeat(claims[alive.rollout_id].attempt_id)
+    affected = store.requeue_stale(0.2)
+    assert sorted(affected) == sorted([stale.rollout_id, last.rollout_id])
+    assert store.get_rollout(stale.rollout_id).state is RolloutState.queued
+    assert store.get_rollout(alive.rollout_id).state is RolloutState.running
+    out_of_attempts = store.get_rollout(last.rollout_id)
+    assert out_of_attempts.state is RolloutState.failed and "heartbeat" in (out_of_attempts.error or "")
+    assert store.list_attempts(stale.rollout_id)[0].state is AttemptState.abandoned
+    # the abandoned attempt cannot finish any more; the rollout is unaffected
+    assert store.finish_attempt(claims[stale.rollout_id].attempt_id, AttemptState.succeeded).state is (
+        RolloutState.queued
+    )
+    assert store.requeue_stale(0.2) == []
+    retry = store.claim_rollout("w-2")
+    assert retry is not None and retry[0].rollout_id == stale.rollout_id and retry[1].number == 2
+
+
+def test_list_rollouts_filters(store: TraceStore) -> None:
+    a = store.enqueue_rollout(Rollout(agent="x", group_id="g1", created_at=100.0))
+    b = store.enqueue_rollout(Rollout(agent="y", group_id="g1", created_at=200.0))
+    c = store.enqueue_rollout(Rollout(agent="x", group_id="g2", created_at=300.0))
+    assert [r.rollout_id for r in store.list_rollouts()] == [a.rollout_id, b.rollout_id, c.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(group_id="g1")] == [a.rollout_id, b.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(agent="x")] == [a.rollout_id, c.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(since=150.0)] == [b.rollout_id, c.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(limit=2)] == [a.rollout_id, b.rollout_id]
+    store.claim_rollout("w")
+    assert [r.rollout_id for r in store.list_rollouts(state=RolloutState.running)] == [a.rollout_id]
+
+
+# --- spans ----------------------------------------------------------------------------------------
+
+
+def test_spans_ordering_kinds_and_orphans(store: TraceStore) -> None:
+    ro, attempt_id = _running(store)
+    llm = LLMCall(
+        model="policy",
+        version="policy@v1",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        logprobs=[-0.5],
+        response_text="hi",
+    )
+    names = []
+    for i in range(6):
+        kind = SpanKind.llm if i % 2 == 0 else SpanKind.tool
+        store.add_span(
+            Span(rollout_id=ro.rollout_id, name=f"s{i}", kind=kind, llm=llm if kind is SpanKind.llm else None)
+        )
+        names.append(f"s{i}")
+    orphan = store.add_span(Span(name="orphan", kind=SpanKind.llm))
+    spans = store.list_spans(rollout_id=ro.rollout_id)
+    assert [s.name for s in spans] == names
+    seqs = [s.sequence for s in spans]
+    assert all(isinstance(q, int) for q in seqs) and seqs == sorted(seqs) and len(set(seqs)) == 6
+    assert all(s.attempt_id == attempt_id for s in spans)  # stamped with the running attempt
+    assert spans[0].llm == llm
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id, kind=SpanKind.tool)] == names[1::2]
+    assert [s.span_id for s in store.list_spans(orphans=True)] == [orphan.span_id]
+    assert orphan.rollout_id is None and orphan.sequence is not None
+    assert len(store.list_spans()) == 7
+    assert [s.name for s in store.list_spans(attempt_id=attempt_id)] == names
+    with pytest.raises(UserError):
+        store.list_spans(rollout_id=ro.rollout_id, orphans=True)
+
+
+def test_span_attempt_must_belong_to_rollout(store: TraceStore) -> None:
+    ro1, a1 = _running(store)
+    ro2, _ = _running(store)
+    with pytest.raises(UserError):
+        store.add_span(Span(rollout_id=ro2.rollout_id, attempt_id=a1))
+    from_attempt = store.add_span(Span(attempt_id=a1))  # rollout filled in from the attempt
+    assert from_attempt.rollout_id == ro1.rollout_id
+
+
+def test_valid_only_keeps_the_counted_attempt(store: TraceStore) -> None:
+    ro, a1 = _running(store, max_attempts=3)
+    store.add_span(Span(rollout_id=ro.rollout_id, name="dead-1"))
+    store.finish_attempt(a1, AttemptState.failed, "boom")
+    _, a2 = _claim(store)
+    store.add_span(Span(rollout_id=ro.rollout_id, name="dead-2"))
+    store.update_rollout(ro.rollout_id, state=RolloutState.queued)  # worker lost: attempt abandoned
+    _, a3 = _claim(store)
+    store.add_span(Span(rollout_id=ro.rollout_id, attempt_id=a3, name="live"))
+    # while the rollout runs, the latest attempt counts
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id, valid_only=True)] == ["live"]
+    store.finish_attempt(a3, AttemptState.succeeded)
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id, valid_only=True)] == ["live"]
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id)] == ["dead-1", "dead-2", "live"]
+    assert [s.name for s in store.list_spans(valid_only=True)] == ["live"]
+
+    failed, b1 = _running(store, max_attempts=2)
+    store.add_span(Span(rollout_id=failed.rollout_id, name="try-1"))
+    store.finish_attempt(b1, AttemptState.failed)
+    _, b2 = _claim(store)
+    store.add_span(Span(rollout_id=failed.rollout_id, name="try-2"))
+    assert store.finish_attempt(b2, AttemptState.failed).state is RolloutState.failed
+    assert [s.name for s in store.list_spans(rollout_id=failed.rollout_id, valid_only=True)] == ["try-2"]
+
+
+# --- rewards --------------------------------------------------------------------------------------
+
+
+def test_reward_attaches_to_the_latest_span_before_it(store: TraceStore) -> None:
+    ro, attempt_id = _running(store)
+    early = store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.1))
+    assert early.span_id is None and early.attempt_id == attempt_id
+    llm_span = store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.llm, name="chat"))
+    # inside a node, after the LLM span closed: no span_id given → the LLM span
+    in_node = store.add_reward(Reward(rollout_id=ro.rollout_id, name="format", value=0.5))
+    final = store.add_reward(Reward(rollout_id=ro.rollout_id, name="correct", value=1.0, final=True))
+    assert in_node.span_id == llm_span.span_id and final.span_id == llm_span.span_id
+    tool_span = store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.tool))
+    later = store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.0))
+    assert later.span_id == tool_span.span_id
+    explicit = store.add_reward(Reward(rollout_id=ro.rollout_id, span_id=llm_span.span_id, value=0.7))
+    assert explicit.span_id == llm_span.span_id
+    rewards = store.list_rewards(ro.rollout_id)
+    assert [r.reward_id for r in rewards] == [r.reward_id for r in (early, in_node, final, later, explicit)]
+    seqs = [r.sequence for r in rewards]
+    assert seqs == sorted(seqs) and llm_span.sequence < in_node.sequence < tool_span.sequence < later.sequence
+    best = store.final_reward(ro.rollout_id)
+    assert best is not None and best.reward_id == final.reward_id  # final wins over later rewards
+    other, _ = _running(store)
+    with pytest.raises(UserError):
+        store.add_reward(Reward(rollout_id=other.rollout_id, span_id=llm_span.span_id, value=1.0))
+
+
+def test_final_reward_is_last_by_sequence(store: TraceStore) -> None:
+    ro = store.enqueue_rollout(Rollout())
+    assert store.final_reward(ro.rollout_id) is None
+    for v in (0.2, 0.9, 0.4):
+        store.add_reward(Reward(rollout_id=ro.rollout_id, value=v))
+    best = store.final_reward(ro.rollout_id)
+    assert best is not None and best.value == 0.4
+    f1 = store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.6, final=True))
+    f2 = store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.8, final=True))
+    store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.0))
+    best = store.final_reward(ro.rollout_id)
+    assert best is not None and best.reward_id == f2.reward_id != f1.reward_id
+
+
+def test_none_and_nan_rewards_are_stored_invalid(store: TraceStore) -> None:
+    ro = store.enqueue_rollout(Rollout())
+    none = store.add_reward(Reward(rollout_id=ro.rollout_id, value=None))
+    nan = store.add_reward(Reward(rollout_id=ro.rollout_id, value=float("nan"), final=True))
+    for r in (none, nan, *store.list_rewards(ro.rollout_id)):
+        assert r.value is None and not r.valid
+    assert len(store.list_rewards(ro.rollout_id)) == 2
+    best = store.final_reward(ro.rollout_id)
+    assert best is not None and best.reward_id == nan.reward_id and best.value is None  # not turned into 0
+    inf = store.add_reward(Reward(rollout_id=ro.rollout_id, value=-math.inf))
+    assert store.list_rewards(ro.rollout_id)[-1].value == -math.inf and inf.valid
+
+
+# --- resources ------------------------------------------------------------------------------------
+
+
+def test_resource_versions_publish_activate_rollback(store: TraceStore) -> None:
+    v1 = store.publish_resource(ResourceVersion(name="prompt:sys", kind="prompt", payload={"template": "A"}))
+    v2 = store.publish_resource(ResourceVersion(name="prompt:sys", kind="prompt", payload={"template": "B"}))
+    assert (v1.version, v2.version, v2.ref) == (1, 2, "prompt:sys@v2")
+    assert store.get_resource("prompt:sys").payload == {"template": "B"}
+    v3 = store.publish_resource(ResourceVersion(name="prompt:sys", payload={"template": "C"}), activate=False)
+    assert v3.version == 3 and not v3.active and store.get_resource("prompt:sys").version == 2
+    rolled_back = store.activate_resource("prompt:sys", 1)
+    assert rolled_back.active and store.get_resource("prompt:sys").payload == {"template": "A"}
+    assert store.get_resource("prompt:sys", version=3).payload == {"template": "C"}
+    store.publish_resource(ResourceVersion(name="policy", kind="adapter", payload={"path": "/a", "rank": 8}))
+    listed = store.list_resources()
+    assert [(r.name, r.version, r.active) for r in listed] == [
+        ("policy", 1, True),
+        ("prompt:sys", 1, True),
+        ("prompt:sys", 2, False),
+        ("prompt:sys", 3, False),
+    ]
+    assert [r.version for r in store.list_resources("prompt:sys")] == [1, 2, 3]
+
+
+# --- text and size ----------------------------------------------------------------------------------
+
+
+def _mixed_text(size: int) -> str:
+    pieces = [
+        "family 👩‍👩‍👧 ",
+        "flag 🏳️‍🌈 ",
+        "skin 👍🏽 ",
+        "中文字符与日本語のテキスト ",
+        "한국어 ",
+        "“curly” ‘quotes’ — dash … ",
+        "e\u0301 combining ",
+        "tab\tnl\n",
+        "nul\x00byte ",
+        "lone \ud800 high ",
+        "lone \udfff low ",
+        "bom \ufeff ",
+        "rtl \u202e ",
+        "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ",
+        "\\u0000 literal backslash ",
+    ]
+    block = "".join(pieces)
+    return (block * (size // len(block) + 1))[:size]
+
+
+def test_huge_mixed_unicode_payloads_round_trip_exactly(store: TraceStore) -> None:
+    text = _mixed_text(2_000_000)
+    ro = store.enqueue_rollout(Rollout(task=Task(input={"doc": text}), metadata={"m": text[:1000]}))
+    assert store.get_rollout(ro.rollout_id).task.input["doc"] == text
+    span = store.add_span(
+        Span(
+            rollout_id=ro.rollout_id,
+            attributes={"text": text, "nested": [{"k": text[:5000]}], "nan": math.nan, "inf": math.inf},
+            llm=LLMCall(
+                response_text=text[:100_000], request={"messages": [{"role": "user", "content": text[:2000]}]}
+            ),
+        )
+    )
+    (got,) = store.list_spans(rollout_id=ro.rollout_id)
+    assert got.attributes["text"] == text and got.attributes["nested"] == [{"k": text[:5000]}]
+    assert math.isnan(got.attributes["nan"]) and got.attributes["inf"] == math.inf
+    assert got.llm == span.llm and got.llm is not None and got.llm.response_text == text[:100_000]
+    store.add_reward(Reward(rollout_id=ro.rollout_id, value=1.0, metadata={"why": text[:10_000]}))
+    assert store.list_rewards(ro.rollout_id)[0].metadata == {"why": text[:10_000]}
+    store.publish_resource(ResourceVersion(name="prompt:big", payload={"template": text}))
+    assert store.get_resource("prompt:big").payload["template"] == text
+    assert got.attributes["text"].encode("utf-8", "surrogatepass") == text.encode("utf-8", "surrogatepass")
+
+
+def test_unstorable_scalar_text_is_rejected_clearly(store: TraceStore) -> None:
+    ro = store.enqueue_rollout(Rollout())
+    for bad in ("lone \ud800", "nul \x00"):
+        with pytest.raises(UserError, match="attributes/metadata"):
+            store.add_span(Span(rollout_id=ro.rollout_id, name=bad))
+        with pytest.raises(UserError, match="attributes/metadata"):
+            store.enqueue_rollout(Rollout(agent=bad))
+    assert store.list_spans(rollout_id=ro.rollout_id) == []
+    assert len(store.list_rollouts()) == 1
+    fine = store.add_span(Span(rollout_id=ro.rollout_id, name="emoji 👩‍👩‍👧 中文 “ok”"))
+    assert store.list_spans(rollout_id=ro.rollout_id)[0].name == fine.name
+
+
+def test_close_is_safe_twice(store: TraceStore) -> None:
+    store.enqueue_rollout(Rollout())
+    store.close()
+    store.close()

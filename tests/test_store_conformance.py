@@ -1,0 +1,35 @@
+"""Runs the store conformance suite (``store_conformance.py``) against every backend of the ``store``
+fixture: SQLite file, in-memory SQLite, HTTP (uvicorn + SQLite) and PostgreSQL (when configured)."""
+
+from __future__ import annotations
+
+import store_conformance
+from store_conformance import (  # noqa: F401  (collected by pytest from this module)
+    test_add_span_and_reward_are_idempotent,
+    test_claim_is_atomic_across_threads,
+    test_claim_order_and_agent_filter,
+    test_close_is_safe_twice,
+    test_enqueue_is_idempotent_and_forces_queued,
+    test_final_reward_is_last_by_sequence,
+    test_happy_path_and_invalid_transitions,
+    test_huge_mixed_unicode_payloads_round_trip_exactly,
+    test_implements_protocol,
+    test_leaving_running_by_update_closes_the_attempt,
+    test_list_rollouts_filters,
+    test_none_and_nan_rewards_are_stored_invalid,
+    test_requeue_stale,
+    test_resource_versions_publish_activate_rollback,
+    test_retries_until_attempts_run_out,
+    test_reward_attaches_to_the_latest_span_before_it,
+    test_span_attempt_must_belong_to_rollout,
+    test_spans_ordering_kinds_and_orphans,
+    test_unknown_ids_raise_not_found,
+    test_unstorable_scalar_text_is_rejected_clearly,
+    test_update_rollout_fields,
+    test_valid_only_keeps_the_counted_attempt,
+)
+
+
+def test_every_suite_test_is_collected_here() -> None:
+    suite = {name for name in vars(store_conformance) if name.startswith("test_")}
+    assert suite <= set(globals()), f"import these from store_conformance: {sorted(suite - set(globals()))}"
