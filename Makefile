@@ -12,8 +12,8 @@ demo: setup
 postgres:
 	bash scripts/start_postgres.sh
 
-test: setup postgres
-	AGENTFORGE_TEST_PG_URL=$$(bash scripts/start_postgres.sh --url) AGENTFORGE_REQUIRE_VLLM=1 \
+test: setup
+	AGENTFORGE_TEST_PG_URL="$$(bash scripts/start_postgres.sh | tail -n 1)" AGENTFORGE_REQUIRE_VLLM=1 \
 		.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
