@@ -114,6 +114,7 @@ class _Gateway:
         self._transport, self._timeout_s = transport, timeout_s
         self._client: httpx.AsyncClient | None = None
         self._orphan_warned = False
+        self._pins: dict[str, dict[str, str]] = {}
         self.orphans = 0
 
     @asynccontextmanager
@@ -180,6 +181,38 @@ class _Gateway:
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
 
+    def _pinned(self, rollout_id: str, model: str) -> str:
+        """The version a rollout pinned for ``model`` (``Rollout.resources[model]``), else ``model``.
+
+        A rollout enqueued by the trainer pins ``{"policy": "policy@v3"}`` so every call of that rollout is
+        served by the version it was sampled for, even if the alias flips mid-rollout. A pin whose version
+        is no longer routable (already unloaded) falls back to the alias, logged. Lookups are cached per
+        rollout (a rollout's pins do not change while it runs).
+        """
+        resources = self._pins.get(rollout_id)
+        if resources is None:
+            try:
+                resources = self.store.get_rollout(rollout_id).resources
+            except Exception:  # unknown or malformed id: the span becomes an orphan later
+                return model
+            if len(self._pins) >= 4096:
+                self._pins.pop(next(iter(self._pins)))
+            self._pins[rollout_id] = resources
+        pinned = resources.get(model)
+        if pinned is None:
+            return model
+        try:
+            self.router.resolve(pinned)
+        except NotFoundError:
+            logger.warning(
+                "rollout %s pins %s=%s, which is not served any more; using the alias",
+                rollout_id,
+                model,
+                pinned,
+            )
+            return model
+        return pinned
+
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
         """The LLMCall of a call that produced no answer."""
         return LLMCall(
@@ -220,8 +253,11 @@ class _Gateway:
                 error_body(problem[1], "invalid_request_error", "invalid_value", problem[0]),
                 "invalid_request",
             )
+        target = ctx.model
+        if rollout_id is not None:
+            target = await anyio.to_thread.run_sync(self._pinned, rollout_id, ctx.model)
         try:
-            ctx.version, upstream = self.router.acquire(ctx.model)
+            ctx.version, upstream = self.router.acquire(target)
         except NotFoundError as exc:
             return await self.fail(
                 ctx,
