@@ -1,0 +1,164 @@
+"""Read and check PEFT LoRA adapter directories before they reach an inference engine.
+
+An adapter directory is what ``peft.PeftModel.save_pretrained`` writes: ``adapter_config.json`` plus
+``adapter_model.safetensors``. Serving checks two things before loading (DESIGN.md, fact 2):
+
+* the adapter was trained on the served base model (``base_model_name_or_path``), and
+* its effective LoRA rank — ``r`` or the largest value in ``rank_pattern`` — fits the server's
+  ``--max-lora-rank``, which vLLM only accepts from :data:`VLLM_LORA_RANKS`.
+
+Nothing here imports torch or peft: the checks read JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentforge.errors import AdapterIncompatibleError, ConfigError, UserError
+
+__all__ = [
+    "VLLM_LORA_RANKS",
+    "AdapterInfo",
+    "read_adapter",
+    "check_adapter",
+    "check_max_lora_rank",
+    "same_model",
+]
+
+#: The values vLLM accepts for ``--max-lora-rank`` (``vllm.config.lora.MaxLoRARanks``).
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What serving needs to know about one adapter directory.
+
+    Attributes:
+        path: the adapter directory (resolved).
+        base_model: ``base_model_name_or_path`` from ``adapter_config.json`` (may be empty).
+        r: the default LoRA rank.
+        max_rank: the effective maximum rank: ``max(r, *rank_pattern.values())``.
+        rank_pattern: per-module rank overrides (module pattern → rank).
+        target_modules: the adapted modules as recorded (list, or a regex string).
+    """
+
+    path: Path
+    base_model: str
+    r: int
+    max_rank: int
+    rank_pattern: dict[str, int] = field(default_factory=dict)
+    target_modules: list[str] | str | None = None
+
+
+def read_adapter(path: str | Path) -> AdapterInfo:
+    """Read ``adapter_config.json`` of a PEFT LoRA adapter directory.
+
+    Args:
+        path: the adapter directory.
+
+    Returns:
+        The parsed :class:`AdapterInfo`.
+
+    Raises:
+        UserError: the directory or its ``adapter_config.json`` is missing or unreadable, or the adapter
+            is not a LoRA adapter.
+    """
+    folder = Path(path).expanduser().resolve()
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        raise UserError(
+            f"{folder} is not a PEFT adapter directory (no adapter_config.json); pass the folder "
+            "written by PeftModel.save_pretrained"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {config_file}: {exc}") from exc
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise UserError(f"{folder} holds a {peft_type} adapter; serving loads LoRA adapters only")
+    r = int(config.get("r") or 0)
+    rank_pattern = {str(k): int(v) for k, v in (config.get("rank_pattern") or {}).items()}
+    return AdapterInfo(
+        path=folder,
+        base_model=str(config.get("base_model_name_or_path") or ""),
+        r=r,
+        max_rank=max([r, *rank_pattern.values()]),
+        rank_pattern=rank_pattern,
+        target_modules=config.get("target_modules"),
+    )
+
+
+def same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model references name the same checkpoint.
+
+    Two references match when they resolve to the same existing directory, or when their last path
+    components are equal ignoring case (``/cache/SmolLM2-135M-Instruct`` and
+    ``HuggingFaceTB/SmolLM2-135M-Instruct``): adapters record the path they were trained from, which
+    differs between machines.
+
+    Args:
+        a: a model name or checkpoint path.
+        b: a model name or checkpoint path.
+
+    Returns:
+        True when both refer to the same model.
+    """
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return pa.name.lower() == pb.name.lower() and bool(pa.name)
+
+
+def check_max_lora_rank(max_lora_rank: int) -> int:
+    """Validate a server's ``--max-lora-rank``.
+
+    Args:
+        max_lora_rank: the requested maximum rank.
+
+    Returns:
+        ``max_lora_rank`` unchanged.
+
+    Raises:
+        ConfigError: vLLM does not accept the value; the message lists the accepted values.
+    """
+    if max_lora_rank not in VLLM_LORA_RANKS:
+        accepted = ", ".join(map(str, VLLM_LORA_RANKS))
+        raise ConfigError(f"max_lora_rank={max_lora_rank} is not accepted by vLLM; use one of {accepted}")
+    return max_lora_rank
+
+
+def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: int) -> AdapterInfo:
+    """Check that an adapter can be served by a server with ``base_model`` and ``max_lora_rank``.
+
+    Args:
+        path: the adapter directory.
+        base_model: the served base model (path or name).
+        max_lora_rank: the server's ``--max-lora-rank``.
+
+    Returns:
+        The adapter's :class:`AdapterInfo`.
+
+    Raises:
+        UserError: the directory is not a readable LoRA adapter.
+        AdapterIncompatibleError: the base model differs or the effective rank exceeds
+            ``max_lora_rank``; the message says what to change.
+    """
+    info = read_adapter(path)
+    if info.base_model and not same_model(info.base_model, base_model):
+        raise AdapterIncompatibleError(
+            f"adapter {info.path} was trained on {info.base_model!r} but the server serves {str(base_model)!r}; "
+            "retrain the adapter on the served base model or serve its base model"
+        )
+    if info.max_rank > max_lora_rank:
+        where = "r" if info.max_rank == info.r else f"rank_pattern (max {info.max_rank}, r={info.r})"
+        bigger = next((v for v in VLLM_LORA_RANKS if v >= info.max_rank), None)
+        restart = f" or restart the server with --max-lora-rank {bigger}" if bigger else ""
+        raise AdapterIncompatibleError(
+            f"adapter {info.path} has LoRA rank {info.max_rank} from {where}, above the server maximum "
+            f"--max-lora-rank {max_lora_rank}; retrain with r<={max_lora_rank} (and no rank_pattern entry "
+            f"above it){restart}"
+        )
+    return info

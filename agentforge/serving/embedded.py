@@ -1,0 +1,313 @@
+"""``EmbeddedServer``: an in-process transformers + peft backend for machines without vLLM.
+
+It serves the OpenAI routes the gateway uses — ``/v1/chat/completions`` (plain and streamed),
+``/v1/completions``, ``/v1/models`` — from a FastAPI app on a loopback port in a background thread, with
+any number of LoRA adapters loaded side by side (peft multi-adapter). Responses carry
+``prompt_token_ids``, ``choices[0].token_ids`` and ``logprobs`` in vLLM's format, with vLLM's default
+``logprobs_mode`` (log-softmax of the raw logits, before temperature), so the gateway treats both
+backends alike. One request generates at a time (a lock); it is meant for tests, demos and small CPUs,
+not throughput.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agentforge.config import default_model_dir
+from agentforge.errors import MissingExtraError, NotFoundError, ServingError, UserError
+from agentforge.serving.adapters import check_adapter
+from agentforge.serving.vllm import _free_port, default_chat_template
+from agentforge.serving.vllm_format import ResponseShaper, Step
+
+__all__ = ["EmbeddedServer"]
+
+
+class _RequestError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+class EmbeddedServer:
+    """A :class:`~agentforge.serving.base.PolicyServer` running transformers + peft in this process.
+
+    Args:
+        model: checkpoint directory (default: the prepared SmolLM2-135M-Instruct).
+        host: loopback address to bind.
+        port: TCP port (default: a free one).
+        served_name: the name the base model is served under.
+        max_lora_rank: adapters above this rank are refused (mirrors vLLM's ``--max-lora-rank``).
+        max_model_len: prompt + completion limit (tokens).
+        dtype: torch dtype name of the weights (``float32`` is the safe choice on CPU).
+        chat_template: template file (default: as :class:`~agentforge.serving.vllm.VLLMServer`).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_name: str = "base",
+        max_lora_rank: int = 16,
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        chat_template: str | Path | None = None,
+    ) -> None:
+        self.base_model = str(model if model is not None else default_model_dir())
+        self.host, self.port, self.served_name = host, port or _free_port(host), served_name
+        self.max_lora_rank, self.max_model_len, self.dtype = max_lora_rank, max_model_len, dtype
+        template = Path(chat_template) if chat_template else default_chat_template(self.base_model)
+        self._template = template.read_text() if template else None
+        self._lock = threading.Lock()  # one generation (or adapter change) at a time
+        self._adapters: dict[str, str] = {}
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._server: Any = None
+        self._cache_arg = "past_key_values"
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI-compatible base URL ending in ``/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def base_model_name(self) -> str:
+        """The name the base weights are served under."""
+        return self.served_name
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Load the model and serve it; blocks until the HTTP server accepts requests.
+
+        Raises:
+            MissingExtraError: torch/transformers/peft are missing (``agentforge[train]``).
+            ServingError: the HTTP server did not start within ``timeout_s`` seconds.
+        """
+        if self._thread is not None:
+            return
+        try:
+            import torch
+            import uvicorn
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MissingExtraError(
+                exc.name or "transformers", "train", "the embedded policy server"
+            ) from exc
+        self._tokenizer = AutoTokenizer.from_pretrained(self.base_model)
+        self._model = AutoModelForCausalLM.from_pretrained(
+            self.base_model, dtype=getattr(torch, self.dtype)
+        ).eval()
+        params = inspect.signature(self._model.forward).parameters  # transformers 5.2x renamed the KV cache
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        config = uvicorn.Config(
+            self._app(), host=self.host, port=self.port, log_level="warning", access_log=False
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, name=f"embedded-server-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServingError(f"embedded server did not start on {self.base_url} within {timeout_s}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the HTTP server and drop the model. Safe to call twice."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self._server = self._thread = self._model = None
+        self._adapters.clear()
+
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Validate, then load the PEFT adapter at ``path`` under the new name ``name``.
+
+        Raises:
+            AdapterIncompatibleError: wrong base model or rank above ``max_lora_rank`` (nothing loaded).
+            UserError: ``name`` is in use; ServingError: not started or peft failed.
+        """
+        info = check_adapter(path, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
+        if self._model is None:
+            raise ServingError("the embedded server is not started")
+        if name == self.served_name or name in self._adapters:
+            raise UserError(f"adapter name {name!r} is already in use; load every version under a new name")
+        from peft import PeftModel
+
+        with self._lock:
+            try:
+                if isinstance(self._model, PeftModel):
+                    self._model.load_adapter(str(info.path), adapter_name=name)
+                else:
+                    self._model = PeftModel.from_pretrained(self._model, str(info.path), adapter_name=name)
+                self._model.eval()
+            except Exception as exc:
+                raise ServingError(f"peft could not load {info.path} as {name!r}: {exc}") from exc
+            self._adapters[name] = str(info.path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload adapter ``name``. Raises: ``NotFoundError``."""
+        with self._lock:
+            if name not in self._adapters:
+                raise NotFoundError(f"adapter {name!r} is not loaded on {self.base_url}")
+            del self._adapters[name]
+            if self._adapters:
+                if name in self._model.active_adapters:
+                    self._model.set_adapter(next(iter(self._adapters)))
+                self._model.delete_adapter(name)
+            else:
+                self._model = self._model.unload()  # back to the plain base model
+
+    def adapters(self) -> list[str]:
+        """Names of the adapters currently loaded."""
+        return sorted(self._adapters)
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    def _select(self, model: str) -> contextlib.AbstractContextManager[Any]:
+        if model == self.served_name:
+            return self._model.disable_adapter() if self._adapters else contextlib.nullcontext()
+        if model not in self._adapters:
+            known = ", ".join([self.served_name, *self._adapters])
+            raise _RequestError(
+                404, f"The model `{model}` does not exist. Valid models: {known}.", "NotFoundError"
+            )
+        self._model.set_adapter(model)
+        return contextlib.nullcontext()
+
+    def _generate(
+        self, model: str, prompt_ids: list[int], body: dict[str, Any], stops: set[int], limit: int
+    ) -> Iterator[Step]:
+        """Yield one :data:`Step` per sampled token (at most ``limit``); holds the lock while it runs."""
+        import torch
+
+        temperature, top_p = float(body.get("temperature", 1.0) or 0.0), float(body.get("top_p") or 1.0)
+        top_n = (
+            int(body.get("top_logprobs") or 0)
+            if body.get("logprobs") is True
+            else int(body.get("logprobs") or 0)
+        )
+        generator = torch.Generator().manual_seed(int(body["seed"])) if body.get("seed") is not None else None
+        with self._lock, self._select(model):
+            ids, cache = torch.tensor([prompt_ids]), None
+            for _ in range(limit):
+                with torch.inference_mode():  # per step: a streamed generator may resume on another thread
+                    out = self._model(input_ids=ids, **{self._cache_arg: cache}, use_cache=True)
+                    cache, logits = getattr(out, self._cache_arg), out.logits[0, -1].float()
+                    logp = torch.log_softmax(logits, -1)
+                    if temperature <= 0:
+                        token = int(logits.argmax())
+                    else:
+                        probs = torch.softmax(logits / temperature, -1)
+                        if top_p < 1.0:
+                            sorted_p, order = probs.sort(descending=True)
+                            sorted_p[(sorted_p.cumsum(0) - sorted_p) > top_p] = 0.0
+                            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+                        token = int(torch.multinomial(probs, 1, generator=generator))
+                    top = (
+                        [(int(i), float(v)) for v, i in zip(*logp.topk(top_n), strict=True)] if top_n else []
+                    )
+                yield token, float(logp[token]), top
+                if token in stops:
+                    return
+                ids = torch.tensor([[token]])
+
+    def _stop_ids(self, body: dict[str, Any]) -> set[int]:
+        eos = getattr(self._model.generation_config, "eos_token_id", None)
+        extra = [] if body.get("ignore_eos") else ([eos] if isinstance(eos, int) else list(eos or []))
+        return {self._tokenizer.eos_token_id, *extra}
+
+    def _limit(self, body: dict[str, Any], prompt_ids: list[int]) -> int:
+        requested = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
+        return min(requested, self.max_model_len - len(prompt_ids))
+
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if chat:
+            text = self._tokenizer.apply_chat_template(
+                body["messages"],
+                tools=body.get("tools"),
+                chat_template=self._template,
+                tokenize=False,
+                add_generation_prompt=body.get("add_generation_prompt", True),
+            )
+        elif isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"]):
+            return list(body["prompt"])
+        else:
+            text = str(body.get("prompt", ""))
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def _app(self) -> Any:
+        from fastapi import Body, FastAPI, Request
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        app = FastAPI(
+            title="agentforge embedded policy server", docs_url=None, redoc_url=None, openapi_url=None
+        )
+
+        @app.exception_handler(_RequestError)
+        async def _error(_: Request, exc: _RequestError) -> JSONResponse:
+            body = {"error": {"message": str(exc), "type": exc.kind, "param": None, "code": exc.status}}
+            return JSONResponse(body, status_code=exc.status)
+
+        @app.get("/health")
+        def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/v1/models")
+        def models() -> dict[str, Any]:
+            card = {"object": "model", "created": int(time.time()), "owned_by": "agentforge"}
+            cards = [card | {"id": self.served_name, "root": self.base_model, "parent": None}]
+            cards += [
+                card | {"id": n, "root": p, "parent": self.served_name} for n, p in self._adapters.items()
+            ]
+            return {"object": "list", "data": cards}
+
+        def respond(body: dict[str, Any], chat: bool) -> Any:
+            if int(body.get("n") or 1) != 1:
+                raise _RequestError(400, "the embedded server supports n=1 only")
+            body.setdefault("model", self.served_name)
+            if body["model"] != self.served_name and body["model"] not in self._adapters:
+                self._select(body["model"])  # raises the 404
+            prompt_ids = self._prompt_ids(body, chat)
+            limit = self._limit(body, prompt_ids)
+            if limit <= 0:
+                raise _RequestError(
+                    400, f"prompt of {len(prompt_ids)} tokens leaves no room in {self.max_model_len}"
+                )
+            stops = self._stop_ids(body)
+            shaper = ResponseShaper(
+                self._tokenizer, body, chat=chat, prompt_ids=prompt_ids, stop_ids=stops, limit=limit
+            )
+            steps = self._generate(body["model"], prompt_ids, body, stops, limit)
+            if body.get("stream"):
+                return StreamingResponse(shaper.stream(steps), media_type="text/event-stream")
+            return shaper.full(list(steps))
+
+        @app.post("/v1/chat/completions")  # sync handlers: FastAPI runs them in its thread pool
+        def chat(body: dict[str, Any] = Body(...)) -> Any:
+            return respond(body, chat=True)
+
+        @app.post("/v1/completions")
+        def completions(body: dict[str, Any] = Body(...)) -> Any:
+            return respond(body, chat=False)
+
+        return app
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

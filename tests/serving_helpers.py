@@ -1,0 +1,91 @@
+"""Shared helpers for the serving tests: greedy letter requests, span checks through the gateway, and the
+few-shot tool-calling conversation (see ``test_serving_tools``)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from adapters import LETTER_MESSAGES
+from fixtures_serving import WEATHER_TOOL
+
+from agentforge.gateway.server import GatewayServer
+from agentforge.types import Rollout, Span
+
+
+def ask_letter(
+    base_url: str, model: str, *, client: httpx.Client | None = None, timeout_s: float = 120.0
+) -> str:
+    """Greedy answer of ``model`` to the letter prompt (asserts token ids came back)."""
+    body = {
+        "model": model,
+        "messages": LETTER_MESSAGES,
+        "temperature": 0,
+        "max_tokens": 4,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    post = client.post if client is not None else httpx.post
+    response = post(f"{base_url}/chat/completions", json=body, timeout=timeout_s)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["token_ids"], choice
+    return choice["message"]["content"]
+
+
+def new_rollout(gateway: GatewayServer) -> str:
+    """Enqueue a rollout in the gateway's store; returns its id (use ``{url}/rollouts/{id}/v1``)."""
+    return gateway.store.enqueue_rollout(Rollout()).rollout_id  # type: ignore[attr-defined]
+
+
+def llm_spans(gateway: GatewayServer, rollout_id: str) -> list[Span]:
+    """The LLM spans recorded for a rollout, in order."""
+    return [s for s in gateway.store.list_spans(rollout_id=rollout_id) if s.llm is not None]  # type: ignore[attr-defined]
+
+
+WEATHER = {"London": "rainy, 12 C", "Berlin": "cloudy, 15 C", "Paris": "sunny, 21 C", "Tokyo": "humid, 27 C"}
+
+
+def call(city: str) -> dict:
+    arguments = json.dumps({"city": city})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{city.lower()}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+
+
+def result(city: str) -> dict:
+    return {"role": "tool", "tool_call_id": f"call_{city.lower()}", "content": WEATHER[city]}
+
+
+def example(city: str) -> list[dict]:
+    answer = f"It is {WEATHER[city].split(',')[0]} and {WEATHER[city].split(', ')[1]} in {city}."
+    return [
+        {"role": "user", "content": f"What is the weather in {city}?"},
+        call(city),
+        result(city),
+        {"role": "assistant", "content": answer},
+    ]
+
+
+#: The few-shot prefix that makes SmolLM2-135M call the tool greedily.
+FEW_SHOT = example("London") + example("Berlin")
+
+__all__ = [
+    "ask_letter",
+    "new_rollout",
+    "llm_spans",
+    "WEATHER",
+    "WEATHER_TOOL",
+    "FEW_SHOT",
+    "call",
+    "result",
+    "example",
+]
