@@ -13,7 +13,12 @@ import json
 
 from openai import OpenAI
 
-ORDERS = {"W1001": {"status": "delivered", "items": ["water bottle"]}, "W2002": {"status": "pending", "items": ["lamp"]}}
+ORDERS = {
+    "W0001": "shipped, 2 books",
+    "W0002": "cancelled, 1 kettle",
+    "W1001": "delivered, 1 water bottle",
+    "W2002": "pending, 1 desk lamp",
+}
 
 TOOLS = [
     {
@@ -33,10 +38,36 @@ TOOLS = [
 SYSTEM = "You are a customer-service agent. Use get_order_status to look up orders. Answer briefly."
 
 
+def _worked_example(order_id: str) -> list[dict]:
+    """One worked exchange (user → tool call → tool result → answer): tiny models copy the pattern."""
+    call_id = f"call_{order_id.lower()}"
+    status = ORDERS[order_id]
+    return [
+        {"role": "user", "content": f"Where is my order {order_id}?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_order_status", "arguments": json.dumps({"order_id": order_id})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": status},
+        {"role": "assistant", "content": f"Your order {order_id} is {status.split(',')[0]}."},
+    ]
+
+
+#: Two worked examples in front of the real conversation.
+FEW_SHOT = _worked_example("W0001") + _worked_example("W0002")
+
+
 def get_order_status(order_id: str) -> str:
-    """The tool: the order's status as JSON, or an error message the model can read."""
-    order = ORDERS.get(order_id.strip().lstrip("#"))
-    return json.dumps(order) if order else f"Error: order {order_id!r} not found"
+    """The tool: the order's status, or an error message the model can read."""
+    status = ORDERS.get(order_id.strip().lstrip("#"))
+    return status if status else f"Error: order {order_id!r} not found"
 
 
 def run_tool(call) -> str:  # noqa: ANN001 - an openai tool-call object
@@ -51,27 +82,28 @@ def run_tool(call) -> str:  # noqa: ANN001 - an openai tool-call object
 
 
 def converse(client: OpenAI, model: str, user_turns: list[str], max_tokens: int = 48) -> list[dict]:
-    """Run a conversation: one assistant turn per user turn, executing tool calls in between.
+    """Run a conversation: one assistant answer per user turn, executing tool calls in between.
 
-    The first turn forces the tool (``tool_choice`` names it) so that even a tiny model calls it; later
-    turns let the model decide. Greedy decoding with a fixed seed, so runs are repeatable.
+    Greedy decoding with a fixed seed, so runs are repeatable; at most 3 model calls per user turn.
 
-    Returns: the full message list.
+    Returns: the full message list (system prompt and worked examples first).
     """
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
-    for i, text in enumerate(user_turns):
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, *FEW_SHOT]
+    for text in user_turns:
         messages.append({"role": "user", "content": text})
-        tool_choice = {"type": "function", "function": {"name": "get_order_status"}} if i == 0 else "auto"
-        while True:
+        for _ in range(3):
             out = client.chat.completions.create(
-                model=model, messages=messages, tools=TOOLS, tool_choice=tool_choice,
-                max_tokens=max_tokens, temperature=0.0, seed=0,
-            )  # fmt: skip
+                model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens, temperature=0.0, seed=0
+            )
             msg = out.choices[0].message
-            entry: dict = {"role": "assistant", "content": msg.content or ""}
+            entry: dict = {"role": "assistant", "content": msg.content}
             if msg.tool_calls:
                 entry["tool_calls"] = [
-                    {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
                     for c in msg.tool_calls
                 ]
             messages.append(entry)
@@ -79,7 +111,6 @@ def converse(client: OpenAI, model: str, user_turns: list[str], max_tokens: int 
                 break
             for call in msg.tool_calls:
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call)})
-            tool_choice = "none"  # answer from the tool result next
     return messages
 
 
@@ -89,8 +120,8 @@ def main() -> None:
     parser.add_argument("--model", default="policy")
     args = parser.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="unused-on-loopback")
-    turns = ["Where is my order W1001?", "Thanks. Was anything else in it?", "OK, goodbye."]
-    for m in converse(client, args.model, turns):
+    turns = ["Where is my order W1001?", "Where is my order W2002?", "Thank you, goodbye."]
+    for m in converse(client, args.model, turns)[1 + len(FEW_SHOT) :]:
         print(f"{m['role']:>9}: {m.get('content') or m.get('tool_calls')}")
 
 
