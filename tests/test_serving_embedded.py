@@ -174,3 +174,17 @@ def test_hot_swap_through_gateway(
     assert swapper.wait_drained(10) and not swapper.errors
     assert v1 not in embedded.adapters() and v2 in embedded.adapters()
     embedded.unload_adapter(v2)
+
+
+def test_reset_to_base_drains_the_adapter_version(embedded, letter_adapters) -> None:
+    from agentforge.gateway.router import ModelRouter
+    from agentforge.serving.hotswap import HotSwapper
+
+    router = ModelRouter()
+    swapper = HotSwapper(embedded, router, alias="reset-test")
+    version = swapper.swap(letter_adapters["C"])
+    assert router.alias("reset-test") == version
+    assert swapper.reset_to_base() == "reset-test@v0"
+    assert router.alias("reset-test") == "reset-test@v0"
+    assert swapper.wait_drained(timeout_s=30)
+    assert version not in swapper.live_versions() and version not in embedded.adapters()

@@ -231,10 +231,21 @@ class HotSwapper:
             old = self.router.set_alias(self.alias, name)
             log.info("alias %s → %s (was %s)", self.alias, name, old)
             if old is not None and old != name and old != self.base_version:
-                thread = threading.Thread(target=self._drain, args=(old,), name=f"drain-{old}", daemon=True)
-                thread.start()
-                self._drains.append(thread)
+                self._drain_in_background(old)
             return name
+
+    def reset_to_base(self) -> str:
+        """Point the alias back at the base model (``{alias}@v0``); the old version drains and unloads.
+
+        Returns:
+            ``{alias}@v0``.
+        """
+        with self._lock:
+            base = self.register_base()
+            old = self.router.set_alias(self.alias, base)
+            if old is not None and old != base:
+                self._drain_in_background(old)
+            return base
 
     def wait_drained(self, timeout_s: float | None = None) -> bool:
         """Wait for background drains to finish; True when none is left running."""
@@ -261,6 +272,11 @@ class HotSwapper:
                 f"version name {version!r} was used before; every adapter version needs a new name"
             )
         return version
+
+    def _drain_in_background(self, version: str) -> None:
+        thread = threading.Thread(target=self._drain, args=(version,), name=f"drain-{version}", daemon=True)
+        thread.start()
+        self._drains.append(thread)
 
     def _drain(self, version: str) -> None:
         try:
