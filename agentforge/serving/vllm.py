@@ -58,6 +58,21 @@ def default_chat_template(model: str | Path) -> Path | None:
     return None if any("tools" in text for text in texts) else tool_chat_template()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the starting thread's process dies.
+
+    Without this, a parent killed by SIGTERM/SIGKILL (no ``atexit``) leaves vLLM running and holding memory.
+    Linux delivers the signal when the *thread* that started vLLM exits, so start the server from a
+    long-lived thread (the main thread, as the examples and test fixtures do). No-op off Linux.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
 class VLLMServer:
     """A vLLM server process serving one base model plus runtime-loaded LoRA adapters.
 
@@ -247,6 +262,7 @@ class VLLMServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # own process group: stop() ends vLLM's engine workers too
+                preexec_fn=_die_with_parent,
             )
         atexit.register(self.stop)
         try:

@@ -1,0 +1,258 @@
+"""A customer-service app that serves an agent to users and turns their feedback into training rewards.
+
+Every conversation is one stored rollout (``session_id == rollout_id``); the agent's LLM calls go through
+the agentforge gateway at ``{gateway}/rollouts/{rollout_id}/v1``, so each is recorded token-exactly and
+attributed to that conversation. A user's thumbs up/down becomes the rollout's reward, whenever it comes.
+
+Routes:
+
+* ``POST /sessions`` — ``{"user"?, "metadata"?}`` → 201 ``{"session_id", "rollout_id", "state": "running"}``.
+  The rollout is enqueued for agent :data:`AGENT` and moved to ``running`` at once, without an attempt:
+  the app, not a runner, works on it, so no heartbeat is needed (a conversation may idle for hours) and a
+  runner's ``requeue_stale`` never takes it back.
+* ``POST /sessions/{id}/messages`` — ``{"content", "stream"?: false}`` → ``{"reply", "tool_calls"}``, or
+  with ``stream: true`` a ``text/event-stream`` of ``delta`` (``{"text"}``), ``tool`` and a final ``done``
+  event (``{"reply", "tool_calls"}``); a failed model call is a 502 (an ``error`` event when streaming)
+  and the turn is dropped from the history. 404 for an unknown session, 409 for a closed one.
+* ``POST /sessions/{id}/feedback`` — ``{"score": 1 | -1 | float, "comment"?}`` → the rollout's reward
+  (``name="user_feedback"``, ``source="user_feedback"``, ``final=True``, the comment in its metadata),
+  written with :func:`agentforge.tracing.emit_reward`. Feedback after ``close`` still attaches (rewards
+  may arrive at any time); the last feedback is the one that trains. 404 for an unknown session.
+* ``POST /sessions/{id}/close`` — the rollout goes to ``succeeded`` (idempotent) → ``{"session_id",
+  "state"}``.
+
+Run it next to a gateway (the gateway also serves the store API, so the store URL defaults to it)::
+
+    python examples/app/service.py --gateway-url http://127.0.0.1:8000 --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field, field_validator
+
+from agentforge.errors import NotFoundError
+from agentforge.stores.base import TraceStore
+from agentforge.tracing import emit_reward
+from agentforge.types import Rollout, RolloutState, Task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits next to this file
+
+import chat_agent  # noqa: E402
+
+__all__ = ["AGENT", "create_app", "main"]
+
+#: The agent name of every rollout this app stores.
+AGENT = "app:customer-service"
+
+
+class NewSession(BaseModel):
+    """Body of ``POST /sessions``."""
+
+    user: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class UserMessage(BaseModel):
+    """Body of ``POST /sessions/{id}/messages``."""
+
+    content: str = Field(min_length=1)
+    stream: bool = False
+
+
+class Feedback(BaseModel):
+    """Body of ``POST /sessions/{id}/feedback``: ``score`` is the reward (1 thumbs up, -1 thumbs down)."""
+
+    score: float
+    comment: str | None = None
+
+    @field_validator("score")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("score must be a finite number, e.g. 1 (thumbs up) or -1 (thumbs down)")
+        return v
+
+
+@dataclass
+class Conversation:
+    """An open conversation: its rollout, its message history, and a lock (one turn at a time)."""
+
+    rollout_id: str
+    messages: list[dict[str, Any]] = field(default_factory=chat_agent.new_conversation)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _unknown(session_id: str) -> HTTPException:
+    return HTTPException(
+        404, detail=f"no session {session_id!r}: unknown session id (start one with POST /sessions)"
+    )
+
+
+def create_app(
+    gateway_url: str,
+    store: TraceStore,
+    *,
+    model: str = "policy",
+    api_key: str | None = None,
+    max_tokens: int = 48,
+) -> FastAPI:
+    """Build the app.
+
+    Args:
+        gateway_url: the agentforge gateway's root, e.g. ``http://127.0.0.1:8000`` (no ``/v1``).
+        store: the trace store the gateway writes to (an ``HTTPStore`` of the gateway, or the same
+            ``SQLStore``); the app writes rollouts and feedback rewards there.
+        model: the model name the agent asks for (the gateway's alias).
+        api_key: the gateway's API key, if it has one.
+        max_tokens: completion limit per model call, tokens.
+
+    Returns:
+        The FastAPI app (routes in the module docstring). Conversations live in this process's memory;
+        their rollouts, spans and rewards live in the store.
+    """
+    root = gateway_url.rstrip("/")
+    client = openai.AsyncOpenAI(base_url=f"{root}/v1", api_key=api_key or "unused-on-loopback")
+    open_sessions: dict[str, Conversation] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.close()
+
+    app = FastAPI(title="agentforge example: customer-service app", lifespan=lifespan)
+
+    def session_rollout(session_id: str) -> Rollout:
+        try:
+            rollout = store.get_rollout(session_id)
+        except NotFoundError:
+            raise _unknown(session_id) from None
+        if rollout.agent != AGENT:
+            raise _unknown(session_id)
+        return rollout
+
+    @app.post("/sessions", status_code=201)
+    def new_session(body: NewSession | None = None) -> dict[str, str]:
+        body = body or NewSession()
+        rollout = Rollout(
+            agent=AGENT,
+            task=Task(input={"channel": "app"}, metadata={"user": body.user}),
+            metadata={**body.metadata, "user": body.user},
+        )
+        rollout = store.enqueue_rollout(rollout)
+        rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
+        open_sessions[rollout.rollout_id] = Conversation(rollout.rollout_id)
+        return {"session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "state": rollout.state}
+
+    @app.post("/sessions/{session_id}/messages", response_model=None)
+    async def message(session_id: str, body: UserMessage) -> dict[str, Any] | StreamingResponse:
+        conv = open_sessions.get(session_id)
+        if conv is None:
+            rollout = await asyncio.to_thread(session_rollout, session_id)  # 404 when unknown
+            raise HTTPException(
+                409,
+                detail=f"session {session_id!r} is not open (its rollout is {rollout.state.value}); "
+                "start a new one with POST /sessions",
+            )
+        agent_client = client.with_options(base_url=f"{root}/rollouts/{conv.rollout_id}/v1")
+        if body.stream:
+            return StreamingResponse(
+                _stream_turn(conv, agent_client, model, body.content, max_tokens),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        async with conv.lock:
+            size = len(conv.messages)
+            conv.messages.append({"role": "user", "content": body.content})
+            try:
+                text, tools = await chat_agent.reply(agent_client, model, conv.messages, max_tokens)
+            except openai.APIError as exc:
+                del conv.messages[size:]
+                raise HTTPException(502, detail=f"the model call failed: {exc}") from exc
+        return {"reply": text, "tool_calls": tools}
+
+    @app.post("/sessions/{session_id}/feedback")
+    def feedback(session_id: str, body: Feedback) -> dict[str, Any]:
+        session_rollout(session_id)
+        reward = emit_reward(
+            body.score,
+            name="user_feedback",
+            final=True,
+            rollout_id=session_id,
+            source="user_feedback",
+            store=store,
+            comment=body.comment,
+        )
+        return {"session_id": session_id, "reward_id": reward.reward_id, "value": reward.value}
+
+    @app.post("/sessions/{session_id}/close")
+    async def close(session_id: str) -> dict[str, str]:
+        rollout = await asyncio.to_thread(session_rollout, session_id)
+        conv = open_sessions.pop(session_id, None)
+        if conv is not None:
+            async with conv.lock:  # let a turn in progress finish first
+                pass
+        if rollout.state is RolloutState.running:
+            rollout = await asyncio.to_thread(store.update_rollout, session_id, state=RolloutState.succeeded)
+        return {"session_id": session_id, "state": rollout.state}
+
+    return app
+
+
+async def _stream_turn(
+    conv: Conversation, client: openai.AsyncOpenAI, model: str, content: str, max_tokens: int
+) -> AsyncIterator[str]:
+    """One streamed turn as server-sent events; a failure becomes an ``error`` event."""
+    async with conv.lock:
+        size = len(conv.messages)
+        conv.messages.append({"role": "user", "content": content})
+        try:
+            async for event in chat_agent.stream_reply(client, model, conv.messages, max_tokens):
+                yield chat_agent.as_sse(event)
+        except openai.APIError as exc:
+            del conv.messages[size:]
+            yield chat_agent.as_sse({"type": "error", "detail": f"the model call failed: {exc}"})
+
+
+def main() -> None:
+    """Command line: serve the app with uvicorn (flags default to ``AGENTFORGE_*`` environment variables)."""
+    import uvicorn
+
+    from agentforge.stores.http import HTTPStore
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    gateway = os.environ.get("AGENTFORGE_GATEWAY_URL", "http://127.0.0.1:8000")
+    parser.add_argument("--gateway-url", default=gateway)
+    parser.add_argument(
+        "--store-url", default=os.environ.get("AGENTFORGE_STORE_URL"), help="default: the gateway URL"
+    )
+    parser.add_argument("--model", default=os.environ.get("AGENTFORGE_MODEL", "policy"))
+    parser.add_argument("--api-key", default=os.environ.get("AGENTFORGE_API_KEY"))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args()
+    store = HTTPStore(args.store_url or args.gateway_url, api_key=args.api_key)
+    try:
+        app = create_app(args.gateway_url, store, model=args.model, api_key=args.api_key)
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The customer-service app (examples/app/service.py) embeds an agent in a FastAPI service: every
+conversation is a rollout whose LLM calls go through the gateway, and user feedback becomes its reward.
+
+The app runs in-process (``TestClient``); behind it, a real gateway port in front of a scripted engine
+on a real port. Checked: a conversation's spans are attributed to its rollout and token-exact; feedback
+becomes the rollout's final reward (also after close, also over the store's HTTP API); unknown sessions
+get a 404 that says what to do; a streamed turn is valid SSE and records the same tokens as a plain turn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agentforge.gateway.server import GatewayServer
+from agentforge.stores.http import HTTPStore
+from agentforge.stores.sql import SQLStore
+from agentforge.testing import ScriptedError, ScriptedToolCall, ScriptedTurn, ScriptedUpstream
+from agentforge.types import Rollout, RolloutState, SpanKind
+
+SERVICE = Path(__file__).resolve().parents[1] / "examples" / "app" / "service.py"
+W1001 = json.dumps({"order_id": "W1001"})
+
+
+def _load_service() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("agentforge_example_app_service", SERVICE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+service = _load_service()
+
+
+def order_turns() -> list[ScriptedTurn | str]:
+    """One user turn's script: a tool call (fixed id, so replays are identical), then the answer."""
+    call = ScriptedToolCall("get_order_status", W1001, id="call_w1001")
+    return [ScriptedTurn(tool_calls=[call]), "Your order W1001 is delivered."]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[GatewayServer, SQLStore, ScriptedUpstream]]:
+    """Scripted engine on a port → real gateway on a port → a SQLite store (the test writes the script)."""
+    upstream = ScriptedUpstream()
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    engine = upstream.serve()
+    try:
+        with GatewayServer(store, upstream.router(base_url=f"{engine.url}/v1")) as gateway:
+            yield gateway, store, upstream
+    finally:
+        engine.stop()
+        store.close()
+
+
+@pytest.fixture
+def app_client(stack) -> Iterator[TestClient]:
+    """The app (writing to the gateway's store directly) under a test client."""
+    gateway, store, _ = stack
+    with TestClient(service.create_app(gateway.url, store)) as client:
+        yield client
+
+
+def new_session(client: TestClient) -> str:
+    resp = client.post("/sessions", json={"user": "u-1"})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["state"] == "running"
+    return resp.json()["session_id"]
+
+
+def say(client: TestClient, session_id: str, text: str) -> dict[str, Any]:
+    resp = client.post(f"/sessions/{session_id}/messages", json={"content": text})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def parse_sse(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(event, data)`` pairs of a server-sent-event body; fails on anything that is not well formed."""
+    assert body.endswith("\n\n"), "an event stream ends with a blank line"
+    events = []
+    for block in body.strip("\n").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        assert set(fields) == {"event", "data"}, block
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def test_conversation_is_a_rollout_and_feedback_is_its_reward(stack, app_client: TestClient) -> None:
+    gateway, store, upstream = stack
+    upstream.add(*order_turns(), "You're welcome!")
+    sid = new_session(app_client)
+    rollout = store.get_rollout(sid)
+    assert rollout.agent == service.AGENT and rollout.state is RolloutState.running
+
+    first = say(app_client, sid, "Where is my order W1001?")
+    second = say(app_client, sid, "Thanks!")
+
+    assert first == {
+        "reply": "Your order W1001 is delivered.",
+        "tool_calls": [
+            {"name": "get_order_status", "arguments": W1001, "result": "delivered, 1 water bottle"}
+        ],
+    }
+    assert second == {"reply": "You're welcome!", "tool_calls": []}
+    spans = store.list_spans(rollout_id=sid, kind=SpanKind.llm)
+    assert len(spans) == 3 and not store.list_spans(orphans=True)
+    for span in spans:
+        assert span.status == "ok" and span.llm.trainable and span.llm.model == "policy"
+        assert span.llm.prompt_token_ids and len(span.llm.logprobs) == len(span.llm.completion_token_ids) > 0
+    assert spans[1].llm.request["messages"][-1]["content"] == "delivered, 1 water bottle"
+    assert spans[2].llm.request["messages"][-1] == {"role": "user", "content": "Thanks!"}
+
+    resp = app_client.post(f"/sessions/{sid}/feedback", json={"score": 1, "comment": "quick and right"})
+    assert resp.status_code == 200, resp.text
+    reward = store.final_reward(sid)
+    assert reward is not None and reward.reward_id == resp.json()["reward_id"]
+    assert (reward.value, reward.source, reward.name) == (1.0, "user_feedback", "user_feedback")
+    assert reward.final and reward.metadata["comment"] == "quick and right"
+    assert reward.span_id == spans[-1].span_id  # attached after the conversation's last call
+
+    resp = app_client.post(f"/sessions/{sid}/close")
+    assert resp.status_code == 200 and resp.json()["state"] == "succeeded"
+    assert store.get_rollout(sid).state is RolloutState.succeeded
+    assert app_client.post(f"/sessions/{sid}/close").json()["state"] == "succeeded"  # idempotent
+    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "one more thing"})
+    assert resp.status_code == 409 and "POST /sessions" in resp.json()["detail"]
+
+
+def test_late_feedback_after_close_attaches_over_http(stack) -> None:
+    gateway, store, upstream = stack
+    upstream.add(*order_turns())
+    with (
+        HTTPStore(gateway.url) as http_store,
+        TestClient(service.create_app(gateway.url, http_store)) as client,
+    ):
+        sid = new_session(client)
+        say(client, sid, "Where is my order W1001?")
+        assert client.post(f"/sessions/{sid}/close").status_code == 200
+
+        assert client.post(f"/sessions/{sid}/feedback", json={"score": -1}).status_code == 200
+        assert store.final_reward(sid).value == -1.0
+        assert client.post(f"/sessions/{sid}/feedback", json={"score": 0.25}).status_code == 200
+
+    rewards = store.list_rewards(sid)
+    assert [r.value for r in rewards] == [-1.0, 0.25]
+    assert store.final_reward(sid).value == 0.25  # the user's last word trains
+    assert store.get_rollout(sid).state is RolloutState.succeeded
+
+
+def test_unknown_session_is_404_with_a_clear_message(stack, app_client: TestClient) -> None:
+    _, store, _ = stack
+    other = store.enqueue_rollout(Rollout(agent="some-runner-agent"))  # a rollout, but not a session
+    for sid in ("no-such-session", other.rollout_id):
+        resp = app_client.post(f"/sessions/{sid}/feedback", json={"score": 1})
+        assert resp.status_code == 404
+        assert (
+            resp.json()["detail"] == f"no session {sid!r}: unknown session id (start one with POST /sessions)"
+        )
+        assert app_client.post(f"/sessions/{sid}/messages", json={"content": "hi"}).status_code == 404
+        assert app_client.post(f"/sessions/{sid}/close").status_code == 404
+    assert store.list_rewards(other.rollout_id) == []
+    assert store.get_rollout(other.rollout_id).state is RolloutState.queued
+    sid = new_session(app_client)
+    assert app_client.post(f"/sessions/{sid}/feedback", json={"score": "great"}).status_code == 422
+
+
+def test_streamed_turn_is_valid_sse_with_the_same_spans(stack, app_client: TestClient) -> None:
+    _, store, upstream = stack
+    upstream.add(*order_turns(), *order_turns())
+    plain_sid, streamed_sid = new_session(app_client), new_session(app_client)
+    plain = say(app_client, plain_sid, "Where is my order W1001?")
+
+    resp = app_client.post(
+        f"/sessions/{streamed_sid}/messages", json={"content": "Where is my order W1001?", "stream": True}
+    )
+
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(resp.text)
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "tool" and kinds[-1] == "done" and kinds.count("done") == 1
+    assert set(kinds[1:-1]) == {"delta"} and len(kinds) > 3, "the answer arrives in several pieces"
+    done = events[-1][1]
+    assert "".join(data["text"] for kind, data in events if kind == "delta") == done["reply"]
+    assert done == plain and events[0][1] == plain["tool_calls"][0]
+
+    plain_spans = store.list_spans(rollout_id=plain_sid, kind=SpanKind.llm)
+    streamed_spans = store.list_spans(rollout_id=streamed_sid, kind=SpanKind.llm)
+    assert len(plain_spans) == len(streamed_spans) == 2
+    for p, s in zip(plain_spans, streamed_spans, strict=True):
+        assert s.llm.stream and not p.llm.stream and s.llm.trainable
+        assert s.llm.prompt_token_ids == p.llm.prompt_token_ids
+        assert s.llm.completion_token_ids == p.llm.completion_token_ids
+        assert s.llm.logprobs == p.llm.logprobs
+        assert [c.name for c in s.llm.tool_calls] == [c.name for c in p.llm.tool_calls]
+
+
+def test_failed_model_call_is_502_and_the_turn_is_dropped(stack, app_client: TestClient) -> None:
+    _, store, upstream = stack
+    # A 400 (e.g. the context is full): the OpenAI SDK does not retry it, so the app sees it.
+    error = ScriptedTurn(error=ScriptedError(400, "prompt too long", "BadRequestError"))
+    upstream.add(error, error, "Hello again.")
+    sid = new_session(app_client)
+
+    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "first try"})
+    assert resp.status_code == 502 and "prompt too long" in resp.json()["detail"]
+    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "streamed try", "stream": True})
+    ((kind, data),) = parse_sse(resp.text)
+    assert kind == "error" and "prompt too long" in data["detail"]
+    assert say(app_client, sid, "second try")["reply"] == "Hello again."
+
+    last = store.list_spans(rollout_id=sid, kind=SpanKind.llm)[-1].llm.request["messages"]
+    assert [m["content"] for m in last if m["role"] == "user"][-1:] == ["second try"]
+    assert not {"first try", "streamed try"} & {m["content"] for m in last}
+    assert store.get_rollout(sid).state is RolloutState.running

@@ -1,0 +1,53 @@
+"""A process that started vLLM and is then killed (SIGKILL: no atexit) leaves no vLLM server behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentforge.config import vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+SCRIPT = """
+import sys, time
+from agentforge.serving.vllm import VLLMServer
+server = VLLMServer(warmup=False, enable_tools=False)
+server.start()
+print(server._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead for our purposes
+        return fh.read().split()[2] != "Z"
+
+
+def test_killed_parent_takes_vllm_down() -> None:
+    if vllm_python() is None and not os.environ.get("AGENTFORGE_REQUIRE_VLLM"):
+        pytest.skip("no vLLM environment (.venv-vllm); run `make setup`")
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), f"the parent did not start vLLM: {line!r}"
+        vllm_pid = int(line)
+        assert _alive(vllm_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 60
+        while _alive(vllm_pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive(vllm_pid), "vLLM outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
