@@ -103,6 +103,7 @@ class LightningTrainer:
         self.history: list[dict[str, Any]] = []
         self.versions: list[str] = []
         self._published_step = -1
+        self._resuming = False
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.source = RolloutSource(
             store,
@@ -117,6 +118,7 @@ class LightningTrainer:
             wait_timeout_s=config.wait_timeout_s,
             max_staleness=config.max_staleness,
         )
+        self.source.run_id = self._stable_run_id()
         dataset = Dataset.from_list([{"prompt": task_id} for task_id in self.tasks])
         self.trainer = GRPOTrainer(
             model=self.model_path,
@@ -132,6 +134,15 @@ class LightningTrainer:
         self.trainer.use_vllm = True
         self.trainer.vllm_generation = _ServingSync(self)
         self.trainer._last_loaded_step = 0
+
+    def _stable_run_id(self) -> str:
+        """The run id, kept in ``{output_dir}/agentforge-run.json`` so a resumed run keeps its identity."""
+        path = Path(self.config.output_dir) / "agentforge-run.json"
+        if path.exists():
+            return str(json.loads(path.read_text())["run_id"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"run_id": self.source.run_id}))
+        return self.source.run_id
 
     @property
     def run_id(self) -> str:
@@ -160,7 +171,10 @@ class LightningTrainer:
         """
         if resume_from_checkpoint is True and not list(Path(self.config.output_dir).glob("checkpoint-*")):
             resume_from_checkpoint = None  # nothing to resume yet: a fresh start
+        if resume_from_checkpoint and hasattr(self.publisher, "restore"):
+            self.publisher.restore()  # serve the store's latest version again before sampling
         self.trainer._last_loaded_step = 0
+        self._resuming = bool(resume_from_checkpoint)
         self.trainer.train(resume_from_checkpoint=resume_from_checkpoint)
         self.trainer._last_loaded_step = self.trainer.state.global_step
         self.maybe_publish(force=True)
@@ -177,6 +191,10 @@ class LightningTrainer:
             The new version, or ``None`` when nothing was published.
         """
         step = int(self.trainer.state.global_step)
+        if self._resuming:  # first sync after a resume: skip if the checkpoint's adapter already serves
+            self._resuming = False
+            if self._served_step() >= step:
+                self._published_step = step
         if step == 0 or step == self._published_step:
             return None
         if not force and step % self.config.swap_every:
@@ -188,6 +206,13 @@ class LightningTrainer:
         self.versions.append(version)
         logger.info("step %d: published %s", step, version)
         return version
+
+    def _served_step(self) -> int:
+        """The training step of the adapter version the store has active (-1 if none)."""
+        try:
+            return int(self.store.get_resource(self.config.alias).payload.get("step", -1))
+        except KeyError:  # NotFoundError: nothing published yet
+            return -1
 
     def record_metrics(self, step: int, logs: dict[str, float]) -> None:
         """Append one history row (TRL logs + batch report + served version) and store it as a span."""
