@@ -1,0 +1,35 @@
+"""The rollout runtime: run agents on queued rollouts, with retries, timeouts, heartbeats and shutdown.
+
+* :class:`Runner` — N workers (threads or spawned processes) claim queued rollouts from the store, run
+  the agent with a :class:`RolloutContext` whose ``base_url`` is ``{gateway}/rollouts/{rollout_id}/v1``,
+  record rewards and attempt outcomes, and re-queue rollouts of dead workers (heartbeat watchdog).
+* :func:`enqueue_tasks`, :func:`wait_for_rollouts` — enqueue G rollouts per task, wait for them.
+* :class:`LangGraphAgent` — run an unchanged LangGraph graph as an agent;
+  :class:`~agentforge.runtime.callbacks.ToolSpanCallback` (import it from
+  ``agentforge.runtime.callbacks``; needs ``langchain-core``) records its tool calls as spans.
+* :func:`bound_tool_output` — cut a tool's output to a budget with a ``…[truncated N chars]`` marker.
+
+Importing this package starts nothing and imports neither ``openai`` nor LangChain.
+"""
+
+from agentforge.runtime.agents import Agent, LangGraphAgent, Scorer, build_agent, load_object
+from agentforge.runtime.context import AttemptStore, RolloutContext, bound_tool_output
+from agentforge.runtime.runner import Runner
+from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
+from agentforge.runtime.worker import describe_error, give_back
+
+__all__ = [
+    "Agent",
+    "Scorer",
+    "Runner",
+    "RolloutContext",
+    "AttemptStore",
+    "LangGraphAgent",
+    "enqueue_tasks",
+    "wait_for_rollouts",
+    "give_back",
+    "bound_tool_output",
+    "describe_error",
+    "build_agent",
+    "load_object",
+]

@@ -1,0 +1,275 @@
+"""What an agent sees while it runs one attempt: :class:`RolloutContext`, and the guard on its store.
+
+The runner builds one :class:`RolloutContext` per attempt and calls ``agent(task, ctx)``. The agent
+points its OpenAI client at ``ctx.base_url`` (``{gateway}/rollouts/{rollout_id}/v1``) and sends
+``ctx.default_headers`` (``X-Attempt-Id``), so the gateway attributes every LLM call to this attempt;
+it reads the pinned resource versions from ``ctx.resources`` and may record rewards and spans through
+``ctx.emit_reward`` / ``ctx.emit_span`` (or the plain :mod:`agentforge.tracing` functions, which see
+the same context).
+
+``ctx.store`` is an :class:`AttemptStore`: the real store, except that once the runner has closed the
+attempt (finished, timed out, given back at shutdown) it refuses the agent's writes. A sync agent
+that timed out keeps running in its abandoned thread (Python cannot kill a thread); the guard makes
+sure it can no longer attach rewards or spans to a rollout that has moved on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentforge.errors import RolloutTimeout, UserError
+from agentforge.tracing import RolloutContext as TracingContext
+from agentforge.tracing import emit_reward, emit_span
+from agentforge.types import Reward, Rollout, Span, SpanKind
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI, OpenAI
+
+    from agentforge.stores.base import TraceStore
+
+__all__ = ["RolloutContext", "AttemptStore", "SharedHttpClient", "bound_tool_output", "ATTEMPT_HEADER"]
+
+#: The header that attributes a gateway call to an attempt.
+ATTEMPT_HEADER = "X-Attempt-Id"
+
+#: Placeholder API key for OpenAI clients pointed at a gateway that needs none.
+_NO_KEY = "agentforge-no-key"
+
+
+class AttemptStore:
+    """A :class:`~agentforge.stores.base.TraceStore` view for one attempt that closes with it.
+
+    Every method is the wrapped store's, except that :meth:`add_span` and :meth:`add_reward` raise
+    :class:`~agentforge.errors.RolloutTimeout` once :meth:`close` was called (the attempt finished,
+    timed out or was given back). Reads keep working.
+
+    Args:
+        store: the real store.
+        attempt_id: the attempt this view belongs to (for the error message).
+    """
+
+    def __init__(self, store: TraceStore, attempt_id: str) -> None:
+        self.inner, self.attempt_id = store, attempt_id
+        self._closed = threading.Event()
+        self._reason = ""
+
+    def close(self, reason: str = "closed") -> None:
+        """Refuse further writes; ``reason`` goes into the error they raise. Safe to call twice."""
+        if not self._closed.is_set():
+            self._reason = reason
+            self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether writes are refused."""
+        return self._closed.is_set()
+
+    def _check(self, what: str) -> None:
+        if self._closed.is_set():
+            raise RolloutTimeout(
+                f"{what} refused: attempt {self.attempt_id} is over ({self._reason}); "
+                "a write after the runner closed the attempt would attach to a rollout that moved on"
+            )
+
+    def add_span(self, span: Span) -> Span:
+        """See :meth:`TraceStore.add_span`. Raises: ``RolloutTimeout`` after :meth:`close`."""
+        self._check("add_span")
+        return self.inner.add_span(span)
+
+    def add_reward(self, reward: Reward) -> Reward:
+        """See :meth:`TraceStore.add_reward`. Raises: ``RolloutTimeout`` after :meth:`close`."""
+        self._check("add_reward")
+        return self.inner.add_reward(reward)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"AttemptStore({self.inner!r}, attempt={self.attempt_id!r}, closed={self.closed})"
+
+
+@dataclass(frozen=True)
+class RolloutContext(TracingContext):
+    """Everything an agent needs for one attempt (a richer :class:`agentforge.tracing.RolloutContext`).
+
+    Attributes:
+        store: the trace store, as an :class:`AttemptStore` that refuses writes after the attempt.
+        rollout_id: the rollout being run.
+        attempt_id: this attempt (also sent as the ``X-Attempt-Id`` header).
+        base_url: ``{gateway}/rollouts/{rollout_id}/v1``: point the OpenAI client here.
+        resources: the versions pinned to this rollout, e.g. ``{"policy": "policy@v3",
+            "prompt:cs-system": "2"}``.
+        default_headers: headers for every gateway call (``{"X-Attempt-Id": attempt_id}``).
+        api_key: the gateway's API key (a placeholder when the gateway needs none).
+        rollout: the rollout as claimed (task, metadata, ``attempts`` = this attempt's number).
+        worker_id: the worker running the attempt, ``"<host>:<pid>:<name>"``.
+        timeout_s: the attempt's wall-clock limit, seconds.
+        http_client: a worker-wide ``httpx.Client`` reused by :meth:`openai_client` (connection reuse;
+            building a fresh one costs ~25 ms); its ``close`` is a no-op for the agent.
+    """
+
+    base_url: str = ""
+    resources: dict[str, str] = field(default_factory=dict)
+    default_headers: dict[str, str] = field(default_factory=dict)
+    api_key: str = _NO_KEY
+    rollout: Rollout | None = None
+    worker_id: str = ""
+    timeout_s: float = 600.0
+    http_client: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def attempt_number(self) -> int:
+        """1 for the first try, 2 for the first retry, ..."""
+        return self.rollout.attempts if self.rollout is not None else 1
+
+    @property
+    def model(self) -> str:
+        """The model name to request: the pinned ``resources["policy"]``, else the alias ``"policy"``."""
+        return self.resources.get("policy", "policy")
+
+    def emit_reward(
+        self, value: float | None, name: str = "reward", final: bool = False, **metadata: Any
+    ) -> Reward:
+        """Record a reward for this attempt (see :func:`agentforge.tracing.emit_reward`).
+
+        Args:
+            value: the reward; ``None``/NaN is stored as an invalid reward, never as 0.
+            name: what it measures.
+            final: make it the rollout's training reward whatever comes after it.
+            **metadata: stored with the reward.
+
+        Returns:
+            The stored reward.
+
+        Raises:
+            RolloutTimeout: the attempt is already over (e.g. the agent timed out).
+        """
+        return emit_reward(
+            value, name, final, rollout_id=self.rollout_id, attempt_id=self.attempt_id, store=self.store,
+            **metadata,
+        )  # fmt: skip
+
+    def emit_span(
+        self,
+        name: str,
+        attributes: dict[str, Any] | None = None,
+        kind: SpanKind | str = SpanKind.custom,
+        **kw: Any,
+    ) -> Span:
+        """Record a span for this attempt (see :func:`agentforge.tracing.emit_span` for ``**kw``).
+
+        Raises:
+            RolloutTimeout: the attempt is already over.
+        """
+        return emit_span(
+            name,
+            attributes,
+            kind,
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            store=self.store,
+            **kw,
+        )
+
+    def openai_client(self, **kwargs: Any) -> OpenAI:
+        """An ``openai.OpenAI`` client for this attempt: gateway base URL, attempt header, API key and
+        a request timeout of :attr:`timeout_s` seconds. ``kwargs`` override (e.g. ``max_retries``).
+
+        Raises:
+            MissingExtraError: ``openai`` is not installed.
+        """
+        from openai import OpenAI
+
+        if self.http_client is not None:
+            kwargs.setdefault("http_client", self.http_client)
+        return OpenAI(**self._client_kwargs(kwargs))
+
+    def async_openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        """Like :meth:`openai_client`, for ``openai.AsyncOpenAI``."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(**self._client_kwargs(kwargs))
+
+    def _client_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        try:
+            import openai  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            from agentforge.errors import MissingExtraError
+
+            raise MissingExtraError("openai", "agents", "RolloutContext.openai_client()") from exc
+        headers = {**self.default_headers, **overrides.pop("default_headers", {})}
+        return {
+            "base_url": self.base_url, "api_key": self.api_key, "default_headers": headers,
+            "timeout": self.timeout_s, **overrides,
+        }  # fmt: skip
+
+
+class SharedHttpClient:
+    """Lazily builds one ``openai.DefaultHttpxClient`` per worker whose ``close()`` (called by an agent
+    closing its OpenAI client) does nothing; :meth:`shutdown` really closes it."""
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The shared client, or ``None`` when ``openai`` is not installed."""
+        with self._lock:
+            if self._client is None:
+                try:
+                    from openai import DefaultHttpxClient
+                except ImportError:  # pragma: no cover - depends on the environment
+                    return None
+
+                class _Shared(DefaultHttpxClient):  # type: ignore[misc, valid-type]
+                    def close(self) -> None:  # the worker owns it
+                        pass
+
+                    def shutdown(self) -> None:
+                        super().close()
+
+                self._client = _Shared()
+            return self._client
+
+    def shutdown(self) -> None:
+        """Close the client (if it was built). Safe to call twice."""
+        with self._lock:
+            if self._client is not None:
+                self._client.shutdown()
+                self._client = None
+
+
+def bound_tool_output(text: str, max_chars: int) -> str:
+    """Cut a tool's output to at most ``max_chars`` characters, saying how much was dropped.
+
+    The head of ``text`` is kept and ``…[truncated N chars]`` appended (``N`` = characters dropped), so
+    the model knows the output was longer. Text that fits is returned unchanged. The cut never splits a
+    UTF-16 surrogate pair left in a ``str`` (e.g. from ``surrogateescape`` decoding).
+
+    Args:
+        text: the tool's output (any Unicode).
+        max_chars: the budget in characters (Python ``str`` code points), marker included.
+
+    Returns:
+        ``text`` itself, or a string of at most ``max_chars`` characters ending with the marker (when
+        ``max_chars`` is smaller than the marker alone, just the marker).
+
+    Raises:
+        UserError: ``max_chars`` is negative.
+    """
+    if max_chars < 0:
+        raise UserError(f"bound_tool_output(max_chars={max_chars}): the budget must be >= 0 characters")
+    if len(text) <= max_chars:
+        return text
+    keep = max_chars
+    while True:
+        marker = f"…[truncated {len(text) - keep} chars]"
+        if keep + len(marker) <= max_chars or keep == 0:
+            break
+        keep = max(0, max_chars - len(marker))
+    if keep and "\ud800" <= text[keep - 1] <= "\udbff":
+        keep -= 1
+        marker = f"…[truncated {len(text) - keep} chars]"
+    return text[:keep] + marker

@@ -1,0 +1,106 @@
+"""Putting work in and waiting for it: :func:`enqueue_tasks` (G rollouts per task, one group id) and
+:func:`wait_for_rollouts` (block until rollouts are finished, retries included)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentforge.errors import ConfigError, RolloutTimeout
+from agentforge.types import Rollout, Task, new_id
+
+if TYPE_CHECKING:
+    from agentforge.stores.base import TraceStore
+
+__all__ = ["enqueue_tasks", "wait_for_rollouts"]
+
+
+def enqueue_tasks(
+    store: TraceStore,
+    tasks: Iterable[Task | Mapping[str, Any]],
+    group_size: int = 1,
+    resources: Mapping[str, str] | None = None,
+    agent: str = "",
+    *,
+    max_attempts: int = 3,
+    timeout_s: float = 600.0,
+    metadata: Mapping[str, Any] | None = None,
+) -> list[Rollout]:
+    """Enqueue ``group_size`` rollouts per task; the rollouts of one task share a fresh ``group_id``.
+
+    Args:
+        store: the trace store.
+        tasks: :class:`~agentforge.types.Task` objects, or mappings used as a task's ``input``.
+        group_size: rollouts per task (GRPO's group size G), >= 1.
+        resources: versions pinned to every rollout, e.g. ``{"policy": "policy@v3"}``.
+        agent: ``Rollout.agent`` (runners with ``agent_name`` claim only their agent's rollouts).
+        max_attempts: tries per rollout (first run + retries).
+        timeout_s: wall-clock limit per attempt, seconds.
+        metadata: stored with every rollout.
+
+    Returns:
+        The stored rollouts, task by task, in enqueue order.
+
+    Raises:
+        ConfigError: ``group_size < 1``.
+    """
+    if group_size < 1:
+        raise ConfigError(f"enqueue_tasks(group_size={group_size}): a group needs at least 1 rollout")
+    out = []
+    for item in tasks:
+        task = item if isinstance(item, Task) else Task(input=dict(item))
+        group_id = new_id("grp")
+        for _ in range(group_size):
+            rollout = Rollout(
+                task=task, agent=agent, group_id=group_id, resources=dict(resources or {}),
+                metadata=dict(metadata or {}), max_attempts=max_attempts, timeout_s=timeout_s,
+            )  # fmt: skip
+            out.append(store.enqueue_rollout(rollout))
+    return out
+
+
+def wait_for_rollouts(
+    store: TraceStore,
+    rollout_ids: Sequence[str],
+    timeout_s: float | None = None,
+    poll_s: float = 0.2,
+    check: Callable[[], None] | None = None,
+) -> list[Rollout]:
+    """Block until every rollout is finished (succeeded, failed, timed out or cancelled, retries done).
+
+    Args:
+        store: the trace store.
+        rollout_ids: the rollouts to wait for.
+        timeout_s: give up after this many seconds (``None``: wait forever).
+        poll_s: seconds between checks.
+        check: called at every poll; may raise to stop waiting (the runner checks its workers).
+
+    Returns:
+        The finished rollouts, in the order of ``rollout_ids``.
+
+    Raises:
+        RolloutTimeout: ``timeout_s`` passed first; the message counts the unfinished rollouts by state.
+        NotFoundError: an unknown rollout id.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    done: dict[str, Rollout] = {}
+    pending = list(dict.fromkeys(rollout_ids))
+    while True:
+        if check is not None:
+            check()
+        still = []
+        for rid in pending:
+            rollout = store.get_rollout(rid)
+            (done.__setitem__(rid, rollout) if rollout.state.finished else still.append(rollout))
+        pending = [r.rollout_id for r in still]
+        if not pending:
+            return [done[rid] for rid in rollout_ids]
+        if deadline is not None and time.monotonic() >= deadline:
+            counts: dict[str, int] = {}
+            for r in still:
+                counts[r.state.value] = counts.get(r.state.value, 0) + 1
+            raise RolloutTimeout(
+                f"{len(pending)} of {len(set(rollout_ids))} rollouts unfinished after {timeout_s:g} s: {counts}"
+            )
+        time.sleep(poll_s)

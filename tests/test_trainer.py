@@ -1,0 +1,118 @@
+"""The lightning trainer on the default 135M model with the embedded backend (no vLLM needed).
+
+Behaviour, not numbers (STYLE 13): after a few GRPO steps on rollouts the runner really executed through
+the gateway, the LoRA weights changed, the base weights did not, a loss was logged, and the served
+version advanced with each hot-swap; every rollout was trained on by exactly one step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentforge.config import default_model_dir
+from agentforge.gateway.router import ModelRouter
+from agentforge.gateway.server import GatewayServer
+from agentforge.model import prepare_default_model
+from agentforge.runtime import Runner
+from agentforge.serving.embedded import EmbeddedServer
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.stores.sql import SQLStore
+from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.lightning import LightningTrainer
+from agentforge.trainers.publish import HotSwapPublisher
+from agentforge.types import Task
+
+pytestmark = pytest.mark.slow
+
+WORDS = ["apple", "river", "stone", "cloud"]
+
+
+def letter_agent(task, ctx):
+    """One sampled call; reward 1 when the answer starts with the task's letter (varies within a group)."""
+    out = ctx.openai_client().chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": f"Say a word that starts with {task.input['letter']}."}],
+        max_tokens=4,
+        temperature=1.0,
+    )
+    text = (out.choices[0].message.content or "").strip().lower()
+    return 1.0 if text.startswith(task.input["letter"]) else 0.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    prepare_default_model()
+    tmp = tmp_path_factory.mktemp("trainer")
+    store = SQLStore(f"sqlite:///{tmp / 'traces.db'}")
+    server = EmbeddedServer(default_model_dir(), max_lora_rank=16)
+    server.start()
+    router = ModelRouter()
+    swapper = HotSwapper(server, router, alias="policy")
+    swapper.register_base()
+    gateway = GatewayServer(store, router).start()
+    runner = Runner(store, letter_agent, gateway.url, workers=2, mode="thread").start()
+    yield tmp, store, swapper
+    runner.stop()
+    gateway.stop()
+    server.stop()
+    store.close()
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> None:
+    tmp, store, swapper = stack
+    base_before = _safetensors(default_model_dir() / "model.safetensors")
+    tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
+    config = TrainConfig(
+        output_dir=str(tmp / "run"),
+        num_generations=4,
+        tasks_per_step=2,
+        max_steps=3,
+        swap_every=1,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
+    publisher = HotSwapPublisher(swapper, store)
+    trainer = LightningTrainer(default_model_dir(), store, tasks, config, publisher)
+    initial = {k: v.clone() for k, v in trainer.trainer.model.named_parameters() if "lora_B" in k}
+    result = trainer.train()
+
+    assert result["steps"] == 3
+    assert result["versions"] == ["policy@v1", "policy@v2", "policy@v3"]
+    assert swapper.router.alias("policy") == "policy@v3"
+    assert [r.version for r in store.list_resources("policy")] == [1, 2, 3]
+    assert any("loss" in row for row in trainer.history) and all(
+        "batch/zero_variance_share" in row for row in trainer.history
+    )
+    # LoRA weights moved (B starts at zero), base weights on disk and in memory did not.
+    after = dict(trainer.trainer.model.named_parameters())
+    assert any(not torch.equal(initial[k], after[k]) for k in initial)
+    for name, tensor in trainer.trainer.model.named_parameters():
+        if "lora_" not in name:
+            assert not tensor.requires_grad, name
+    base_after = _safetensors(default_model_dir() / "model.safetensors")
+    assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
+    # Every rollout the trainer enqueued was consumed by exactly one step, pinned to the serving version.
+    rollouts = [r for r in store.list_rollouts() if r.metadata.get("trainer_run") == trainer.run_id]
+    assert len(rollouts) == 3 * 2 * 4
+    assert {r.metadata["trained_step"] for r in rollouts} == {0, 1, 2}
+    assert {r.resources["policy"] for r in rollouts} == {"policy@v0", "policy@v1", "policy@v2"}
+    # Metrics went to the store as well.
+    metric_spans = [s for s in store.list_spans(orphans=True) if s.name == "trainer.metrics"]
+    assert len(metric_spans) >= 3 and metric_spans[-1].attributes["run_id"] == trainer.run_id
