@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_process import letter_agent
 
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter
@@ -29,18 +30,6 @@ from agentforge.types import Task
 pytestmark = pytest.mark.slow
 
 WORDS = ["apple", "river", "stone", "cloud"]
-
-
-def letter_agent(task, ctx):
-    """One sampled call; reward 1 when the answer starts with the task's letter (varies within a group)."""
-    out = ctx.openai_client().chat.completions.create(
-        model="policy",
-        messages=[{"role": "user", "content": f"Say a word that starts with {task.input['letter']}."}],
-        max_tokens=4,
-        temperature=1.0,
-    )
-    text = (out.choices[0].message.content or "").strip().lower()
-    return 1.0 if text.startswith(task.input["letter"]) else 0.0
 
 
 @pytest.fixture(scope="module")

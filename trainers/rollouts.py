@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import RolloutTimeout, UserError
+from agentforge.runtime.tasks import enqueue_tasks
 from agentforge.stores.base import TraceStore
 from agentforge.trainers.publish import version_number
 from agentforge.trainers.samples import SampleValidationError, build_trajectories
@@ -146,24 +147,19 @@ class RolloutSource:
         return out
 
     def enqueue(self, prompts: Sequence[Any]) -> list[Rollout]:
-        """Enqueue one rollout per prompt entry; consecutive runs of ``G`` entries share a group id."""
+        """Enqueue one group of ``G`` rollouts per run of ``G`` equal prompt entries (TRL's sampler order)."""
         version = self.current_version()
-        rollouts = []
-        for i, task_id in enumerate(prompts):
-            task = self.tasks[str(task_id)]
-            group = f"{self.run_id}-s{self.step}-g{i // self.group_size}"
-            rollouts.append(
-                self.store.enqueue_rollout(
-                    Rollout(
-                        task=task,
-                        agent=self.agent,
-                        group_id=group,
-                        resources={self.alias: version},
-                        timeout_s=self.timeout_s,
-                        max_attempts=self.max_attempts,
-                        metadata={"trainer_run": self.run_id, "step": self.step},
-                    )
-                )
+        rollouts: list[Rollout] = []
+        for start in range(0, len(prompts), self.group_size):
+            rollouts += enqueue_tasks(
+                self.store,
+                [self.tasks[str(prompts[start])]],
+                group_size=len(prompts[start : start + self.group_size]),
+                resources={self.alias: version},
+                agent=self.agent,
+                max_attempts=self.max_attempts,
+                timeout_s=self.timeout_s,
+                metadata={"trainer_run": self.run_id, "step": self.step},
             )
         return rollouts
 
