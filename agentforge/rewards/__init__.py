@@ -4,6 +4,8 @@ Each scorer also has a plain per-rollout function. ``None`` means "cannot be sco
 counted by the trainer, never turned into 0 — see ``DESIGN.md``, fact 4).
 
 * τ-bench: :func:`tau_reward` (database hash + required outputs), :func:`make_tau_reward_func`.
+* LLM judge: :class:`GroupJudge` ranks a group of rollouts relative to each other with any
+  OpenAI-compatible judge; :func:`make_group_judge_reward_func` ranks each GRPO group.
 * Triage: :func:`intent_match`, :func:`entity_match`, :func:`triage_reward`,
   :func:`make_triage_reward_func` (Bitext, Banking77, CLINC150 with out-of-scope → ``"escalate"``).
 
@@ -11,6 +13,14 @@ Importing this package loads no data; the τ scorer loads the τ-retail environm
 """
 
 from agentforge.rewards.completions import agent_texts, completion_text, message_text
+from agentforge.rewards.judge import (
+    DEFAULT_JUDGE_CRITERIA,
+    GroupJudge,
+    JudgeResult,
+    make_group_judge_reward_func,
+    parse_ranking,
+    rank_rewards,
+)
 from agentforge.rewards.tau import (
     TauRewardResult,
     ToolDB,
@@ -39,8 +49,11 @@ from agentforge.rewards.triage import (
 )
 
 __all__ = [
+    "DEFAULT_JUDGE_CRITERIA",
     "ESCALATE",
+    "GroupJudge",
     "INTENT_ALIASES",
+    "JudgeResult",
     "TauRewardResult",
     "ToolDB",
     "ToolEnv",
@@ -52,12 +65,15 @@ __all__ = [
     "gold_of",
     "intent_match",
     "intent_reward_func",
+    "make_group_judge_reward_func",
     "make_tau_reward_func",
     "make_triage_reward_func",
     "message_text",
     "normalize_entity",
     "normalize_intent",
     "outputs_found",
+    "parse_ranking",
+    "rank_rewards",
     "parse_triage",
     "tau_reward",
     "tau_reward_details",
