@@ -71,3 +71,19 @@ def test_failed_missing_invalid_and_stale_samples_are_masked_and_counted() -> No
 
 def _report(source):
     return BatchReport(rollouts=8, groups=2)
+
+
+def test_wait_withdraws_unstarted_rollouts_and_raises_when_none_finished() -> None:
+    import pytest
+
+    from agentforge.errors import RolloutTimeout
+
+    store = memory_store()
+    source = _source(store)
+    source.wait_timeout_s = 0.2
+    rollouts = source.enqueue(["t1"] * 4)
+    _finish(store, rollouts[0], 1.0)
+    latest = source.wait(rollouts)
+    assert [r.state for r in latest] == [RolloutState.succeeded] + [RolloutState.cancelled] * 3
+    with pytest.raises(RolloutTimeout, match="none of 4 rollouts finished"):
+        source.wait(source.enqueue(["t2"] * 4))

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentforge.errors import MissingExtraError
+from agentforge.errors import MissingExtraError, NotFoundError
 from agentforge.stores.base import TraceStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.publish import AdapterPublisher
@@ -211,7 +211,7 @@ class LightningTrainer:
         """The training step of the adapter version the store has active (-1 if none)."""
         try:
             return int(self.store.get_resource(self.config.alias).payload.get("step", -1))
-        except KeyError:  # NotFoundError: nothing published yet
+        except NotFoundError:  # nothing published yet
             return -1
 
     def record_metrics(self, step: int, logs: dict[str, float]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from agentforge.errors import NotFoundError
 from agentforge.gateway.router import ModelRouter
 from agentforge.serving.adapters import read_adapter
 from agentforge.serving.hotswap import HotSwapper
@@ -88,11 +89,11 @@ class HotSwapPublisher:
         If the alias already serves it, nothing happens. With no adapter in the store, the base model
         (``{alias}@v0``) is registered and served.
         """
-        base = self.swapper.register_base()
+        self.swapper.register_base()
         try:
             active = self.store.get_resource(self.swapper.alias)
-        except KeyError:  # NotFoundError: nothing published yet
-            return self.current() if self.router.alias(self.swapper.alias) else base
+        except NotFoundError:  # nothing published yet: serve what the alias points at (the base by default)
+            return self.current()
         if self.router.alias(self.swapper.alias) == active.ref:
             return active.ref
         return self.swapper.swap(active.payload["path"], version=active.ref)

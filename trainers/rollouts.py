@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import RolloutTimeout, UserError
-from agentforge.runtime.tasks import enqueue_tasks
+from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.stores.base import TraceStore
 from agentforge.trainers.publish import version_number
 from agentforge.trainers.samples import SampleValidationError, build_trajectories
@@ -169,24 +169,19 @@ class RolloutSource:
         Raises:
             RolloutTimeout: nothing at all finished within ``wait_timeout_s`` (no runner is serving).
         """
-        deadline = time.monotonic() + self.wait_timeout_s
-        latest = {r.rollout_id: r for r in rollouts}
-        pending = set(latest)
-        while pending and time.monotonic() < deadline:
-            for rid in list(pending):
-                current = self.store.get_rollout(rid)
-                latest[rid] = current
-                if current.state.finished:
-                    pending.discard(rid)
-            if pending:
-                time.sleep(self.poll_s)
+        ids = [r.rollout_id for r in rollouts]
+        try:
+            return wait_for_rollouts(self.store, ids, timeout_s=self.wait_timeout_s, poll_s=self.poll_s)
+        except RolloutTimeout:  # some did not finish in time: train on those that did
+            latest = {rid: self.store.get_rollout(rid) for rid in ids}
+        pending = {rid for rid, r in latest.items() if not r.state.finished}
         for rid in pending:  # not started in time: withdraw from the queue so no runner wastes work on it
             if latest[rid].state == RolloutState.queued:
                 try:
                     latest[rid] = self.store.update_rollout(rid, state=RolloutState.cancelled)
                 except UserError:  # claimed meanwhile; it finishes untrained
                     pass
-        if pending and len(pending) == len(latest):
+        if len(pending) == len(latest):
             raise RolloutTimeout(
                 f"none of {len(latest)} rollouts finished within {self.wait_timeout_s}s; is a runner serving "
                 f"agent {self.agent or '(any)'!r} against this store?"
