@@ -114,6 +114,18 @@ def serve(
         store.close()
 
 
+def _register() -> None:
+    """Add the pipeline's sub-commands (each in :mod:`agentforge.commands`; heavy imports stay inside)."""
+    from agentforge.commands.run import run
+    from agentforge.commands.train import train
+
+    app.command("run")(run)
+    app.command("train")(train)
+
+
+_register()
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

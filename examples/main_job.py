@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -28,14 +27,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agentforge.agents.customer_service.datasets import load_bitext
+from agentforge.agents.customer_service.datasets import bitext_triage_tasks
 from agentforge.agents.customer_service.triage import CATEGORIES, triage_agent
-from agentforge.gateway.router import ModelRouter
-from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
-from agentforge.runtime import Runner, enqueue_tasks, wait_for_rollouts
+from agentforge.runtime import evaluate_tasks
 from agentforge.serving.hotswap import HotSwapper
-from agentforge.serving.vllm import VLLMServer
+from agentforge.stack import LocalStack
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
@@ -60,37 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--out", type=Path, default=Path("runs/main-job"), help="output folder")
     return p.parse_args(argv)
-
-
-def make_tasks(train_size: int, eval_size: int) -> tuple[list[Task], list[Task]]:
-    """Bitext train/test splits (disjoint by construction) as triage tasks labelled with the category."""
-
-    def task(t: Task, temperature: float) -> Task:
-        label = str(t.metadata["category"]).lower()
-        return Task(
-            task_id=f"bitext-{t.metadata['index']}",
-            input={"text": t.input["text"], "temperature": temperature},
-            metadata={"label": label, "dataset": "bitext", "split": t.metadata["split"]},
-        )
-
-    rng = random.Random(1234)
-    train, test = load_bitext("train"), load_bitext("test")
-    rng.shuffle(train)
-    rng.shuffle(test)
-    return [task(t, 1.0) for t in train[:train_size]], [task(t, 0.0) for t in test[:eval_size]]
-
-
-def evaluate(store: SQLStore, tasks: list[Task], version: str, label: str) -> float:
-    """Held-out accuracy of ``version``: greedy rollouts through the runners; mean exact-match reward."""
-    rollouts = enqueue_tasks(
-        store, tasks, resources={"policy": version}, metadata={"eval": label}, max_attempts=2
-    )
-    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=1800)
-    rewards = []
-    for r in done:
-        final = store.final_reward(r.rollout_id)
-        rewards.append(final.value if final is not None and final.value is not None else 0.0)
-    return sum(rewards) / len(rewards)
 
 
 def train_seed(args: argparse.Namespace, seed: int, store: SQLStore, swapper: HotSwapper, model: Path,
@@ -132,33 +98,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = prepare_default_model()
-    train, held_out = make_tasks(args.train_size, args.eval_size)
+    train, held_out = bitext_triage_tasks(args.train_size, args.eval_size)
     store = SQLStore(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     console.print(f"[bold]agentforge main job[/] — {len(train)} training / {len(held_out)} held-out messages, "
                   f"{len(CATEGORIES)} categories, seeds {args.seeds}, {args.steps} steps each")  # fmt: skip
-    router = ModelRouter()
-    with VLLMServer(model, max_lora_rank=max(16, args.lora_r), max_loras=4) as server:
-        console.print(f"vLLM up in {server.startup_s:.0f}s at {server.base_url}")
-        swapper = HotSwapper(server, router, alias="policy")
-        base = swapper.register_base()
-        with (
-            GatewayServer(store, router) as gateway,
-            Runner(store, triage_agent, gateway.url, workers=args.workers),
-        ):
-            t0 = time.monotonic()
-            before = evaluate(store, held_out, base, "before")
-            eval_s = time.monotonic() - t0
-            console.print(f"held-out accuracy of {base}: {before:.3f} ({eval_s:.0f}s)")
-            results = []
-            for seed in args.seeds:
-                trainer, train_s = train_seed(args, seed, store, swapper, model, train)
-                version = router.alias("policy")
-                after = evaluate(store, held_out, version, f"after-seed-{seed}")
-                steps = trainer.trainer.state.global_step
-                console.print(f"seed {seed}: {steps} steps in {train_s:.0f}s ({train_s / max(steps, 1):.1f} s/step), "
-                              f"{version} held-out accuracy {after:.3f}")  # fmt: skip
-                results.append({"seed": seed, "version": version, "after": after, "train_s": train_s,
-                                "steps": steps, "versions": trainer.versions, "history": trainer.history})  # fmt: skip
+    stack = LocalStack(
+        store, triage_agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r)
+    )
+    with stack:
+        console.print(f"vLLM up in {stack.server.startup_s:.0f}s at {stack.server.base_url}")
+        t0 = time.monotonic()
+        before = evaluate_tasks(store, held_out, {"policy": stack.base_version}, label="before")
+        console.print(
+            f"held-out accuracy of {stack.base_version}: {before:.3f} ({time.monotonic() - t0:.0f}s)"
+        )
+        results = []
+        for seed in args.seeds:
+            trainer, train_s = train_seed(args, seed, store, stack.swapper, model, train)
+            version = stack.router.alias("policy")
+            after = evaluate_tasks(store, held_out, {"policy": version}, label=f"after-seed-{seed}")
+            steps = trainer.trainer.state.global_step
+            console.print(f"seed {seed}: {steps} steps in {train_s:.0f}s ({train_s / max(steps, 1):.1f} s/step), "
+                          f"{version} held-out accuracy {after:.3f}")  # fmt: skip
+            results.append({"seed": seed, "version": version, "after": after, "train_s": train_s,
+                            "steps": steps, "versions": trainer.versions, "history": trainer.history})  # fmt: skip
     report(args, before, results, store)
     store.close()
     return 0 if statistics.mean(r["after"] for r in results) > before else 1

@@ -32,16 +32,19 @@ from agentforge.stores.tables import (
     AttemptRow,
     ResourceRow,
     RewardRow,
+    RolloutRow,
     SpanRow,
+    attempt_to_row,
     plain,
     resource_to_row,
     reward_to_row,
+    rollout_to_row,
     row_to_resource,
     row_to_reward,
     row_to_span,
     span_to_row,
 )
-from agentforge.types import AttemptState, ResourceVersion, Reward, Span, SpanKind
+from agentforge.types import Attempt, AttemptState, ResourceVersion, Reward, Rollout, Span, SpanKind
 
 __all__ = ["SQLStore"]
 
@@ -278,6 +281,44 @@ class SQLStore(RolloutQueue):
             return None if row is None else row_to_reward(row)
 
         return self._tx.run(fn, write=False)
+
+    # --- import (trace replay) ----------------------------------------------------------------------
+    def import_trace(
+        self, rollout: Rollout, attempts: Sequence[Attempt], items: Sequence[Span | Reward]
+    ) -> bool:
+        """Insert one exported rollout as it was: ids, states, timestamps and attempts kept, in one
+        transaction (all or nothing). Used by :func:`agentforge.trainers.replay.import_jsonl`.
+
+        Args:
+            rollout, attempts: the rollout (in any state) and its attempts.
+            items: its spans and rewards in their original order; each gets a new store ``sequence``
+                in this order. References (attempt and span ids) are kept as given.
+
+        Returns: ``True`` if inserted, ``False`` if ``rollout_id`` was already present (nothing written).
+
+        Raises:
+            UserError: an attempt, span or reward id already exists elsewhere; bad scalar text.
+        """
+        [rollout_to_row(rollout), *map(attempt_to_row, attempts)]  # check scalar text before writing
+
+        def fn(s: Session) -> bool:
+            if s.exec(select(RolloutRow).where(RolloutRow.rollout_id == rollout.rollout_id)).first():
+                return False
+            for item in [*attempts, *items]:
+                table, key = {Span: (SpanRow, "span_id"), Reward: (RewardRow, "reward_id")}.get(
+                    type(item), (AttemptRow, "attempt_id")
+                )
+                if s.exec(select(table).where(getattr(table, key) == getattr(item, key))).first():
+                    raise UserError(f"{key} {getattr(item, key)!r} already exists in another rollout")
+            s.add(rollout_to_row(rollout))
+            s.add_all([attempt_to_row(a) for a in attempts])
+            for item in items:
+                conv = span_to_row if isinstance(item, Span) else reward_to_row
+                s.add(conv(item, next_seq(s)))  # type: ignore[arg-type]
+            s.flush()
+            return True
+
+        return self._tx.run(fn, write=True)
 
     # --- versioned resources ------------------------------------------------------------------------
     def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:

@@ -3,7 +3,8 @@
 * :class:`Runner` — N workers (threads or spawned processes) claim queued rollouts from the store, run
   the agent with a :class:`RolloutContext` whose ``base_url`` is ``{gateway}/rollouts/{rollout_id}/v1``,
   record rewards and attempt outcomes, and re-queue rollouts of dead workers (heartbeat watchdog).
-* :func:`enqueue_tasks`, :func:`wait_for_rollouts` — enqueue G rollouts per task, wait for them.
+* :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks`, :func:`load_tasks` — enqueue G
+  rollouts per task, wait for them, measure a version's mean reward, read tasks from JSONL.
 * :class:`LangGraphAgent` — run an unchanged LangGraph graph as an agent;
   :class:`~agentforge.runtime.callbacks.ToolSpanCallback` (import it from
   ``agentforge.runtime.callbacks``; needs ``langchain-core``) records its tool calls as spans.
@@ -15,7 +16,7 @@ Importing this package starts nothing and imports neither ``openai`` nor LangCha
 from agentforge.runtime.agents import Agent, LangGraphAgent, Scorer, build_agent, load_object
 from agentforge.runtime.context import AttemptStore, RolloutContext, bound_tool_output
 from agentforge.runtime.runner import Runner
-from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
+from agentforge.runtime.tasks import enqueue_tasks, evaluate_tasks, load_tasks, wait_for_rollouts
 from agentforge.runtime.worker import describe_error, give_back
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "LangGraphAgent",
     "enqueue_tasks",
     "wait_for_rollouts",
+    "evaluate_tasks",
+    "load_tasks",
     "give_back",
     "bound_tool_output",
     "describe_error",

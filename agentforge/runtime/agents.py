@@ -65,8 +65,8 @@ def build_agent(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     """Turn an agent spec into the agent callable.
 
     Args:
-        spec: a ``"module:function"`` string naming a zero-argument **factory** that returns the agent,
-            or the agent callable itself.
+        spec: a ``"module:function"`` string naming either the agent itself (a callable taking
+            ``(task, ctx)``) or a zero-argument **factory** that returns the agent; or the agent callable.
 
     Returns:
         The agent.
@@ -78,10 +78,28 @@ def build_agent(spec: str | Callable[..., Any]) -> Callable[..., Any]:
         if not callable(spec):
             raise UserError(f"an agent must be callable as agent(task, ctx); got {type(spec).__name__}")
         return spec
-    agent = load_object(spec)()
+    obj = load_object(spec)
+    if _takes_task_and_ctx(obj):
+        return obj
+    agent = obj()
     if not callable(agent):
         raise UserError(f"agent factory {spec!r} returned {type(agent).__name__}, not a callable agent")
     return agent
+
+
+def _takes_task_and_ctx(obj: Any) -> bool:
+    """Whether ``obj`` can be called as ``obj(task, ctx)`` (an agent) rather than ``obj()`` (a factory)."""
+    import inspect
+
+    if not callable(obj) or isinstance(obj, type):
+        return False
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return len(required) >= 1 or any(p.kind is p.VAR_POSITIONAL for p in params) and not positional
 
 
 def reward_from_output(output: Any) -> tuple[bool, float | None]:

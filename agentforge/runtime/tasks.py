@@ -1,19 +1,21 @@
-"""Putting work in and waiting for it: :func:`enqueue_tasks` (G rollouts per task, one group id) and
-:func:`wait_for_rollouts` (block until rollouts are finished, retries included)."""
+"""Putting work in and waiting for it: :func:`enqueue_tasks` (G rollouts per task, one group id),
+:func:`wait_for_rollouts` (block until rollouts are finished, retries included), :func:`evaluate_tasks`
+(mean reward of one pinned rollout per task) and :func:`load_tasks` (tasks from a JSONL file)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentforge.errors import ConfigError, RolloutTimeout
+from agentforge.errors import ConfigError, RolloutTimeout, UserError
 from agentforge.types import Rollout, Task, new_id
 
 if TYPE_CHECKING:
     from agentforge.stores.base import TraceStore
 
-__all__ = ["enqueue_tasks", "wait_for_rollouts"]
+__all__ = ["enqueue_tasks", "wait_for_rollouts", "evaluate_tasks", "load_tasks"]
 
 
 def enqueue_tasks(
@@ -104,3 +106,92 @@ def wait_for_rollouts(
                 f"{len(pending)} of {len(set(rollout_ids))} rollouts unfinished after {timeout_s:g} s: {counts}"
             )
         time.sleep(poll_s)
+
+
+def evaluate_tasks(
+    store: TraceStore,
+    tasks: Sequence[Task | Mapping[str, Any]],
+    resources: Mapping[str, str] | None = None,
+    *,
+    label: str = "eval",
+    agent: str = "",
+    timeout_s: float = 1800.0,
+    max_attempts: int = 2,
+) -> float:
+    """Mean final reward of one rollout per task, run by whatever runners serve the store.
+
+    The held-out evaluation every job uses: the tasks carry their own sampling settings (e.g.
+    ``input["temperature"] = 0`` for greedy), ``resources`` pins what the rollouts use (``{"policy":
+    "policy@v3"}``, ``{"prompt:triage": "2"}``), and a rollout that fails or has no reward counts 0.
+
+    Args:
+        store: the trace store the runners poll.
+        tasks: the evaluation tasks (``N`` of them).
+        resources: resource pins put on every rollout.
+        label: stored as ``metadata["eval"]`` on the rollouts (to find or exclude them later).
+        agent: the agent name on the rollouts (empty: any runner).
+        timeout_s: how long to wait for all ``N`` rollouts, seconds.
+        max_attempts: attempts per rollout.
+
+    Returns:
+        The mean reward over the ``N`` tasks (for exact-match scorers: the accuracy in ``[0, 1]``).
+
+    Raises:
+        UserError: no tasks.
+        RolloutTimeout: the rollouts did not finish in ``timeout_s``.
+    """
+    if not tasks:
+        raise UserError("evaluate_tasks needs at least one task")
+    rollouts = enqueue_tasks(
+        store, tasks, resources=resources, agent=agent, metadata={"eval": label}, max_attempts=max_attempts
+    )
+    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=timeout_s)
+    total = 0.0
+    for rollout in done:
+        final = store.final_reward(rollout.rollout_id)
+        total += final.value if final is not None and final.value is not None else 0.0
+    return total / len(done)
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Read tasks from a JSONL file: one JSON object per line with ``input`` (and optionally ``task_id``,
+    ``metadata``); blank lines are ignored.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The tasks, in file order.
+
+    Raises:
+        UserError: the file is missing, not UTF-8, empty, or a line is not a valid task (the message names
+            the line number and the problem).
+    """
+    import json
+
+    from pydantic import ValidationError
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"task file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"task file {path} is not UTF-8: {exc}") from None
+    tasks: list[Task] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict) or "input" not in obj:
+                raise UserError(
+                    f'{path}:{number}: not a task (no "input" object); expected {{"input": {{...}}}}'
+                )
+            tasks.append(Task.model_validate(obj))
+        except (json.JSONDecodeError, ValidationError) as exc:
+            first = str(exc).splitlines()[0][:200]
+            raise UserError(f'{path}:{number}: not a task ({first}); expected {{"input": {{...}}}}') from None
+    if not tasks:
+        raise UserError(f"task file {path} holds no tasks")
+    return tasks

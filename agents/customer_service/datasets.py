@@ -36,6 +36,7 @@ __all__ = [
     "load_banking77",
     "load_clinc150",
     "intent_labels",
+    "bitext_triage_tasks",
 ]
 
 #: Environment variable naming the folder that holds ``tau_retail/``, ``banking77/``, ….
@@ -241,3 +242,41 @@ def intent_labels(
         domains = json.loads((folder / "domains.json").read_text(encoding="utf-8"))
         return sorted({intent for intents in domains.values() for intent in intents} | {ESCALATE})
     raise UserError(f"unknown intent data set {dataset!r}; choose bitext, banking77 or clinc150")
+
+
+def bitext_triage_tasks(
+    train_size: int, eval_size: int, *, seed: int = 1234, train_temperature: float = 1.0
+) -> tuple[list[Task], list[Task]]:
+    """Bitext train/test splits (disjoint by construction) as category-triage tasks for ``triage_agent``.
+
+    Args:
+        train_size: training messages (sampled with ``input["temperature"] = train_temperature``).
+        eval_size: held-out messages from the test split (greedy: ``input["temperature"] = 0.0``).
+        seed: shuffling seed; the same seed gives the same tasks.
+        train_temperature: sampling temperature of the training rollouts.
+
+    Returns:
+        ``(train, held_out)``: tasks with ``task_id = "bitext-<index>"``, ``input = {"text",
+        "temperature"}`` and ``metadata = {"label": <category, lower case>, "dataset", "split"}``.
+
+    Raises:
+        UserError: the Bitext folder is missing (see :func:`find_data_dir`).
+    """
+    import random
+
+    def task(t: Task, temperature: float) -> Task:
+        return Task(
+            task_id=f"bitext-{t.metadata['index']}",
+            input={"text": t.input["text"], "temperature": temperature},
+            metadata={
+                "label": str(t.metadata["category"]).lower(),
+                "dataset": "bitext",
+                "split": t.metadata["split"],
+            },
+        )
+
+    rng = random.Random(seed)
+    train, test = load_bitext("train"), load_bitext("test")
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return [task(t, train_temperature) for t in train[:train_size]], [task(t, 0.0) for t in test[:eval_size]]

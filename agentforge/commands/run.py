@@ -1,0 +1,109 @@
+"""``agentforge run``: runners that execute an agent on queued rollouts (or on a task file) via a gateway."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentforge.commands.common import console, parse_pins, progress, reported
+
+__all__ = ["run"]
+
+
+def run(
+    agent: Annotated[str, typer.Argument(help="The agent as module:function (or file.py:function).")],
+    gateway: Annotated[
+        str, typer.Option(help="Gateway URL (from `agentforge serve`).")
+    ] = "http://127.0.0.1:8000",
+    store_url: Annotated[
+        str | None, typer.Option(help="Trace store URL (default: the gateway's store API).")
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(
+            help='JSONL file of tasks ({"input": {...}, "metadata": {...}} per line): enqueue, '
+            "run them all, print the mean reward and exit. Without it, serve queued rollouts until Ctrl-C."
+        ),
+    ] = None,  # fmt: skip
+    group_size: Annotated[int, typer.Option(help="Rollouts per task (with --tasks).")] = 1,
+    pin: Annotated[
+        list[str] | None, typer.Option(help="Pin a resource version on the rollouts, NAME=VERSION (repeat).")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Concurrent rollouts.")] = 4,
+    mode: Annotated[str, typer.Option(help="thread or process workers.")] = "thread",
+    agent_name: Annotated[
+        str | None, typer.Option(help="Only claim rollouts enqueued for this agent name.")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Give up waiting for --tasks after this many seconds.")
+    ] = 3600.0,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Bearer key of the gateway/store.")
+    ] = None,
+) -> None:
+    """Run AGENT on rollouts through the gateway: every LLM call is recorded, the agent's return is the reward.
+
+    Example: `agentforge run my_pkg.agents:triage --tasks tasks.jsonl --group-size 4`.
+    """
+    from agentforge.runtime import Runner, enqueue_tasks, load_tasks
+    from agentforge.runtime.process import open_store
+
+    if mode not in ("thread", "process"):
+        raise typer.BadParameter("choose thread or process", param_hint="--mode")
+    if group_size < 1 or workers < 1:
+        raise typer.BadParameter("--group-size and --workers must be >= 1")
+    pins = parse_pins(pin)
+    with reported():
+        task_list = load_tasks(tasks) if tasks is not None else None
+        store = open_store(store_url or gateway, api_key)
+        runner = Runner(
+            store, agent, gateway, workers=workers, mode=mode, agent_name=agent_name,  # type: ignore[arg-type]
+            gateway_api_key=api_key, store_api_key=api_key,
+        )  # fmt: skip
+        with runner:
+            if task_list is None:
+                console.print(f"[bold green]running[/] {agent} × {workers} against {gateway}; Ctrl-C to stop")
+                try:
+                    runner.run_forever()
+                except KeyboardInterrupt:
+                    console.print("stopping: unfinished rollouts go back to the queue")
+                return
+            rollouts = enqueue_tasks(store, task_list, group_size, pins, agent=agent_name or "")
+            summary = _wait(store, runner, [r.rollout_id for r in rollouts], timeout)
+    typer.echo(json.dumps(summary))
+
+
+def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Show progress until every rollout is finished; return counts and the mean reward."""
+    from agentforge.errors import RolloutTimeout
+
+    deadline = time.monotonic() + timeout_s
+    with progress() as bar:
+        task = bar.add_task("rollouts", total=len(ids))
+        while True:
+            runner.check_workers()
+            states = [store.get_rollout(rid).state for rid in ids]
+            done = sum(s.finished for s in states)
+            bar.update(task, completed=done)
+            if done == len(ids):
+                break
+            if time.monotonic() > deadline:
+                raise RolloutTimeout(
+                    f"{len(ids) - done} of {len(ids)} rollouts unfinished after {timeout_s:g} s"
+                )
+            time.sleep(0.5)
+    rewards = []
+    counts: dict[str, int] = {}
+    for rid, state in zip(ids, states, strict=True):
+        counts[state.value] = counts.get(state.value, 0) + 1
+        final = store.final_reward(rid)
+        if final is not None and final.value is not None:
+            rewards.append(final.value)
+    mean = sum(rewards) / len(rewards) if rewards else None
+    console.print(f"{len(ids)} rollouts {counts}; mean reward {mean if mean is None else round(mean, 4)} "
+                  f"over {len(rewards)} rewarded")  # fmt: skip
+    return {"rollouts": len(ids), "states": counts, "rewarded": len(rewards), "mean_reward": mean}

@@ -1,0 +1,102 @@
+"""``agentforge train``: GRPO + LoRA on an agent's own rollouts, hot-swapping each adapter into serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentforge.commands.common import console, reported
+
+__all__ = ["train"]
+
+
+def train(
+    agent: Annotated[
+        str, typer.Argument(help="The agent as module:function; its return value is the reward.")
+    ],
+    tasks: Annotated[Path, typer.Option(help='JSONL training tasks ({"input": {...}} per line).')],
+    eval_tasks: Annotated[
+        Path | None, typer.Option(help="JSONL held-out tasks: mean reward before and after training.")
+    ] = None,
+    output_dir: Annotated[Path, typer.Option(help="Checkpoints, adapters, metrics.jsonl.")] = Path(
+        "runs/train"
+    ),
+    store_url: Annotated[
+        str | None, typer.Option(help="Trace store URL (default: SQLite in --output-dir).")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")
+    ] = None,
+    backend: Annotated[str, typer.Option(help="Policy engine: vllm or embedded.")] = "vllm",
+    steps: Annotated[int, typer.Option(help="GRPO optimizer steps.")] = 20,
+    group_size: Annotated[int, typer.Option(help="Rollouts per task (G).")] = 8,
+    tasks_per_step: Annotated[int, typer.Option(help="Tasks per step.")] = 4,
+    swap_every: Annotated[int, typer.Option(help="Publish + hot-swap the adapter every k steps.")] = 5,
+    learning_rate: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
+    lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    max_completion_length: Annotated[int, typer.Option(help="Longest completion trained on, tokens.")] = 256,
+    workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint in --output-dir.")] = True,
+) -> None:
+    """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
+    hot-swap, without touching the agent's code. Prints a JSON summary (versions, before/after) on stdout.
+
+    Example: `agentforge train my_pkg.agents:triage --tasks train.jsonl --eval-tasks test.jsonl --steps 20`.
+    """
+    from agentforge.runtime import load_tasks
+    from agentforge.runtime.process import open_store
+
+    with reported():
+        train_tasks = load_tasks(tasks)
+        held_out = load_tasks(eval_tasks) if eval_tasks is not None else None
+        config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
+                         max_completion_length, seed)  # fmt: skip
+        output_dir.mkdir(parents=True, exist_ok=True)
+        store = open_store(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
+        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume)
+    typer.echo(json.dumps(summary))
+
+
+def _config(output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_r, max_len, seed):  # type: ignore[no-untyped-def]
+    import torch
+
+    from agentforge.trainers.config import TrainConfig
+
+    gpu = torch.cuda.is_available()
+    return TrainConfig(
+        output_dir=str(output_dir), seed=seed, data_seed=seed, max_steps=steps, num_generations=group_size,
+        tasks_per_step=tasks_per_step, swap_every=swap_every, learning_rate=lr, lr_scheduler_type="constant",
+        lora_r=lora_r, lora_alpha=2 * lora_r, max_completion_length=max_len, logging_steps=1,
+        save_strategy="steps", save_steps=swap_every, save_total_limit=1, report_to="none",
+        use_cpu=not gpu, bf16=True, gradient_checkpointing=False,
+    )  # fmt: skip
+
+
+def _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume):  # type: ignore[no-untyped-def]
+    from agentforge.model import prepare_default_model
+    from agentforge.runtime import evaluate_tasks
+    from agentforge.stack import LocalStack
+    from agentforge.trainers.lightning import LightningTrainer
+    from agentforge.trainers.publish import HotSwapPublisher
+
+    model = model or prepare_default_model()
+    summary: dict[str, object] = {}
+    with LocalStack(store, agent, model=model, workers=workers, backend=backend,
+                    max_lora_rank=max(16, config.lora_r)) as stack:  # fmt: skip
+        if held_out:
+            summary["before"] = evaluate_tasks(
+                store, held_out, {"policy": stack.base_version}, label="before"
+            )
+            console.print(f"held-out mean reward of {stack.base_version}: {summary['before']:.4f}")
+        trainer = LightningTrainer(model, store, train_tasks, config, HotSwapPublisher(stack.swapper, store))
+        trainer.train(resume_from_checkpoint=resume)
+        version = stack.router.alias(config.alias)
+        summary.update(version=version, versions=trainer.versions, steps=trainer.trainer.state.global_step)
+        if held_out:
+            summary["after"] = evaluate_tasks(store, held_out, {"policy": version}, label="after")
+            console.print(f"held-out mean reward of {version}: {summary['after']:.4f}")
+    return summary

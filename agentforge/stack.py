@@ -1,0 +1,119 @@
+"""One local stack for jobs and examples: vLLM-served policy → hot-swapper → gateway → runners → store.
+
+Every long job (the main job, prompt optimisation, trace replay, ``agentforge serve``/``run``) needs the
+same pieces wired the same way; :class:`LocalStack` starts them in order and stops them in reverse::
+
+    with LocalStack(store, agent=triage_agent, workers=4) as stack:
+        base = stack.base_version            # "policy@v0"
+        stack.gateway.url                    # agents call {url}/rollouts/<id>/v1 with model="policy"
+        stack.swapper.swap(adapter_dir)      # hot-swap a new adapter (canary first)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from agentforge.gateway.router import ModelRouter
+    from agentforge.gateway.server import GatewayServer
+    from agentforge.runtime import Runner
+    from agentforge.serving.hotswap import HotSwapper
+    from agentforge.stores.base import TraceStore
+
+__all__ = ["LocalStack"]
+
+
+class LocalStack:
+    """vLLM (or the embedded engine) + hot-swapper + gateway + optional runners, as one context manager.
+
+    Args:
+        store: the trace store every piece writes to.
+        agent: a runner agent ``agent(task, ctx) -> reward | None``; ``None`` starts no runners.
+        model: base checkpoint directory (default: the prepared SmolLM2-135M, see ``agentforge model prepare``).
+        workers: runner threads.
+        backend: ``"vllm"`` (a separate vLLM process) or ``"embedded"`` (transformers + PEFT in-process).
+        alias: the model alias agents request (``"policy"``).
+        max_lora_rank: the largest LoRA rank the engine accepts.
+        runner_kwargs: passed to :class:`agentforge.runtime.Runner` (``agent_name``, ``timeout_s``…).
+
+    Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
+    ``None``), ``base_version`` (e.g. ``"policy@v0"``).
+
+    Raises:
+        UserError: unknown backend, or no vLLM interpreter (run ``make setup``).
+        ServingError: the engine did not come up.
+    """
+
+    def __init__(
+        self,
+        store: TraceStore,
+        agent: Callable[..., Any] | None = None,
+        *,
+        model: str | Path | None = None,
+        workers: int = 4,
+        backend: str = "vllm",
+        alias: str = "policy",
+        max_lora_rank: int = 16,
+        runner_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        from agentforge.errors import UserError
+
+        if backend not in ("vllm", "embedded"):
+            raise UserError(f"unknown backend {backend!r}: choose 'vllm' or 'embedded'")
+        self.store, self.agent, self.model, self.workers = store, agent, model, workers
+        self.backend, self.alias, self.max_lora_rank = backend, alias, max_lora_rank
+        self.runner_kwargs = dict(runner_kwargs or {})
+        self._exit = ExitStack()
+        self.server: Any = None
+        self.router: ModelRouter | None = None
+        self.swapper: HotSwapper | None = None
+        self.gateway: GatewayServer | None = None
+        self.runner: Runner | None = None
+        self.base_version = ""
+
+    def start(self) -> Self:
+        """Start engine, gateway and runners (in that order); on any failure stop what started and raise."""
+        from agentforge.gateway.router import ModelRouter
+        from agentforge.gateway.server import GatewayServer
+        from agentforge.model import prepare_default_model
+        from agentforge.serving.hotswap import HotSwapper
+
+        model = Path(self.model) if self.model else prepare_default_model()
+        try:
+            if self.backend == "vllm":
+                from agentforge.serving.vllm import VLLMServer
+
+                server = VLLMServer(model, max_lora_rank=self.max_lora_rank, max_loras=4)
+            else:
+                from agentforge.serving.embedded import EmbeddedServer
+
+                server = EmbeddedServer(model)
+            self.server = self._exit.enter_context(server)
+            self.router = ModelRouter()
+            self.swapper = HotSwapper(self.server, self.router, alias=self.alias)
+            self.base_version = self.swapper.register_base()
+            self.gateway = self._exit.enter_context(GatewayServer(self.store, self.router))
+            if self.agent is not None:
+                from agentforge.runtime import Runner
+
+                runner = Runner(
+                    self.store, self.agent, self.gateway.url, workers=self.workers, **self.runner_kwargs
+                )
+                self.runner = self._exit.enter_context(runner)
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop runners, gateway and engine (reverse order). Safe to call twice."""
+        self._exit.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

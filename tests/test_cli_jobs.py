@@ -1,0 +1,125 @@
+"""`agentforge run` and `agentforge train` as a new user runs them (subprocesses, real gateway/store)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtime_helpers import gateway_env
+
+from agentforge.types import RolloutState, SpanKind
+
+CLI = [sys.executable, "-m", "agentforge.cli"]
+TRIAGE = "agentforge.agents.customer_service.triage:triage_agent"
+
+
+def _tasks(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_help_lists_every_pipeline_command() -> None:
+    out = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("serve", "run", "train", "model"):
+        assert command in out
+    for command in ("run", "train"):
+        text = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, check=True).stdout
+        assert "Example:" in text
+
+
+def test_run_executes_a_task_file_through_the_gateway(tmp_path: Path) -> None:
+    rows = [
+        {"task_id": "t1", "input": {"text": "I want my money back 💸", "temperature": 0.0}, "metadata": {"label": "refund"}},
+        {"task_id": "t2", "input": {"text": "where is my parcel", "temperature": 0.0}, "metadata": {"label": "delivery"}},
+    ]  # fmt: skip
+    tasks = _tasks(tmp_path / "tasks.jsonl", rows)
+    with gateway_env(tmp_path, [" refund", " refund", " refund", " refund"]) as (
+        store,
+        gw,
+        _,
+        url,
+    ):
+        proc = subprocess.run(
+            [*CLI, "run", TRIAGE, "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
+             "--group-size", "2", "--workers", "2"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["rollouts"] == 4 and summary["states"] == {"succeeded": 4}
+        assert summary["mean_reward"] == pytest.approx(0.5)  # both answers say refund: one task right
+        rollouts = store.list_rollouts(state=RolloutState.succeeded)
+        assert len(rollouts) == 4 and len({r.group_id for r in rollouts}) == 2
+        assert all(store.list_spans(rollout_id=r.rollout_id, kind=SpanKind.llm) for r in rollouts)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"input": {"text": "ok"}}\n{"input": \n', "tasks.jsonl:2"),
+        ('{"metadata": {}}\n', 'no "input"'),
+        ("", "holds no tasks"),
+        (b"\xff\xfe{}".decode("latin-1"), "tasks.jsonl:1"),
+    ],
+)
+def test_run_rejects_a_bad_task_file_before_touching_the_queue(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(content, encoding="utf-8")
+    db = tmp_path / "never.db"
+    proc = subprocess.run(
+        [*CLI, "run", TRIAGE, "--gateway", "http://127.0.0.1:9", "--store-url", f"sqlite:///{db}", "--tasks", str(tasks)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not db.exists()  # nothing was opened, let alone half-written
+
+
+def test_run_rejects_a_malformed_pin(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}])
+    proc = subprocess.run(
+        [*CLI, "run", TRIAGE, "--tasks", str(tasks), "--pin", "policy"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "NAME=VERSION" in proc.stderr
+
+
+def test_train_rejects_a_missing_task_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "train", TRIAGE, "--tasks", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_train_runs_grpo_steps_and_hot_swaps(tmp_path: Path) -> None:
+    from agentforge.agents.customer_service.datasets import bitext_triage_tasks
+
+    train, held_out = bitext_triage_tasks(8, 8)
+    tasks = _tasks(tmp_path / "train.jsonl", [t.model_dump() for t in train])
+    evals = _tasks(tmp_path / "eval.jsonl", [t.model_dump() for t in held_out])
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [*CLI, "train", TRIAGE, "--tasks", str(tasks), "--eval-tasks", str(evals), "--output-dir", str(out),
+         "--steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--swap-every", "1",
+         "--max-completion-length", "8", "--workers", "4"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["versions"] == ["policy@v1", "policy@v2"]
+    assert (
+        summary["version"] == "policy@v2"
+        and 0.0 <= summary["before"] <= 1.0
+        and 0.0 <= summary["after"] <= 1.0
+    )
+    assert (out / "traces.db").exists()
