@@ -1,0 +1,92 @@
+"""`agentforge replay export/import` from the command line: round trip, empty filters, corrupted files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from runtime_helpers import gateway_env
+
+from agentforge.agents.customer_service.triage import triage_agent
+from agentforge.runtime import Runner, enqueue_tasks, wait_for_rollouts
+from agentforge.stores.sql import SQLStore
+from agentforge.types import Task
+
+CLI = [sys.executable, "-m", "agentforge.cli", "replay"]
+
+
+def _traces(tmp_path: Path) -> str:
+    """A SQLite store holding 4 triage rollouts (2 rewarded 1, 2 rewarded 0) recorded through a gateway."""
+    tasks = [
+        Task(
+            task_id="a", input={"text": "refund please ✨", "temperature": 0.0}, metadata={"label": "refund"}
+        ),
+        Task(task_id="b", input={"text": "where is it", "temperature": 0.0}, metadata={"label": "delivery"}),
+    ]
+    with gateway_env(tmp_path, [" refund"] * 4) as (store, gw, _, url):
+        with Runner(store, triage_agent, gw.url, workers=2):
+            rollouts = enqueue_tasks(store, tasks, group_size=2, agent="triage")
+            wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=120)
+    return url
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_export_import_export_is_byte_identical(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    out = _cli("export", str(first), "--store-url", url, "--agent", "triage")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["records"] == 4
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    imp = _cli("import", str(first), "--store-url", other)
+    assert imp.returncode == 0 and json.loads(imp.stdout)["imported"] == 4, imp.stderr
+    assert _cli("export", str(second), "--store-url", other).returncode == 0
+    assert first.read_bytes() == second.read_bytes()
+    again = _cli("import", str(first), "--store-url", other)  # idempotent
+    assert json.loads(again.stdout)["imported"] == 0 and json.loads(again.stdout)["already_present"] == 4
+
+
+def test_filters_select_by_reward_and_hf_export_has_one_row_per_trajectory(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    out = _cli("export", str(tmp_path / "good.jsonl"), "--store-url", url, "--min-reward", "1")
+    assert json.loads(out.stdout)["records"] == 2, out.stderr
+    hf = _cli("export", str(tmp_path / "ds"), "--format", "hf", "--store-url", url, "--task", "a")
+    assert hf.returncode == 0, hf.stderr
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(tmp_path / "ds"))
+    assert len(ds) == 2 and set(ds["reward"]) == {1.0}
+
+
+def test_a_filter_that_selects_nothing_is_an_error_and_writes_nothing(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    target = tmp_path / "none.jsonl"
+    out = _cli("export", str(target), "--store-url", url, "--min-reward", "2")
+    assert out.returncode == 2 and "reward" in out.stderr.lower()
+    assert not target.exists()
+    bad_time = _cli("export", str(target), "--store-url", url, "--since", "yesterday")
+    assert bad_time.returncode == 2 and "ISO" in bad_time.stderr
+
+
+def test_corrupted_lines_are_counted_skips_or_refuse_the_file_with_strict(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    good = tmp_path / "good.jsonl"
+    assert _cli("export", str(good), "--store-url", url).returncode == 0
+    lines = good.read_bytes().splitlines(keepends=True)
+    corrupted = tmp_path / "bad.jsonl"
+    corrupted.write_bytes(
+        lines[0] + lines[1][: len(lines[1]) // 2] + b"\n" + b"\xff\xfe\n" + b"".join(lines[2:])
+    )
+    strict_db = tmp_path / "strict.db"
+    strict = _cli("import", str(corrupted), "--store-url", f"sqlite:///{strict_db}", "--strict")
+    assert strict.returncode == 2 and "line 2" in strict.stderr.lower(), strict.stderr
+    assert SQLStore(f"sqlite:///{strict_db}").list_rollouts() == []  # nothing half-written
+    loose = _cli("import", str(corrupted), "--store-url", f"sqlite:///{tmp_path / 'loose.db'}")
+    report = json.loads(loose.stdout)
+    assert loose.returncode == 0 and report["imported"] == 3 and sum(report["skipped"].values()) == 2
+    assert "line 2" in loose.stderr and "line 3" in loose.stderr
