@@ -221,3 +221,28 @@ def test_failed_model_call_is_502_and_the_turn_is_dropped(stack, app_client: Tes
     assert [m["content"] for m in last if m["role"] == "user"][-1:] == ["second try"]
     assert not {"first try", "streamed try"} & {m["content"] for m in last}
     assert store.get_rollout(sid).state is RolloutState.running
+
+
+def test_new_prompt_version_applies_to_the_next_session_without_restart(stack, app_client: TestClient) -> None:
+    from agentforge.prompts import publish_prompt, rollouts_with_prompt
+
+    gateway, store, upstream = stack
+    upstream.add("Hi from v1.", "Hi from v2.", "Still v1.", "Pinned v1.")
+    first = new_session(app_client)
+    say(app_client, first, "Hello")
+    publish_prompt(store, service.PROMPT_NAME, "You are AcmeBot v2. Be brief.")
+    second = new_session(app_client)  # same app process: nothing restarted
+    say(app_client, second, "Hello")
+    say(app_client, first, "Still there?")  # an open session keeps the version it started with
+    resp = app_client.post("/sessions", json={"prompt_version": 1})
+    assert resp.status_code == 201 and resp.json()["prompt_version"] == 1
+    say(app_client, resp.json()["session_id"], "Hello")
+
+    systems = [r.body["messages"][0]["content"] for r in upstream.requests]
+    v1 = service.chat_agent.SYSTEM
+    assert systems == [v1, "You are AcmeBot v2. Be brief.", v1, v1]
+    assert store.get_rollout(first).resources == {service.PROMPT_NAME: "1"}
+    assert store.get_rollout(second).resources == {service.PROMPT_NAME: "2"}
+    assert [r.rollout_id for r in rollouts_with_prompt(store, service.PROMPT_NAME, 2)] == [second]
+    resp = app_client.post("/sessions", json={"prompt_version": 9})
+    assert resp.status_code == 404 and "has no version 9 (versions: [1, 2])" in resp.json()["detail"]

@@ -129,6 +129,37 @@ class RolloutContext(TracingContext):
         """The model name to request: the pinned ``resources["policy"]``, else the alias ``"policy"``."""
         return self.resources.get("policy", "policy")
 
+    def prompt(self, name: str, default: str | None = None) -> str:
+        """The text of prompt ``name`` for this rollout, recorded on the rollout.
+
+        The version is the one the rollout pins (``resources[name]``, e.g. a prompt optimiser's
+        candidate), else the active one (published as version 1 from ``default`` when the store has
+        none; see :func:`agentforge.prompts.get_prompt`). The version used is written to
+        ``Rollout.resources[name]`` (``"2"``) so traces can be filtered by prompt version, and to
+        :attr:`resources`, so later calls in this attempt (and its retries) get the same version.
+
+        Args:
+            name: the prompt's resource name, e.g. ``prompt:triage``.
+            default: the template published as version 1 when the store has no version of ``name``.
+
+        Returns:
+            The template text.
+
+        Raises:
+            NotFoundError: the pinned version does not exist, or ``name`` is absent and ``default`` is
+                ``None``.
+        """
+        from agentforge.prompts import get_prompt
+
+        pinned = self.resources.get(name)
+        resource = get_prompt(self.store, name, version=pinned, default=default)
+        used = str(resource.version)
+        if pinned != used:
+            rollout = self.store.get_rollout(self.rollout_id)
+            self.store.update_rollout(self.rollout_id, resources={**rollout.resources, name: used})
+            self.resources[name] = used
+        return str(resource.payload.get("template", ""))
+
     def emit_reward(
         self, value: float | None, name: str = "reward", final: bool = False, **metadata: Any
     ) -> Reward:

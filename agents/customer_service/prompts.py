@@ -13,12 +13,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from agentforge.agents.customer_service.tau_retail import tool_schemas
-from agentforge.errors import NotFoundError
+from agentforge.prompts import get_prompt
 from agentforge.rewards.triage import parse_triage
-from agentforge.types import ResourceVersion
 
 if TYPE_CHECKING:
     from agentforge.stores.base import TraceStore
+    from agentforge.types import ResourceVersion
 
 __all__ = [
     "CS_PROMPT_NAME",
@@ -84,9 +84,10 @@ def load_prompt(
 ) -> ResourceVersion:
     """Read a versioned prompt from the store; publish ``default`` as version 1 when the name is absent.
 
-    Call it at the start of every rollout: a new version published (and activated) by a prompt optimiser
-    is then used by the next rollout, with nothing restarted. Two processes publishing the default at
-    the same moment may create versions 1 and 2 with the same text (harmless).
+    :func:`agentforge.prompts.get_prompt` with this agent's defaults. Call it at the start of every
+    rollout: a new version published (and activated) by a prompt optimiser is then used by the next
+    rollout, with nothing restarted. Two processes publishing the default at the same moment may create
+    versions 1 and 2 with the same text (harmless).
 
     Args:
         store: the trace store (or a runner's ``ctx.store``).
@@ -100,14 +101,7 @@ def load_prompt(
     Raises:
         NotFoundError: a pinned ``version`` that does not exist.
     """
-    if version is not None:
-        return store.get_resource(name, int(version))
-    try:
-        return store.get_resource(name)
-    except NotFoundError:
-        return store.publish_resource(
-            ResourceVersion(name=name, kind="prompt", payload={"template": default}), activate=True
-        )
+    return get_prompt(store, name, version=version, default=default)
 
 
 def compact_schema(schema: dict[str, Any], description_chars: int = 70) -> dict[str, Any]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from agentforge.types import Task
 
 __all__ = [
+    "TRIAGE_PROMPT_NAME",
     "CATEGORIES",
     "INTENTS",
     "triage_prompt",
@@ -33,6 +34,9 @@ __all__ = [
     "build_triage_graph",
     "triage_agent",
 ]
+
+#: Name of the triage step's versioned system-prompt resource (read by :func:`triage_agent`).
+TRIAGE_PROMPT_NAME = "prompt:triage"
 
 #: The 11 Bitext customer-support categories (the main job's triage labels).
 CATEGORIES: tuple[str, ...] = (
@@ -101,7 +105,8 @@ def build_triage_graph(
         client: an ``openai.OpenAI`` client (the caller points it at the gateway).
         model: model name to request; ``policy`` resolves to the active (or the rollout's pinned) version.
         labels: the label vocabulary.
-        system_prompt: instructions (default :func:`triage_prompt` of ``labels``).
+        system_prompt: instructions (``None``: :func:`triage_prompt` of ``labels``; ``""`` sends an empty
+            system message).
         prefill: the start of the assistant's answer; empty for none.
         max_tokens: completion budget of the triage call, tokens.
         temperature: sampling temperature of the triage call (0 = greedy).
@@ -117,7 +122,7 @@ def build_triage_graph(
         from langgraph.graph import END, START, StateGraph
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("langgraph", "agents", "the customer-service graph") from exc
-    instructions = system_prompt or triage_prompt(labels)
+    instructions = triage_prompt(labels) if system_prompt is None else system_prompt
 
     def triage(state: TriageState) -> TriageState:
         messages: list[dict[str, str]] = [
@@ -168,11 +173,18 @@ def triage_agent(task: Task, ctx: RolloutContext) -> float:
     Task fields: ``input["text"]`` (the customer message), ``input.get("temperature", 1.0)``,
     ``metadata["label"]`` (the gold label; ``metadata["category"]`` is used when absent).
 
+    The system prompt is the versioned resource :data:`TRIAGE_PROMPT_NAME` read at the start of the
+    rollout (``ctx.prompt``: the rollout's pinned version, else the active one, version 1 being
+    :func:`triage_prompt` of :data:`CATEGORIES`); the version used is recorded on the rollout.
+
     Returns:
         The reward: 1.0 when the predicted label equals the gold one, else 0.0.
     """
+    system_prompt = ctx.prompt(TRIAGE_PROMPT_NAME, default=triage_prompt(CATEGORIES))
     graph = build_triage_graph(
-        ctx.openai_client(max_retries=0), temperature=float(task.input.get("temperature", 1.0))
+        ctx.openai_client(max_retries=0),
+        system_prompt=system_prompt,
+        temperature=float(task.input.get("temperature", 1.0)),
     )
     state = graph.invoke({"message": task.input["text"]})
     gold = normalize_intent(str(task.metadata.get("label") or task.metadata.get("category") or ""))

@@ -29,9 +29,9 @@ __all__ = ["new_conversation", "reply", "stream_reply", "as_sse"]
 MAX_CALLS = 3
 
 
-def new_conversation() -> list[dict[str, Any]]:
-    """A fresh message list: the system prompt and the worked examples of openai_sdk_agent."""
-    return [{"role": "system", "content": SYSTEM}, *FEW_SHOT]
+def new_conversation(system: str = SYSTEM) -> list[dict[str, Any]]:
+    """A fresh message list: the system prompt (default openai_sdk_agent's) and its worked examples."""
+    return [{"role": "system", "content": system}, *FEW_SHOT]
 
 
 def _request(model: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:

@@ -6,10 +6,13 @@ attributed to that conversation. A user's thumbs up/down becomes the rollout's r
 
 Routes:
 
-* ``POST /sessions`` — ``{"user"?, "metadata"?}`` → 201 ``{"session_id", "rollout_id", "state": "running"}``.
-  The rollout is enqueued for agent :data:`AGENT` and moved to ``running`` at once, without an attempt:
-  the app, not a runner, works on it, so no heartbeat is needed (a conversation may idle for hours) and a
-  runner's ``requeue_stale`` never takes it back.
+* ``POST /sessions`` — ``{"user"?, "metadata"?, "prompt_version"?}`` → 201 ``{"session_id", "rollout_id",
+  "state": "running", "prompt_version"}``. The rollout is enqueued for agent :data:`AGENT` and moved to
+  ``running`` at once, without an attempt: the app, not a runner, works on it, so no heartbeat is needed
+  (a conversation may idle for hours) and a runner's ``requeue_stale`` never takes it back. The system
+  prompt is the versioned resource :data:`PROMPT_NAME`, read when the session starts (the active version,
+  or ``prompt_version`` when given; 404 if it does not exist) and recorded in the rollout's
+  ``resources``: publishing a new version changes the next sessions, with no restart.
 * ``POST /sessions/{id}/messages`` — ``{"content", "stream"?: false}`` → ``{"reply", "tool_calls"}``, or
   with ``stream: true`` a ``text/event-stream`` of ``delta`` (``{"text"}``), ``tool`` and a final ``done``
   event (``{"reply", "tool_calls"}``); a failed model call is a 502 (an ``error`` event when streaming)
@@ -45,6 +48,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from agentforge.errors import NotFoundError
+from agentforge.prompts import get_prompt
 from agentforge.stores.base import TraceStore
 from agentforge.tracing import emit_reward
 from agentforge.types import Rollout, RolloutState, Task
@@ -53,10 +57,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits n
 
 import chat_agent  # noqa: E402
 
-__all__ = ["AGENT", "create_app", "main"]
+__all__ = ["AGENT", "PROMPT_NAME", "create_app", "main"]
 
 #: The agent name of every rollout this app stores.
 AGENT = "app:customer-service"
+
+#: The versioned system-prompt resource (version 1: chat_agent's built-in system prompt).
+PROMPT_NAME = "prompt:app-system"
 
 
 class NewSession(BaseModel):
@@ -64,6 +71,7 @@ class NewSession(BaseModel):
 
     user: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    prompt_version: int | None = Field(default=None, ge=1)
 
 
 class UserMessage(BaseModel):
@@ -145,17 +153,28 @@ def create_app(
         return rollout
 
     @app.post("/sessions", status_code=201)
-    def new_session(body: NewSession | None = None) -> dict[str, str]:
+    def new_session(body: NewSession | None = None) -> dict[str, Any]:
         body = body or NewSession()
+        try:  # read at every session start: a newly published version applies from the next session
+            prompt = get_prompt(store, PROMPT_NAME, version=body.prompt_version, default=chat_agent.SYSTEM)
+        except NotFoundError as exc:
+            raise HTTPException(404, detail=str(exc)) from None
         rollout = Rollout(
             agent=AGENT,
             task=Task(input={"channel": "app"}, metadata={"user": body.user}),
+            resources={PROMPT_NAME: str(prompt.version)},
             metadata={**body.metadata, "user": body.user},
         )
         rollout = store.enqueue_rollout(rollout)
         rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-        open_sessions[rollout.rollout_id] = Conversation(rollout.rollout_id)
-        return {"session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "state": rollout.state}
+        system = str(prompt.payload.get("template", ""))
+        open_sessions[rollout.rollout_id] = Conversation(
+            rollout.rollout_id, chat_agent.new_conversation(system)
+        )
+        return {
+            "session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "state": rollout.state,
+            "prompt_version": prompt.version,
+        }  # fmt: skip
 
     @app.post("/sessions/{session_id}/messages", response_model=None)
     async def message(session_id: str, body: UserMessage) -> dict[str, Any] | StreamingResponse:

@@ -1,0 +1,185 @@
+"""Prompt templates as versioned resources in the trace store: publish, read, pin, roll back.
+
+A prompt is a :class:`~agentforge.types.ResourceVersion` of kind ``"prompt"`` whose payload is
+``{"template": str}`` (plus ``"metadata"`` when given). Versions count up from 1 per name; one version is
+*active* (what a rollout gets when it pins none). Agents read their prompt at the start of every rollout
+(``ctx.prompt(name, default)``, see :meth:`agentforge.runtime.RolloutContext.prompt`), so publishing a new
+version changes the next rollouts with nothing restarted, and a rollout records the version it used in
+``Rollout.resources[name]``, so traces can be filtered by prompt version (:func:`rollouts_with_prompt`)::
+
+    v2 = publish_prompt(store, "prompt:triage", "Category options: ...")   # the next rollouts use v2
+    rollback_prompt(store, "prompt:triage", 1)                              # one call back to v1
+    enqueue_tasks(store, tasks, resources={"prompt:triage": "2"})          # pin v2 for these rollouts
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentforge.errors import NotFoundError, UserError
+from agentforge.types import ResourceVersion
+
+if TYPE_CHECKING:
+    from agentforge.stores.base import TraceStore
+    from agentforge.types import Rollout, RolloutState
+
+__all__ = [
+    "publish_prompt",
+    "get_prompt",
+    "rollback_prompt",
+    "list_prompts",
+    "parse_prompt_version",
+    "rollouts_with_prompt",
+]
+
+_VERSION = re.compile(r"^(?:.*@)?v?(\d+)$")
+
+
+def parse_prompt_version(value: int | str) -> int:
+    """A pinned version as an int: ``2``, ``"2"``, ``"v2"`` and ``"prompt:triage@v2"`` are all 2.
+
+    Raises:
+        UserError: ``value`` names no version number.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _VERSION.match(str(value).strip())
+    if match is None:
+        raise UserError(f"prompt version {value!r} is not a version number; pin e.g. '2' (or 'name@v2')")
+    return int(match.group(1))
+
+
+def publish_prompt(
+    store: TraceStore,
+    name: str,
+    template: str,
+    activate: bool = True,
+    metadata: Mapping[str, Any] | None = None,
+) -> ResourceVersion:
+    """Store ``template`` as the next version of prompt ``name``.
+
+    Args:
+        store: the trace store.
+        name: the resource name, e.g. ``prompt:triage``.
+        template: the prompt text.
+        activate: make it the active version (the next unpinned rollouts use it). ``False`` stores it for
+            rollouts that pin it (e.g. a prompt optimiser's candidates) without changing live traffic.
+        metadata: JSON-serialisable provenance stored in ``payload["metadata"]`` (e.g. optimiser scores).
+
+    Returns:
+        The stored version (``version`` assigned by the store).
+
+    Raises:
+        UserError: ``template`` is not a string.
+    """
+    if not isinstance(template, str):
+        raise UserError(f"publish_prompt({name!r}): template must be a str, got {type(template).__name__}")
+    payload: dict[str, Any] = {"template": template}
+    if metadata:
+        payload["metadata"] = dict(metadata)
+    return store.publish_resource(
+        ResourceVersion(name=name, kind="prompt", payload=payload), activate=activate
+    )
+
+
+def get_prompt(
+    store: TraceStore,
+    name: str,
+    version: int | str | None = None,
+    default: str | None = None,
+) -> ResourceVersion:
+    """Read a prompt version: the pinned ``version``, else the active one.
+
+    When the store has no version of ``name`` at all and ``default`` is given, ``default`` is published
+    (and activated) as version 1 first. Two processes doing so at the same moment may create versions 1
+    and 2 with the same text (harmless: the later one is active).
+
+    Args:
+        store: the trace store (or a runner's ``ctx.store``).
+        name: the resource name.
+        version: a pinned version (``Rollout.resources[name]``: ``"2"``, ``2``, ``"v2"`` or ``"name@v2"``);
+            ``None``: the active version.
+        default: the template to publish as version 1 when ``name`` is absent.
+
+    Returns:
+        The resource; the text is ``payload["template"]``.
+
+    Raises:
+        NotFoundError: the pinned ``version`` does not exist, or ``name`` is absent and there is no
+            ``default`` (the message lists the versions that exist).
+        UserError: ``version`` is not a version number.
+    """
+    if version is not None:
+        number = parse_prompt_version(version)
+        try:
+            return store.get_resource(name, number)
+        except NotFoundError:
+            have = [r.version for r in store.list_resources(name)]
+            raise NotFoundError(
+                f"prompt {name!r} has no version {number} (versions: {have or 'none'}); "
+                f"publish it with publish_prompt or pin an existing version"
+            ) from None
+    try:
+        return store.get_resource(name)
+    except NotFoundError:
+        if default is None:
+            raise NotFoundError(
+                f"prompt {name!r} has no active version; publish one with publish_prompt(store, {name!r}, "
+                "template) or pass default="
+            ) from None
+        return publish_prompt(store, name, default, activate=True, metadata={"source": "default"})
+
+
+def rollback_prompt(store: TraceStore, name: str, version: int | str) -> ResourceVersion:
+    """Make an earlier (or any) version the active one again; the next unpinned rollouts use it.
+
+    Returns:
+        The now-active version.
+
+    Raises:
+        NotFoundError: ``name`` has no such version.
+    """
+    number = parse_prompt_version(version)
+    try:
+        return store.activate_resource(name, number)
+    except NotFoundError:
+        have = [r.version for r in store.list_resources(name)]
+        raise NotFoundError(
+            f"cannot roll back prompt {name!r} to version {number}: versions are {have or 'none'}"
+        ) from None
+
+
+def list_prompts(store: TraceStore, name: str | None = None) -> list[ResourceVersion]:
+    """Every prompt version (of ``name``, or of all prompts), by name then version."""
+    return [r for r in store.list_resources(name) if r.kind == "prompt"]
+
+
+def rollouts_with_prompt(
+    store: TraceStore,
+    name: str,
+    version: int | str,
+    *,
+    state: RolloutState | None = None,
+    agent: str | None = None,
+    since: float | None = None,
+) -> list[Rollout]:
+    """The rollouts that ran with ``version`` of prompt ``name`` (recorded in ``Rollout.resources``).
+
+    Args:
+        store: the trace store.
+        name: the prompt's resource name.
+        version: the version (any form :func:`parse_prompt_version` accepts).
+        state, agent, since: filters passed to ``store.list_rollouts``.
+
+    Returns:
+        Matching rollouts, oldest first.
+    """
+    number = parse_prompt_version(version)
+    out = []
+    for rollout in store.list_rollouts(state=state, agent=agent, since=since):
+        match = _VERSION.match(rollout.resources.get(name, "").strip())
+        if match is not None and int(match.group(1)) == number:
+            out.append(rollout)
+    return out
