@@ -116,12 +116,14 @@ def serve(
 
 def _register() -> None:
     """Add the pipeline's sub-commands (each in :mod:`agentforge.commands`; heavy imports stay inside)."""
+    from agentforge.commands.optimize import optimize_prompt_cmd
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
     from agentforge.commands.train import train
 
     app.command("run")(run)
     app.command("train")(train)
+    app.command("optimize-prompt")(optimize_prompt_cmd)
     app.add_typer(replay_app, name="replay")
 
 

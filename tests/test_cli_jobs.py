@@ -123,3 +123,42 @@ def test_train_runs_grpo_steps_and_hot_swaps(tmp_path: Path) -> None:
         and 0.0 <= summary["after"] <= 1.0
     )
     assert (out / "traces.db").exists()
+
+
+def test_optimize_prompt_rejects_a_bad_task_file(tmp_path: Path) -> None:
+    good = _tasks(tmp_path / "ok.jsonl", [{"input": {"text": "hi"}, "metadata": {"label": "order"}}])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": {"text": "hi"}}\nnot json\n', encoding="utf-8")
+    proc = subprocess.run(
+        [*CLI, "optimize-prompt", TRIAGE, "--name", "prompt:triage", "--tasks", str(good), "--val-tasks", str(bad),
+         "--store-url", f"sqlite:///{tmp_path / 'never.db'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "bad.jsonl:2" in proc.stderr, proc.stderr
+    assert not (tmp_path / "never.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_optimize_prompt_runs_gepa_on_real_rollouts(tmp_path: Path) -> None:
+    from agentforge.agents.customer_service.datasets import bitext_triage_tasks
+    from agentforge.prompts import get_prompt
+    from agentforge.stores.sql import SQLStore
+
+    train, held_out = bitext_triage_tasks(12, 6)
+    tasks = _tasks(tmp_path / "train.jsonl", [t.model_dump() for t in train[:6]])
+    val = _tasks(tmp_path / "val.jsonl", [t.model_dump() for t in train[6:]])
+    test = _tasks(tmp_path / "test.jsonl", [t.model_dump() for t in held_out])
+    db = f"sqlite:///{tmp_path / 'traces.db'}"
+    proc = subprocess.run(
+        [*CLI, "optimize-prompt", TRIAGE, "--name", "prompt:triage", "--tasks", str(tasks), "--val-tasks", str(val),
+         "--test-tasks", str(test), "--seed-prompt", "Reply.", "--budget", "15", "--store-url", db],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < summary["rollouts_used"] <= 15
+    store = SQLStore(db)
+    assert get_prompt(store, "prompt:triage").version == summary["active_version"]
+    pinned = {r.resources.get("prompt:triage") for r in store.list_rollouts()}
+    assert str(summary["seed_version"]) in pinned  # every rollout recorded the prompt version it used
