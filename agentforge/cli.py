@@ -64,6 +64,13 @@ def serve(
         Path | None, typer.Option(help="Serve this LoRA adapter as the first version.")
     ] = None,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank the engine accepts.")] = 16,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            help="Hot-swap adapter versions activated in the store by other processes (replay jobs, "
+            "remote trainers, `agentforge rollback`)."
+        ),
+    ] = True,  # fmt: skip
 ) -> None:
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy."""
     import threading
@@ -94,9 +101,18 @@ def serve(
         router = ModelRouter()
         swapper = HotSwapper(server, router, alias="policy")
         swapper.register_base()
-        if adapter is not None:
+        if adapter is not None and not follow:
             swapper.swap(adapter)
+        elif adapter is not None:  # the store is the source of truth: publish it, the follower serves it
+            from agentforge.trainers.publish import StorePublisher
+
+            StorePublisher(store).publish(adapter, step=0)
         gateway = GatewayServer(store, router, host=host, port=port, api_key=api_key).start()
+        follower = None
+        if follow:
+            from agentforge.serving.follow import StoreFollower
+
+            follower = StoreFollower(swapper, store).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -109,6 +125,8 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if follower is not None:
+            follower.stop()
         gateway.stop()
         server.stop()
         store.close()
@@ -120,11 +138,14 @@ def _register() -> None:
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
     from agentforge.commands.train import train
+    from agentforge.commands.versions import rollback, versions
 
     app.command("run")(run)
     app.command("train")(train)
     app.command("optimize-prompt")(optimize_prompt_cmd)
     app.add_typer(replay_app, name="replay")
+    app.command("versions")(versions)
+    app.command("rollback")(rollback)
 
 
 _register()

@@ -1,5 +1,5 @@
 """Shared helpers for the serving tests: greedy letter requests, span checks through the gateway, and the
-few-shot tool-calling conversation (see ``test_serving_tools``)."""
+few-shot tool-calling conversation (see ``test_serving_tools``), and a fake ``PolicyServer`` for bookkeeping."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import httpx
 from adapters import LETTER_MESSAGES
 from fixtures_serving import WEATHER_TOOL
 
+from agentforge.config import default_model_dir
 from agentforge.gateway.server import GatewayServer
 from agentforge.types import Rollout, Span
 
@@ -89,3 +90,27 @@ __all__ = [
     "result",
     "example",
 ]
+
+
+class FakeServer:
+    """A PolicyServer that records loads (for HotSwapper bookkeeping tests)."""
+
+    base_model = str(default_model_dir())
+    max_lora_rank = 16
+    base_url = "http://fake/v1"
+    base_model_name = "base"
+
+    def __init__(self, max_loras: int) -> None:
+        self.max_loras, self.loaded = max_loras, []
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+    def load_adapter(self, name: str, path: str) -> None:
+        self.loaded.append(name)
+
+    def unload_adapter(self, name: str) -> None:
+        self.loaded.remove(name)
+
+    def adapters(self) -> list[str]:
+        return list(self.loaded)

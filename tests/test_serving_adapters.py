@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from adapters import foreign_adapter, rank_adapter
+from serving_helpers import FakeServer
 
 from agentforge.config import default_model_dir
 from agentforge.errors import AdapterIncompatibleError, ConfigError, ServingError, UserError
@@ -113,30 +114,6 @@ def test_vllm_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
         server.start()
     assert not server.running
     server.stop()
-
-
-class FakeServer:
-    """A PolicyServer that records loads (for HotSwapper bookkeeping tests)."""
-
-    base_model = str(default_model_dir())
-    max_lora_rank = 16
-    base_url = "http://fake/v1"
-    base_model_name = "base"
-
-    def __init__(self, max_loras: int) -> None:
-        self.max_loras, self.loaded = max_loras, []
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-    def load_adapter(self, name: str, path: str) -> None:
-        self.loaded.append(name)
-
-    def unload_adapter(self, name: str) -> None:
-        self.loaded.remove(name)
-
-    def adapters(self) -> list[str]:
-        return list(self.loaded)
 
 
 def test_hotswapper_names_and_max_loras() -> None:

@@ -7,6 +7,7 @@ version advanced with each hot-swap; every rollout was trained on by exactly one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,7 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
         bf16=False,
         seed=0,
         max_completion_length=8,
+        beta=0.04,  # DeepSeekMath's KL coefficient: TRL logs ``kl`` only when beta > 0
         rollout_timeout_s=120,
         wait_timeout_s=300,
     )
@@ -102,6 +104,36 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
     assert len(rollouts) == 3 * 2 * 4
     assert {r.metadata["trained_step"] for r in rollouts} == {0, 1, 2}
     assert {r.resources["policy"] for r in rollouts} == {"policy@v0", "policy@v1", "policy@v2"}
-    # Metrics went to the store as well.
+    # Every logged step carries the metrics; they came through TRL's logs (so the progress bar and
+    # report_to integrations show them) and went to the store and metrics.jsonl as well.
+    required = {
+        "reward", "reward_std", "batch/reward_mean", "batch/reward_std", "batch/zero_variance_share",
+        "frac_reward_zero_std", "completions/clipped_ratio", "clip_ratio/region_mean", "kl",
+        "train/tokens_per_s", "train/step_s", "policy/version", "version", "loss",
+    }  # fmt: skip
+    assert len(trainer.history) == 3
+    for row in trainer.history:
+        assert required <= set(row), required - set(row)
+        assert row["train/tokens_per_s"] > 0 and row["train/step_s"] > 0
+        assert row["batch/sampled_tokens"] / row["train/step_s"] == pytest.approx(row["train/tokens_per_s"])
+    assert [row["policy/version"] for row in trainer.history] == [0.0, 1.0, 2.0]
     metric_spans = [s for s in store.list_spans(orphans=True) if s.name == "trainer.metrics"]
-    assert len(metric_spans) >= 3 and metric_spans[-1].attributes["run_id"] == trainer.run_id
+    metric_spans = [s for s in metric_spans if s.attributes["run_id"] == trainer.run_id]
+    assert len(metric_spans) == 3 and required <= set(metric_spans[-1].attributes)
+    lines = (tmp / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+    # Only the main process publishes and writes metrics: on another rank all three are no-ops.
+    spans_before = len(store.list_spans(orphans=True))
+    original = type(trainer.trainer.accelerator)
+    try:
+        trainer.trainer.accelerator.__class__ = type("OtherRank", (original,), {"is_main_process": False})
+        assert not trainer.is_main_process
+        trainer._published_step = -1
+        assert trainer.maybe_publish(force=True) is None
+        assert trainer.step_metrics(1.0, []) == {}
+        trainer.record_metrics(3, {"loss": 0.0})
+    finally:
+        trainer.trainer.accelerator.__class__ = original
+    assert swapper.router.alias("policy") == "policy@v3" and len(trainer.versions) == 3
+    assert len(store.list_spans(orphans=True)) == spans_before and len(trainer.history) == 3

@@ -15,6 +15,28 @@ Loop (one optimizer step):
 TRL only knows how to sync weights into its own vLLM; here the serving engine is ours, so the trainer
 plugs a small object into TRL's generation-backend slot whose ``sync_weights()`` is the publish step. TRL
 calls it exactly when it would sync vLLM: before the first generation after an optimizer step.
+
+**Sample sources.** Anything that follows :class:`~agentforge.trainers.rollouts.SampleSource` can feed the
+trainer: :class:`RolloutSource` (live rollouts, the default), ``StoredGroupSource`` (offline GRPO on groups
+already in the store, :mod:`agentforge.trainers.replay.grpo`), the continual trainer's feedback source.
+
+**Metrics** (each logged step; in the store as ``trainer.metrics`` spans, in ``{output_dir}/metrics.jsonl``,
+and in TRL's logs, so the progress bar and any ``report_to`` integration show them):
+
+* TRL's own: ``loss``, ``reward`` / ``reward_std``, ``frac_reward_zero_std``, ``completions/clipped_ratio``
+  (completions cut at the length limit), ``clip_ratio/*`` (PPO-clipped token share), ``entropy``,
+  ``sampling/importance_sampling_ratio/*``, and ``kl`` — TRL computes the KL to the reference policy only
+  when ``beta > 0`` (its default is 0, no reference pass), so ``kl`` is present exactly then;
+* the batch report: ``batch/reward_mean``, ``batch/reward_std``, ``batch/zero_variance_share``,
+  ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/wait_s``, ``batch/skipped_<reason>``;
+* ``train/step_s`` (wall time of the optimizer step, rollout wait and publish included, seconds),
+  ``train/tokens_per_s`` (sampled tokens trained in the step ÷ ``train/step_s``), ``policy/version`` (the
+  served version's number; the history row and the span also carry the name, ``version``).
+
+**Several processes** (``accelerate launch``, see ``docs/multi_gpu.md``): TRL calls the ``rollout_func`` on
+every rank with that rank's prompts. Here the ranks gather their prompts to the main process, which alone
+calls the source (enqueues rollouts, reads the store) and broadcasts the samples; each rank keeps its own
+slice. Only the main process saves, publishes and hot-swaps adapters and writes metrics.
 """
 
 from __future__ import annotations
@@ -22,15 +44,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentforge.errors import MissingExtraError, NotFoundError
+from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.stores.base import TraceStore
 from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.publish import AdapterPublisher
-from agentforge.trainers.rollouts import RolloutSource, stored_reward
+from agentforge.trainers.publish import AdapterPublisher, version_number
+from agentforge.trainers.rollouts import BatchReport, RolloutSource, SampleSource, stored_reward
 from agentforge.types import Span, SpanKind, Task
 
 try:
@@ -54,10 +77,20 @@ class _ServingSync:
 
 
 class _MetricsCallback(TrainerCallback):
-    """Copies TRL's logged metrics, the batch report and the served version into the history and the store."""
+    """Times each optimizer step, adds agentforge's metrics to TRL's, and records every logged step."""
 
     def __init__(self, owner: LightningTrainer) -> None:
         self.owner = owner
+        self.t0 = time.monotonic()
+        self.seen = 0  # reports already accounted to a step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.t0 = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        reports = self.owner.source.reports[self.seen :]
+        self.seen = len(self.owner.source.reports)
+        self.owner.step_metrics(time.monotonic() - self.t0, reports)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
@@ -73,9 +106,17 @@ class LightningTrainer:
     Args:
         model: base checkpoint directory (the one serving loads), e.g. the prepared default model.
         store: the trace store shared with the gateway and the runners.
-        tasks: training tasks; each step samples ``config.tasks_per_step`` of them.
+        tasks: training tasks; each step samples ``config.tasks_per_step`` of them. Ignored (may be
+            ``None``) when ``source`` is given.
         config: :class:`TrainConfig` (TRL's ``GRPOConfig`` + agentforge fields).
         publisher: publishes each saved adapter as a new served version.
+        source: where samples come from (:class:`~agentforge.trainers.rollouts.SampleSource`); default a
+            :class:`RolloutSource` that has runners execute ``tasks``.
+        swap_during_training: publish every ``swap_every`` steps (default); ``False`` publishes only once,
+            at the end of :meth:`train` (offline training, where nothing samples from serving meanwhile).
+
+    Raises:
+        UserError: neither ``tasks`` nor ``source`` given, or the source has fewer groups than one step needs.
 
     Attributes:
         history: one dict of metrics per logged step (also written to the store as ``trainer.metrics``
@@ -87,9 +128,12 @@ class LightningTrainer:
         self,
         model: str | Path,
         store: TraceStore,
-        tasks: Sequence[Task],
+        tasks: Sequence[Task] | None,
         config: TrainConfig,
         publisher: AdapterPublisher,
+        *,
+        source: SampleSource | None = None,
+        swap_during_training: bool = True,
     ) -> None:
         try:
             from datasets import Dataset
@@ -99,27 +143,38 @@ class LightningTrainer:
             raise MissingExtraError(exc.name or "trl", "train", "the lightning trainer") from exc
 
         self.model_path, self.store, self.config, self.publisher = str(model), store, config, publisher
-        self.tasks = {t.task_id: t for t in tasks}
+        self.tasks = {t.task_id: t for t in tasks or ()}
         self.history: list[dict[str, Any]] = []
         self.versions: list[str] = []
         self._published_step = -1
         self._resuming = False
+        self.swap_during_training = swap_during_training
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.source = RolloutSource(
-            store,
-            self.tasks,
-            config.num_generations,
-            publisher.current,
-            alias=config.alias,
-            placeholder_token_id=int(tokenizer.eos_token_id or 0),
-            agent=config.agent_name,
-            timeout_s=config.rollout_timeout_s,
-            max_attempts=config.rollout_max_attempts,
-            wait_timeout_s=config.wait_timeout_s,
-            max_staleness=config.max_staleness,
-        )
-        self.source.run_id = self._stable_run_id()
-        dataset = Dataset.from_list([{"prompt": task_id} for task_id in self.tasks])
+        self.placeholder_token_id = int(tokenizer.eos_token_id or 0)
+        if source is None:
+            if not self.tasks:
+                raise UserError("LightningTrainer needs tasks (for runners to execute) or a sample source")
+            source = RolloutSource(
+                store,
+                self.tasks,
+                config.num_generations,
+                publisher.current,
+                alias=config.alias,
+                placeholder_token_id=self.placeholder_token_id,
+                agent=config.agent_name,
+                timeout_s=config.rollout_timeout_s,
+                max_attempts=config.rollout_max_attempts,
+                wait_timeout_s=config.wait_timeout_s,
+                max_staleness=config.max_staleness,
+            )
+        self.source = source
+        prompts = source.prompts()
+        if len(prompts) < config.tasks_per_step:
+            raise UserError(
+                f"the sample source has {len(prompts)} groups but one step needs tasks_per_step="
+                f"{config.tasks_per_step}; lower tasks_per_step or provide more groups"
+            )
+        dataset = Dataset.from_list([{"prompt": p} for p in prompts])
         self.trainer = GRPOTrainer(
             model=self.model_path,
             reward_funcs=[stored_reward],
@@ -127,19 +182,49 @@ class LightningTrainer:
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=config.lora_config(),
-            rollout_func=self.source,
+            rollout_func=self._rollouts,
             callbacks=[_MetricsCallback(self)],
         )
+        self.source.run_id = self._stable_run_id()
         # Route TRL's "sync weights into vLLM" and its importance-sampling correction to our serving.
         self.trainer.use_vllm = True
         self.trainer.vllm_generation = _ServingSync(self)
         self.trainer._last_loaded_step = 0
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the process that talks to the store and serving (always true on one process)."""
+        return bool(self.trainer.accelerator.is_main_process)
+
+    def _rollouts(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
+        """TRL's ``rollout_func``: the source runs on the main process only; each rank gets its slice."""
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return self.source(prompts, trainer)
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        everything = gather_object([list(prompts)])  # one list per rank, in rank order
+        box: list[Any] = [None]
+        if accelerator.is_main_process:
+            try:
+                box[0] = self.source([p for part in everything for p in part], trainer)
+            except Exception as exc:  # tell the other ranks instead of leaving them waiting forever
+                box[0] = exc
+        broadcast_object_list(box, from_process=0)
+        if isinstance(box[0], BaseException):
+            if accelerator.is_main_process:
+                raise box[0]
+            raise RunError(f"the main process's sample source failed: {box[0]!r}")
+        lo = sum(len(part) for part in everything[: accelerator.process_index])
+        return {key: values[lo : lo + len(prompts)] for key, values in box[0].items()}
 
     def _stable_run_id(self) -> str:
         """The run id, kept in ``{output_dir}/agentforge-run.json`` so a resumed run keeps its identity."""
         path = Path(self.config.output_dir) / "agentforge-run.json"
         if path.exists():
             return str(json.loads(path.read_text())["run_id"])
+        if not self.is_main_process:  # only the main process's identity is ever written anywhere
+            return self.source.run_id
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"run_id": self.source.run_id}))
         return self.source.run_id
@@ -187,9 +272,13 @@ class LightningTrainer:
     def maybe_publish(self, force: bool = False) -> str | None:
         """Save and publish the adapter if ``swap_every`` steps passed since the last publish (or ``force``).
 
+        Only the main process publishes; on the other ranks this returns ``None`` and touches nothing.
+
         Returns:
             The new version, or ``None`` when nothing was published.
         """
+        if not self.is_main_process:
+            return None
         step = int(self.trainer.state.global_step)
         if self._resuming:  # first sync after a resume: skip if the checkpoint's adapter already serves
             self._resuming = False
@@ -197,7 +286,7 @@ class LightningTrainer:
                 self._published_step = step
         if step == 0 or step == self._published_step:
             return None
-        if not force and step % self.config.swap_every:
+        if not force and (not self.swap_during_training or step % self.config.swap_every):
             return None
         path = self.adapter_dir / f"step-{step}"
         self.trainer.model.save_pretrained(path)
@@ -214,12 +303,38 @@ class LightningTrainer:
         except NotFoundError:  # nothing published yet
             return -1
 
+    def step_metrics(self, step_s: float, reports: Sequence[BatchReport]) -> dict[str, float]:
+        """Add one optimizer step's agentforge metrics to TRL's (averaged over the logging window by TRL).
+
+        Args:
+            step_s: wall time of the step, seconds (rollout wait and publish included).
+            reports: the batch reports produced during the step (empty on non-main ranks).
+
+        Returns:
+            The metrics added: the last report's ``batch/*``, ``train/step_s``, ``train/tokens_per_s``
+            (sampled tokens trained ÷ ``step_s``) and ``policy/version``.
+        """
+        if not self.is_main_process:
+            return {}
+        out: dict[str, float] = {"train/step_s": step_s}
+        if reports:
+            out.update(reports[-1].metrics())
+            out["train/tokens_per_s"] = sum(r.sampled_tokens for r in reports) / max(step_s, 1e-9)
+        out["policy/version"] = float(version_number(self.publisher.current()))
+        for key, value in out.items():
+            self.trainer._metrics["train"][key].append(value)
+        return out
+
     def record_metrics(self, step: int, logs: dict[str, float]) -> None:
-        """Append one history row (TRL logs + batch report + served version) and store it as a span."""
+        """Append one history row (TRL's logs, which include :meth:`step_metrics`, + the served version's
+        name) and write it to the store as a ``trainer.metrics`` span and to ``metrics.jsonl``.
+
+        Main process only; metrics never stop training (a store error is logged).
+        """
+        if not self.is_main_process:
+            return
         row: dict[str, Any] = {"step": step, "version": self.publisher.current()}
         row.update({k: float(v) for k, v in logs.items() if isinstance(v, int | float)})
-        if self.source.reports:
-            row.update(self.source.reports[-1].metrics())
         self.history.append(row)
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
         try:

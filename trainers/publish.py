@@ -18,7 +18,7 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.stores.base import TraceStore
 from agentforge.types import ResourceVersion
 
-__all__ = ["AdapterPublisher", "HotSwapPublisher", "version_number"]
+__all__ = ["AdapterPublisher", "HotSwapPublisher", "StorePublisher", "rollback_adapter", "version_number"]
 
 
 def version_number(version: str) -> int:
@@ -97,3 +97,73 @@ class HotSwapPublisher:
         if self.router.alias(self.swapper.alias) == active.ref:
             return active.ref
         return self.swapper.swap(active.payload["path"], version=active.ref)
+
+
+def _adapter_record(adapter_dir: Path, alias: str, step: int, **extra: object) -> ResourceVersion:
+    info = read_adapter(adapter_dir)
+    payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model, "rank": info.max_rank}
+    return ResourceVersion(name=alias, kind="adapter", payload={**payload, "step": step, **extra})
+
+
+class StorePublisher:
+    """Out-of-process publisher: record the adapter as the store's new active version and let serving follow.
+
+    For jobs that run away from the serving process (trace replay, a trainer on another machine): the new
+    version is activated in the store at once; every ``agentforge serve`` (or :class:`~agentforge.serving.
+    follow.StoreFollower`) watching the same store hot-swaps it in within its poll interval, canary first.
+    If the canary fails there, serving keeps the old version and logs why; the store still names the new one
+    as active, so fix or roll back with :func:`rollback_adapter`.
+
+    Args:
+        store: the trace store serving follows.
+        alias: the model alias (resource name), ``"policy"``.
+
+    Raises (``publish``): ``UserError``/``AdapterIncompatibleError`` when the directory is not a LoRA adapter.
+    """
+
+    def __init__(self, store: TraceStore, alias: str = "policy") -> None:
+        self.store, self.alias = store, alias
+
+    def current(self) -> str:
+        """The store's active version (``policy@v0``, the base model, when none was published)."""
+        try:
+            return self.store.get_resource(self.alias).ref
+        except NotFoundError:
+            return f"{self.alias}@v0"
+
+    def publish(self, adapter_dir: Path, step: int) -> str:
+        return self.store.publish_resource(_adapter_record(adapter_dir, self.alias, step), activate=True).ref
+
+
+def rollback_adapter(store: TraceStore, version: int | str, alias: str = "policy") -> ResourceVersion:
+    """Serve an earlier adapter version again, in one call.
+
+    Serving never reloads an old version name (stale-weight risk, DESIGN fact 2), so the rollback publishes
+    the earlier version's adapter as a **new** version (payload copied, ``rollback_of`` recorded) and
+    activates it; followers hot-swap it like any other. ``version`` 0 (or ``"policy@v0"``) is the base model:
+    the base is served again by activating nothing new — the follower swaps back to ``{alias}@v0``.
+
+    Args:
+        store: the trace store.
+        version: the version to restore: ``3``, ``"3"``, ``"v3"`` or ``"policy@v3"``.
+        alias: the model alias (resource name).
+
+    Returns:
+        The new active resource (for version 0: a new version whose payload marks the base model).
+
+    Raises:
+        NotFoundError: the version does not exist.
+        UserError: the version string cannot be parsed.
+    """
+    from agentforge.errors import UserError
+
+    text = str(version).rsplit("@", 1)[-1].lstrip("v")
+    if not text.isdigit():
+        raise UserError(f"cannot read a version number from {version!r}; use 3, 'v3' or '{alias}@v3'")
+    number = int(text)
+    if number == 0:
+        payload: dict[str, object] = {"base": True, "rollback_of": 0}
+    else:
+        old = store.get_resource(alias, number)
+        payload = {**old.payload, "rollback_of": number}
+    return store.publish_resource(ResourceVersion(name=alias, kind="adapter", payload=payload), activate=True)

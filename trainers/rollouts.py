@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentforge.errors import RolloutTimeout, UserError
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
@@ -33,7 +33,7 @@ from agentforge.trainers.publish import version_number
 from agentforge.trainers.samples import SampleValidationError, build_trajectories
 from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id
 
-__all__ = ["BatchReport", "RolloutSource", "stored_reward"]
+__all__ = ["BatchReport", "RolloutSource", "SampleSource", "masked_sample", "stored_reward"]
 
 
 @dataclass
@@ -80,6 +80,47 @@ class BatchReport:
         return out
 
 
+@runtime_checkable
+class SampleSource(Protocol):
+    """What :class:`~agentforge.trainers.lightning.LightningTrainer` trains on: TRL's ``rollout_func`` plus
+    the dataset it samples from.
+
+    TRL's sampler draws entries of :meth:`prompts` and repeats each ``G`` times consecutively; the trainer
+    hands each batch to ``__call__`` on the main process only (other ranks receive their slice of the
+    result), so a source may block, poll a store and write to it without coordinating ranks.
+
+    Attributes:
+        run_id: identifies the training run on whatever the source writes (rollouts, metadata).
+        reports: one :class:`BatchReport` per call, appended by ``__call__`` (the trainer logs the last).
+    """
+
+    run_id: str
+    reports: list[BatchReport]
+
+    def prompts(self) -> list[str]:
+        """The dataset's ``prompt`` column: one entry per group (a task id, a group id, a slot)."""
+        ...
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
+        """One generation batch: ``len(prompts)`` samples in TRL's ``rollout_func`` layout (see
+        :func:`~agentforge.trainers.samples.to_rollout_func_output`); may block. A sample that must not train
+        keeps its slot as :func:`masked_sample`. Raises whatever ends training (e.g. ``RolloutTimeout``)."""
+        ...
+
+
+def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:
+    """A slot-keeping sample with no gradient: one placeholder token, ``env_mask`` 0, reward ``None``."""
+    return {
+        "prompt_ids": [placeholder_token_id],
+        "completion_ids": [placeholder_token_id],
+        "logprobs": [0.0],
+        "env_mask": [0],
+        "reward": None,
+        "rollout_id": rollout_id,
+        "version": "",
+    }
+
+
 class RolloutSource:
     """TRL ``rollout_func`` backed by the trace store and external runners.
 
@@ -122,6 +163,10 @@ class RolloutSource:
         self.run_id = run_id or new_id("run")
         self.step = 0
         self.reports: list[BatchReport] = []
+
+    def prompts(self) -> list[str]:
+        """The task ids (the training dataset's ``prompt`` column)."""
+        return list(self.tasks)
 
     # --- TRL entry point ------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
@@ -252,15 +297,7 @@ class RolloutSource:
         return sample, None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
-        return {
-            "prompt_ids": [self.placeholder],
-            "completion_ids": [self.placeholder],
-            "logprobs": [0.0],
-            "env_mask": [0],
-            "reward": None,
-            "rollout_id": rollout.rollout_id,
-            "version": "",
-        }
+        return masked_sample(rollout.rollout_id, self.placeholder)
 
 
 def stored_reward(

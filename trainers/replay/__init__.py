@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         export_jsonl,
         import_jsonl,
     )
+    from agentforge.trainers.replay.grpo import StoredGroupSource, run_offline_grpo
     from agentforge.trainers.replay.output import ExportReport
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     "import_jsonl",
     "select_traces",
     "to_hf_dataset",
+    "StoredGroupSource",
+    "run_offline_grpo",
 ]
 
 _LAZY = {
@@ -55,6 +58,8 @@ _LAZY = {
     "import_jsonl": "agentforge.trainers.replay.jsonl",
     "export_hf": "agentforge.trainers.replay.hf",
     "to_hf_dataset": "agentforge.trainers.replay.hf",
+    "StoredGroupSource": "agentforge.trainers.replay.grpo",
+    "run_offline_grpo": "agentforge.trainers.replay.grpo",
 }
 
 

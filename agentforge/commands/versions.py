@@ -1,0 +1,83 @@
+"""``agentforge versions`` and ``agentforge rollback``: the store's versioned resources (adapters, prompts)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from agentforge.commands.common import console, reported
+
+__all__ = ["versions", "rollback"]
+
+StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
+
+
+def _store(url: str | None):  # type: ignore[no-untyped-def]
+    from agentforge.config import default_store_url
+    from agentforge.runtime.process import open_store
+
+    return open_store(url or default_store_url())
+
+
+def versions(
+    name: Annotated[
+        str | None, typer.Argument(help="A resource name (policy, prompt:triage…); default: all.")
+    ] = None,
+    store_url: StoreUrl = None,
+) -> None:
+    """List versions of the store's resources; the active one is marked.
+
+    Example: `agentforge versions prompt:triage`.
+    """
+    from rich.table import Table
+
+    with reported():
+        resources = list(_store(store_url).list_resources(name))
+    table = Table("name", "version", "kind", "active", "created", "detail")
+    for r in resources:
+        detail = (
+            r.payload.get("template")
+            or r.payload.get("path")
+            or ("base model" if r.payload.get("base") else "")
+        )
+        if "rollback_of" in r.payload:
+            detail = f"rollback of v{r.payload['rollback_of']}: {detail}"
+        created = datetime.fromtimestamp(r.created_at).isoformat(timespec="seconds")
+        table.add_row(r.name, str(r.version), r.kind, "✓" if r.active else "", created, str(detail)[:60])
+    console.print(table)
+    typer.echo(json.dumps([{"name": r.name, "version": r.version, "active": r.active} for r in resources]))
+
+
+def rollback(
+    name: Annotated[
+        str, typer.Argument(help="policy (the adapter alias) or a prompt name such as prompt:triage.")
+    ],
+    version: Annotated[
+        str, typer.Argument(help="The version to go back to: 3, v3 or policy@v3 (0 = base model).")
+    ],
+    store_url: StoreUrl = None,
+) -> None:
+    """Go back to an earlier version in one call: a prompt's version is re-activated (the next rollouts use it);
+    an adapter is re-published as a new version that every following `agentforge serve` hot-swaps in.
+
+    Example: `agentforge rollback prompt:triage 2` or `agentforge rollback policy 3`.
+    """
+    from agentforge.prompts import parse_prompt_version, rollback_prompt
+    from agentforge.trainers.publish import rollback_adapter
+
+    with reported():
+        store = _store(store_url)
+        kinds = {r.kind for r in store.list_resources(name)}
+        if not kinds:
+            from agentforge.errors import NotFoundError
+
+            raise NotFoundError(f"the store has no resource named {name!r}; see `agentforge versions`")
+        if "adapter" in kinds:
+            resource = rollback_adapter(store, version, alias=name)
+        else:
+            resource = rollback_prompt(store, name, parse_prompt_version(version))
+    console.print(f"[bold green]{resource.name}[/] active version is now {resource.version}")
+    typer.echo(json.dumps({"name": resource.name, "active_version": resource.version}))

@@ -1,0 +1,55 @@
+"""`agentforge versions` / `agentforge rollback`: one call back to an earlier prompt or adapter version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from adapters import rank_adapter
+
+from agentforge.prompts import get_prompt, publish_prompt
+from agentforge.stores.sql import SQLStore
+from agentforge.trainers.publish import StorePublisher
+
+CLI = [sys.executable, "-m", "agentforge.cli"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_rollback_a_prompt_and_an_adapter(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    store = SQLStore(url)
+    publish_prompt(store, "prompt:triage", "Reply.")
+    publish_prompt(store, "prompt:triage", "Category options: a, b. Reply with the category.")
+    StorePublisher(store).publish(rank_adapter(8), step=5)
+    StorePublisher(store).publish(rank_adapter(8), step=10)
+
+    listed = json.loads(_cli("versions", "--store-url", url).stdout)
+    assert {(v["name"], v["version"], v["active"]) for v in listed} >= {
+        ("prompt:triage", 2, True),
+        ("policy", 2, True),
+    }
+
+    out = _cli("rollback", "prompt:triage", "1", "--store-url", url)
+    assert out.returncode == 0, out.stderr
+    assert get_prompt(store, "prompt:triage").payload["template"] == "Reply."
+
+    out = _cli("rollback", "policy", "policy@v1", "--store-url", url)
+    assert out.returncode == 0 and json.loads(out.stdout)["active_version"] == 3, out.stderr
+    active = store.get_resource("policy")
+    assert active.payload["rollback_of"] == 1 and active.payload["step"] == 5
+
+
+def test_rollback_errors_are_clear(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    publish_prompt(SQLStore(url), "prompt:triage", "Reply.")
+    unknown = _cli("rollback", "prompt:nope", "1", "--store-url", url)
+    assert unknown.returncode == 2 and "no resource named 'prompt:nope'" in unknown.stderr
+    missing = _cli("rollback", "prompt:triage", "7", "--store-url", url)
+    assert missing.returncode == 2 and "7" in missing.stderr
+    garbage = _cli("rollback", "prompt:triage", "latest", "--store-url", url)
+    assert garbage.returncode == 2 and "not a version number" in garbage.stderr

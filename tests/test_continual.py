@@ -1,0 +1,181 @@
+"""Continual training behind the live customer-service app (examples/app/service.py, used unchanged).
+
+Fast tests (scripted engine): the reward's arithmetic; a rated conversation's opening is read from its
+first LLM span as stored; used conversations are marked and never offered again; ``stop()`` ends the wait.
+
+The must-show (real vLLM, ``vllm`` + ``slow``): feedback arrives in the running app → the trainer re-runs
+the opening as a group, takes a GRPO step and hot-swaps a new version → the app's next reply (same app
+object, never restarted) is served by that version (``span.llm.version``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agentforge.gateway.router import ModelRouter
+from agentforge.gateway.server import GatewayServer
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.stores.sql import SQLStore
+from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream
+from agentforge.trainers.continual import (
+    APP_AGENT,
+    ContinualTrainer,
+    FeedbackSource,
+    Stopped,
+    feedback_reward,
+    word_f1,
+)
+from agentforge.trainers.rollouts import RolloutSource
+from agentforge.types import SpanKind
+
+SERVICE = Path(__file__).resolve().parents[1] / "examples" / "app" / "service.py"
+
+
+def _load_service():
+    spec = importlib.util.spec_from_file_location("agentforge_continual_app_service", SERVICE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+service = _load_service()
+
+
+def _conversation(client: TestClient, text: str, score: float) -> str:
+    sid = client.post("/sessions", json={"user": "u-1"}).json()["session_id"]
+    resp = client.post(f"/sessions/{sid}/messages", json={"content": text})
+    assert resp.status_code == 200, resp.text
+    assert client.post(f"/sessions/{sid}/feedback", json={"score": score}).status_code == 200
+    assert client.post(f"/sessions/{sid}/close").status_code == 200
+    return sid
+
+
+def test_feedback_reward_follows_the_rating() -> None:
+    assert APP_AGENT == service.AGENT
+    assert word_f1("Your order is delivered", "your order is delivered.") == 1.0
+    assert word_f1("hello", "goodbye") == 0.0
+    assert word_f1("", "") == 1.0 and word_f1("", "x") == 0.0
+    sim = word_f1("order delivered", "Your order W1001 is delivered.")
+    assert 0 < sim < 1
+    assert feedback_reward("order delivered", "Your order W1001 is delivered.", 1) == pytest.approx(sim)
+    assert feedback_reward("order delivered", "Your order W1001 is delivered.", -1) == pytest.approx(1 - sim)
+    assert feedback_reward("anything", "else", 0) is None
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[tuple[SQLStore, ScriptedUpstream, TestClient]]:
+    upstream = ScriptedUpstream()
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    engine = upstream.serve()
+    try:
+        with (
+            GatewayServer(store, upstream.router(base_url=f"{engine.url}/v1")) as gateway,
+            TestClient(service.create_app(gateway.url, store)) as client,
+        ):
+            yield store, upstream, client
+    finally:
+        engine.stop()
+        store.close()
+
+
+def test_openings_of_rated_conversations_are_read_marked_and_offered_once(scripted) -> None:
+    store, upstream, client = scripted
+    call = ScriptedToolCall("get_order_status", json.dumps({"order_id": "W1001"}), id="call_w1001")
+    upstream.add(ScriptedTurn(tool_calls=[call]), "Your order W1001 is delivered.")
+    rated = _conversation(client, "Where is my order W1001?", 1)
+    upstream.add("Hello!")
+    sid = client.post("/sessions", json={}).json()["session_id"]  # unrated: never offered
+    client.post(f"/sessions/{sid}/messages", json={"content": "hi"})
+
+    stop = threading.Event()
+    inner = RolloutSource(store, {}, 2, lambda: "policy@v0", agent="continual:replay")
+    source = FeedbackSource(store, inner, 1, stop, poll_s=0.05)
+    [opening] = source.pending()
+    first = min(
+        store.list_spans(rollout_id=rated, kind=SpanKind.llm), key=lambda s: s.sequence or 0
+    )  # the opening is exactly the first call's request
+    assert opening.rollout.rollout_id == rated and opening.feedback == 1.0
+    assert opening.request == first.llm.request
+    assert opening.request["messages"][0]["role"] == "system"
+    assert opening.request["messages"][-1] == {"role": "user", "content": "Where is my order W1001?"}
+    assert opening.reference == 'get_order_status({"order_id": "W1001"})'
+    task = opening.task("policy", 1.0)
+    assert task.input["tools"] and task.input["feedback"] == 1.0 and task.input["model"] == "policy"
+
+    source._mark(opening.rollout, step=0)
+    assert store.get_rollout(rated).metadata["continual"] == {"run": source.run_id, "step": 0}
+    assert store.get_rollout(rated).metadata["user"] == "u-1"  # the app's metadata is kept
+    assert source.pending() == []
+    stop.set()
+    with pytest.raises(Stopped):
+        source(["slot-0"] * 2)
+
+
+# --- the must-show, on real vLLM ------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_feedback_trains_a_step_and_the_running_app_gets_the_new_version(vllm_tool_server, tmp_path) -> None:
+    from agentforge.config import default_model_dir
+    from agentforge.trainers.config import TrainConfig
+    from agentforge.trainers.publish import HotSwapPublisher
+
+    alias = f"policy-{tmp_path.name[-6:]}".replace("_", "")
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    router = ModelRouter()
+    swapper = HotSwapper(vllm_tool_server, router, alias, drain_timeout_s=60)
+    base = swapper.register_base()
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"), num_generations=4, tasks_per_step=1, alias=alias,
+        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+        bf16=False, seed=0, max_completion_length=48, rollout_timeout_s=300, wait_timeout_s=600,
+    )  # fmt: skip
+    with GatewayServer(store, router) as gateway:
+        app = service.create_app(gateway.url, store, model=alias)
+        with TestClient(app) as client:
+            trainer = ContinualTrainer(
+                default_model_dir(), store, gateway.url, config, HotSwapPublisher(swapper, store), poll_s=0.5
+            )
+            result: dict = {}
+            thread = threading.Thread(target=lambda: result.update(trainer.run(max_steps=1)), daemon=True)
+            thread.start()
+            rated = _conversation(client, "Where is my order W1001?", 1)
+            thread.join(timeout=900)
+            assert not thread.is_alive(), "the continual trainer did not finish its step"
+
+            assert result["steps"] == 1 and result["conversations"] == [rated]
+            assert result["versions"] == [f"{alias}@v1"] and router.alias(alias) == f"{alias}@v1"
+            assert store.get_rollout(rated).metadata["continual"]["step"] == 0
+            replays = [r for r in store.list_rollouts(agent="continual:replay")]
+            assert len(replays) == 4 and {r.resources[alias] for r in replays} == {base}
+            assert all(store.final_reward(r.rollout_id) is not None for r in replays)
+            assert "loss" in result["history"][0]
+
+            # The same app object, never restarted, now answers with the new version.
+            after = _conversation(client, "Can I return my order W1002?", 1)
+            spans = store.list_spans(rollout_id=after, kind=SpanKind.llm)
+            assert spans and {s.llm.version for s in spans} == {f"{alias}@v1"}
+            assert {s.llm.version for s in store.list_spans(rollout_id=rated, kind=SpanKind.llm)} == {base}
+            assert trainer.source.pending() == [] or all(
+                o.rollout.rollout_id == after for o in trainer.source.pending()
+            )
+    store.close()
+
+
+def test_example_has_a_help() -> None:
+    import subprocess
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "continual_app.py"
+    out = subprocess.run([sys.executable, str(example), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--group-size" in out.stdout and "ContinualTrainer" in out.stdout
