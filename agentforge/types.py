@@ -66,7 +66,12 @@ class RolloutState(StrEnum):
     @property
     def finished(self) -> bool:
         """True for states no worker will move on from without a retry."""
-        return self in (RolloutState.succeeded, RolloutState.failed, RolloutState.timed_out, RolloutState.cancelled)
+        return self in (
+            RolloutState.succeeded,
+            RolloutState.failed,
+            RolloutState.timed_out,
+            RolloutState.cancelled,
+        )
 
 
 class AttemptState(StrEnum):

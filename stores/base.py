@@ -71,9 +71,7 @@ class TraceStore(Protocol):
         """Refresh an attempt's ``heartbeat_at``. Raises: ``NotFoundError``."""
         ...
 
-    def finish_attempt(
-        self, attempt_id: str, state: AttemptState, error: str | None = None
-    ) -> Rollout:
+    def finish_attempt(self, attempt_id: str, state: AttemptState, error: str | None = None) -> Rollout:
         """Close an attempt and move its rollout accordingly.
 
         ``succeeded`` → rollout ``succeeded``. ``failed``/``timed_out`` → rollout ``queued`` again when

@@ -152,7 +152,7 @@ def test_optimize_prompt_runs_gepa_on_real_rollouts(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'traces.db'}"
     proc = subprocess.run(
         [*CLI, "optimize-prompt", TRIAGE, "--name", "prompt:triage", "--tasks", str(tasks), "--val-tasks", str(val),
-         "--test-tasks", str(test), "--seed-prompt", "Reply.", "--budget", "15", "--store-url", db],
+         "--test-tasks", str(test), "--seed-prompt", "Reply.", "--budget", "15", "--minibatch", "3", "--store-url", db],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

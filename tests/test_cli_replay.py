@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from runtime_helpers import gateway_env
 
 from agentforge.agents.customer_service.triage import triage_agent
@@ -90,3 +91,43 @@ def test_corrupted_lines_are_counted_skips_or_refuse_the_file_with_strict(tmp_pa
     report = json.loads(loose.stdout)
     assert loose.returncode == 0 and report["imported"] == 3 and sum(report["skipped"].values()) == 2
     assert "line 2" in loose.stderr and "line 3" in loose.stderr
+
+
+def _groups(tmp_path: Path) -> str:
+    """Two groups of 4 triage rollouts with rewards [1, 0, 1, 0] each (one worker: queue order is answer order)."""
+    tasks = [
+        Task(task_id="a", input={"text": "refund please", "temperature": 1.0}, metadata={"label": "refund"}),
+        Task(task_id="b", input={"text": "where is it", "temperature": 1.0}, metadata={"label": "delivery"}),
+    ]
+    turns = [" refund", " delivery"] * 2 + [" delivery", " refund"] * 2
+    with gateway_env(tmp_path, turns) as (store, gw, _, url):
+        with Runner(store, triage_agent, gw.url, workers=1):
+            rollouts = enqueue_tasks(store, tasks, group_size=4, agent="triage")
+            wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=120)
+    return url
+
+
+@pytest.mark.slow
+def test_replay_sft_and_grpo_publish_adapter_versions_serving_follows(tmp_path: Path) -> None:
+    url = _groups(tmp_path)
+    out = _cli("sft", "--store-url", url, "--agent", "triage", "--epochs", "1", "--batch-size", "2",
+               "--output-dir", str(tmp_path / "sft"))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["selected"] == 4 and result["version"] == "policy@v1" and result["sampled_tokens"] > 0
+    assert Path(result["adapter_dir"], "adapter_config.json").exists()
+    grpo = _cli("grpo", "--store-url", url, "--agent", "triage", "--group-size", "4", "--groups-per-step", "2",
+                "--output-dir", str(tmp_path / "grpo"))  # fmt: skip
+    assert grpo.returncode == 0, grpo.stderr[-2000:]
+    summary = json.loads(grpo.stdout.strip().splitlines()[-1])
+    assert summary["groups"] == 2 and summary["steps"] == 1 and summary["versions"] == ["policy@v2"]
+    store = SQLStore(url)
+    assert store.get_resource("policy").ref == "policy@v2" and store.get_resource("policy").kind == "adapter"
+
+
+def test_replay_jobs_refuse_an_empty_selection_and_publish_nothing(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    for job in (["sft", "--agent", "nobody"], ["grpo", "--agent", "nobody"]):
+        out = _cli(*job, "--store-url", url, "--output-dir", str(tmp_path / job[0]))
+        assert out.returncode == 2 and "nobody" in out.stderr, out.stderr[-2000:]
+    assert list(SQLStore(url).list_resources("policy")) == []

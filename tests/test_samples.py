@@ -11,7 +11,9 @@ from agentforge.types import LLMCall, Span, SpanKind
 
 def _llm(seq: int, prompt: list[int], completion: list[int], **kw: object) -> Span:
     logprobs = kw.pop("logprobs", [-0.5] * len(completion))
-    call = LLMCall(prompt_token_ids=prompt, completion_token_ids=completion, logprobs=logprobs, version="policy@v1", **kw)
+    call = LLMCall(
+        prompt_token_ids=prompt, completion_token_ids=completion, logprobs=logprobs, version="policy@v1", **kw
+    )
     return Span(rollout_id="ro-1", kind=SpanKind.llm, llm=call, sequence=seq)
 
 

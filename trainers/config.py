@@ -9,6 +9,7 @@ optimizer steps, and samples older than ``max_staleness`` versions are dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentforge.errors import ConfigError, MissingExtraError
 
@@ -17,7 +18,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("trl", "train", "the lightning trainer") from exc
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "policy_lora_config"]
 
 
 @dataclass
@@ -78,12 +79,18 @@ class TrainConfig(GRPOConfig):
 
     def lora_config(self):  # type: ignore[no-untyped-def]
         """The ``peft.LoraConfig`` for the policy adapter (causal LM task)."""
-        from peft import LoraConfig
+        return policy_lora_config(self)
 
-        return LoraConfig(
-            r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            lora_dropout=self.lora_dropout,
-            target_modules=self.lora_target_modules,
-            task_type="CAUSAL_LM",
-        )
+
+def policy_lora_config(config: Any):  # type: ignore[no-untyped-def]
+    """The ``peft.LoraConfig`` (causal LM) from a config's ``lora_r``/``lora_alpha``/``lora_dropout``/
+    ``lora_target_modules`` fields (Hu et al. 2021, "LoRA"); shared by every trainer's config."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )

@@ -11,7 +11,8 @@ as a prompt version *without activating it* (live traffic keeps the active versi
 per example pinned to that version (``resources={name: "7"}``), lets the runners execute the unchanged
 agent (which reads ``ctx.prompt(name)``), and reads the rollouts' final rewards from the store. The
 reflection LM is any OpenAI-compatible endpoint (:class:`ReflectionLM`). At the end the best candidate is
-activated only if it beats the seed on held-out data (:func:`optimize_prompt`).
+activated only if it beats the seed on held-out data, optionally by a paired significance test on the same
+held-out examples (:func:`optimize_prompt`, :func:`~agentforge.trainers.prompt_report.paired_test`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from agentforge.errors import ConfigError, MissingExtraError, RunError
 from agentforge.prompts import list_prompts, publish_prompt
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.trainers.prompt_reflection import REFLECTION_TEMPLATE, Feedback, ReflectionLM, label_feedback
-from agentforge.trainers.prompt_report import PromptCandidate, PromptOptResult
+from agentforge.trainers.prompt_report import PairedTest, PromptCandidate, PromptOptResult, paired_test
 from agentforge.types import RolloutState, SpanKind, Task, new_id
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ __all__ = [
     "RolloutPromptAdapter",
     "evaluate_prompt",
     "optimize_prompt",
+    "PairedTest",
+    "paired_test",
     "PromptCandidate",
     "PromptOptResult",
 ]
@@ -185,8 +188,13 @@ class RolloutPromptAdapter:
 
 def evaluate_prompt(adapter: RolloutPromptAdapter, tasks: Sequence[Task], version: int) -> float:
     """Mean final reward of ``version`` over ``tasks`` (rollouts outside the optimisation budget)."""
-    outputs = adapter.run(tasks, version, budget=False)
-    return sum(o["score"] for o in outputs) / max(len(outputs), 1)
+    scores = _scores(adapter, tasks, version)
+    return sum(scores) / max(len(scores), 1)
+
+
+def _scores(adapter: RolloutPromptAdapter, tasks: Sequence[Task], version: int) -> list[float]:
+    """Per-task final rewards of ``version`` over ``tasks``, in task order (outside the budget)."""
+    return [o["score"] for o in adapter.run(tasks, version, budget=False)]
 
 
 class _Log:
@@ -218,14 +226,16 @@ def optimize_prompt(
     check: Callable[[], None] | None = None,
     show_progress: bool = True,
     min_gain: float = 0.0,
+    max_p: float | None = None,
 ) -> PromptOptResult:
     """Optimise prompt ``name`` with GEPA over real rollouts; activate the winner only if it is better.
 
     The seed is the existing version with the same text (or version 1, activated, in an empty store; or a
     new unactivated version). Candidates are evaluated through pinned, unactivated versions, so live
     traffic is untouched while optimising. The winner (best validation mean) is compared with the seed on
-    ``testset`` (when given, else on the validation scores) and activated only if strictly better;
-    otherwise the active version is left as it was.
+    ``testset`` (when given, else on the validation scores) and activated only if its mean is higher by
+    more than ``min_gain`` and, with ``max_p``, a one-sided paired test on the same examples
+    (:func:`paired_test`) gives ``p <= max_p``; otherwise the active version is left as it was.
 
     Args:
         store: the trace store; runners executing an agent that reads ``ctx.prompt(name)`` must work on it.
@@ -246,12 +256,15 @@ def optimize_prompt(
         show_progress: show a rich progress bar over the budget.
         min_gain: the winner must beat the seed by more than this (mean reward); 0.0: strictly better.
             On small sets one example decides a 0.0 gain; e.g. 0.02 on 150 messages asks for 4 more right.
+        max_p: also require the paired test of winner against seed to reach this one-sided p-value (e.g.
+            0.05); ``None`` (default): no significance test is required (it is still computed and reported).
 
     Returns:
         The candidates with their validation (and test) scores, what was activated, and the budget used.
 
     Raises:
-        ConfigError: the budget cannot cover the seed's validation run plus one iteration.
+        ConfigError: the budget cannot cover the seed's validation run plus one iteration, or ``max_p``
+            is outside (0, 1].
         MissingExtraError: ``gepa`` is not installed.
         RunError, RolloutTimeout: the runners failed or rollouts did not finish.
     """
@@ -262,6 +275,8 @@ def optimize_prompt(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     floor = len(valset) + 2 * minibatch_size
+    if max_p is not None and not 0.0 < max_p <= 1.0:
+        raise ConfigError(f"optimize_prompt: max_p={max_p} must be in (0, 1] (or None for no test)")
     if max_rollouts < floor or not trainset or not valset:
         raise ConfigError(
             f"optimize_prompt: max_rollouts={max_rollouts} must cover the seed's validation run plus one "
@@ -302,14 +317,22 @@ def optimize_prompt(
         for i, c in enumerate(result.candidates)
     ]
     best, seed_cand = candidates[result.best_idx], candidates[0]
+    significance: PairedTest | None = None
     if testset:
-        seed_cand.test_score = evaluate_prompt(adapter, testset, seed_cand.version)
-        best.test_score = (
-            seed_cand.test_score if best is seed_cand else evaluate_prompt(adapter, testset, best.version)
-        )
-        better, basis = best.test_score - seed_cand.test_score > min_gain, "test"
+        before = _scores(adapter, testset, seed_cand.version)
+        after = before if best is seed_cand else _scores(adapter, testset, best.version)
+        seed_cand.test_score, best.test_score = sum(before) / len(before), sum(after) / len(after)
+        gain, basis = best.test_score - seed_cand.test_score, "test"
     else:
-        better, basis = best.val_score - seed_cand.val_score > min_gain, "val"
+        ids = sorted(set(result.val_subscores[0]) & set(result.val_subscores[best.index]))
+        before = [result.val_subscores[0][i] for i in ids]
+        after = [result.val_subscores[best.index][i] for i in ids]
+        gain, basis = best.val_score - seed_cand.val_score, "val"
+    if best is not seed_cand and before:
+        significance = paired_test(before, after, seed=seed)
+    better = gain > min_gain and (
+        max_p is None or (significance is not None and significance.p_value <= max_p)
+    )
     if better:
         store.activate_resource(name, best.version)
     return PromptOptResult(
@@ -319,4 +342,5 @@ def optimize_prompt(
         evaluated={v: (len(s), sum(s) / len(s)) for v, s in adapter.evaluations.items()},
         templates={v: t for t, v in adapter.versions.items() if v in adapter.evaluations},
         reflection_calls=reflection.calls[first_call:], gepa_log=log.lines, wall_s=time.monotonic() - t0,
+        significance=significance, max_p=max_p,
     )  # fmt: skip

@@ -49,7 +49,10 @@ class ReflectionLM:
         model: the model name (``"policy"`` through an agentforge gateway).
         api_key: the key, if the endpoint needs one.
         max_tokens: completion budget of one reflection, tokens.
-        temperature: sampling temperature (some diversity helps GEPA propose different candidates).
+        temperature: sampling temperature (some diversity helps GEPA propose different candidates; a
+            small local model copies facts from the feedback far more often greedy. Measured on
+            SmolLM2-135M with :data:`REFLECTION_TEMPLATE`, reflections on 6 Bitext examples that copied
+            at least 6 of the 11 allowed labels: 6/12 at 0.0, 3/12 at 0.3; at 0.7, 0/12 on 3 or 8 examples).
         template: the reflection prompt (must contain ``<curr_param>`` and ``<side_info>``).
         prefill: start of the answer, sent as an assistant prefill (vLLM ``continue_final_message``; not
             for hosted APIs). ``"```\\n"`` with ``stop=["```"]`` makes a small model write only the text.

@@ -28,10 +28,19 @@ def optimize_prompt_cmd(
     seed_prompt: Annotated[
         str | None, typer.Option(help="Starting template (default: the prompt's active version).")
     ] = None,
-    budget: Annotated[int, typer.Option(help="Optimisation budget, rollouts.")] = 300,
-    minibatch: Annotated[int, typer.Option(help="Reflection minibatch size, tasks.")] = 3,
+    budget: Annotated[int, typer.Option(help="Optimisation budget, rollouts.")] = 600,
+    minibatch: Annotated[int, typer.Option(help="Reflection minibatch size, tasks.")] = 6,
     min_gain: Annotated[
         float, typer.Option(help="Required gain of the winner over the seed (mean reward).")
+    ] = 0.0,
+    max_p: Annotated[
+        float | None,
+        typer.Option(
+            help="Activate only if a one-sided paired test (winner vs seed, same tasks) gives p <= this."
+        ),
+    ] = 0.05,
+    reflection_temperature: Annotated[
+        float, typer.Option(help="Sampling temperature of the reflection LM (0 suits small local models).")
     ] = 0.0,
     label_key: Annotated[
         str, typer.Option(help="Task metadata key of the gold label, quoted in the reflection feedback.")
@@ -79,11 +88,12 @@ def optimize_prompt_cmd(
                 base_url=reflection_base_url or f"{stack.gateway.url}/v1",
                 model=reflection_model,
                 api_key=reflection_api_key,
+                temperature=reflection_temperature,
             )
             result = optimize_prompt(
                 store, name, seed_text, train, val, reflection=reflection, max_rollouts=budget, testset=test,
                 feedback=label_feedback(labels or None, label_key), minibatch_size=minibatch, seed=seed,
-                check=stack.runner.check_workers if stack.runner else None, min_gain=min_gain,
+                check=stack.runner.check_workers if stack.runner else None, min_gain=min_gain, max_p=max_p,
                 show_progress=console.is_terminal,
             )  # fmt: skip
     console.print(result.table())

@@ -138,3 +138,111 @@ def import_(
                            "already_present": report.already_present, "skipped": dict(report.skip_counts)}))  # fmt: skip
     if report.failed:
         raise typer.Exit(1)
+
+
+OutputDir = Annotated[Path, typer.Option(help="Checkpoints and the saved adapter.")]
+Model = Annotated[Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")]
+Publish = Annotated[bool, typer.Option(help="Publish the adapter as the store's new active policy version (every `agentforge serve --follow` hot-swaps it).")]  # fmt: skip
+
+
+def _publisher(store: Any, publish: bool) -> Any:
+    from agentforge.trainers.publish import StorePublisher
+
+    return StorePublisher(store) if publish else None
+
+
+def _device_args() -> dict[str, Any]:
+    import torch
+
+    return {"use_cpu": not torch.cuda.is_available(), "bf16": True, "report_to": "none"}
+
+
+@replay_app.command("sft")
+def sft(
+    store_url: StoreUrl = None,
+    output_dir: OutputDir = Path("runs/replay-sft"),
+    model: Model = None,
+    min_reward: Annotated[float, typer.Option(help="Train on rollouts whose final reward is >= this.")] = 1.0,
+    since: Since = None,
+    until: Until = None,
+    agent: Agent = None,
+    task: TaskIds = None,
+    resource: Pins = None,
+    limit: Limit = None,
+    epochs: Annotated[float, typer.Option(help="Passes over the selected trajectories.")] = 2.0,
+    learning_rate: Annotated[float, typer.Option(help="AdamW learning rate.")] = 2e-4,
+    batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 16,
+    lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    publish: Publish = True,
+) -> None:
+    """Rejection-sampling fine-tuning: LoRA SFT (TRL SFTTrainer) on the token-exact trajectories of rollouts
+    that scored well, loss only on the tokens the policy sampled; then publish the adapter.
+
+    Example: `agentforge replay sft --agent triage --min-reward 1 --epochs 2`.
+    """
+    from agentforge.model import prepare_default_model
+    from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
+
+    flt = make_filter(None, None, since, until, agent, task, resource, limit)
+    with reported():
+        config = ReplaySFTConfig(
+            output_dir=str(output_dir), min_reward=min_reward, num_train_epochs=epochs, learning_rate=learning_rate,
+            per_device_train_batch_size=batch_size, lora_r=lora_r, lora_alpha=2 * lora_r, logging_steps=1,
+            save_strategy="no", **_device_args(),
+        )  # fmt: skip
+        store = _store(store_url)
+        result = run_replay_sft(
+            model or prepare_default_model(), store, flt, config, _publisher(store, publish)
+        )
+    console.print(f"trained on {result.examples} trajectories ({result.sampled_tokens} sampled tokens) from "
+                  f"{result.selected} of {result.considered} rollouts; loss {result.final_loss}; "
+                  f"adapter {result.adapter_dir}; version {result.version}")  # fmt: skip
+    typer.echo(json.dumps(result.summary(), default=str))
+
+
+@replay_app.command("grpo")
+def grpo(
+    store_url: StoreUrl = None,
+    output_dir: OutputDir = Path("runs/replay-grpo"),
+    model: Model = None,
+    group_size: Annotated[
+        int, typer.Option(help="Rollouts per stored group (G); larger groups are trimmed.")
+    ] = 8,
+    groups_per_step: Annotated[int, typer.Option(help="Groups per optimizer step.")] = 4,
+    epochs: Annotated[float, typer.Option(help="Passes over the stored groups.")] = 1.0,
+    learning_rate: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
+    lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    min_reward: MinReward = None,
+    max_reward: MaxReward = None,
+    since: Since = None,
+    until: Until = None,
+    agent: Agent = None,
+    task: TaskIds = None,
+    resource: Pins = None,
+    limit: Limit = None,
+) -> None:
+    """Offline GRPO on groups already in the store (no new rollouts): group-relative advantages from the stored
+    rewards, TRL's importance-sampling correction from the engine's stored logprobs; then publish the adapter.
+
+    Example: `agentforge replay grpo --agent triage --group-size 8 --since 2026-11-30T00:00`.
+    """
+    from agentforge.model import prepare_default_model
+    from agentforge.trainers.config import TrainConfig
+    from agentforge.trainers.replay import run_offline_grpo
+
+    flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit)
+    with reported():
+        config = TrainConfig(
+            output_dir=str(output_dir), num_generations=group_size, tasks_per_step=groups_per_step,
+            num_train_epochs=epochs, learning_rate=learning_rate, lora_r=lora_r, lora_alpha=2 * lora_r,
+            logging_steps=1, save_strategy="no", gradient_checkpointing=False, **_device_args(),
+        )  # fmt: skip
+        store = _store(store_url)
+        result = run_offline_grpo(
+            model or prepare_default_model(), store, flt, config, _publisher(store, True)
+        )
+    summary = {k: v for k, v in result.items() if k not in ("history", "used")}
+    console.print(
+        f"offline GRPO: {result['steps']} steps on {result['groups']} groups; versions {result['versions']}"
+    )
+    typer.echo(json.dumps(summary, default=str))

@@ -20,6 +20,7 @@ from agentforge.trainers.replay.select import (
 )
 
 if TYPE_CHECKING:
+    from agentforge.trainers.replay.grpo import StoredGroupSource, run_offline_grpo
     from agentforge.trainers.replay.hf import export_hf, to_hf_dataset
     from agentforge.trainers.replay.jsonl import (
         FORMAT,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
         export_jsonl,
         import_jsonl,
     )
-    from agentforge.trainers.replay.grpo import StoredGroupSource, run_offline_grpo
     from agentforge.trainers.replay.output import ExportReport
 
 __all__ = [
