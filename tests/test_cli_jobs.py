@@ -162,3 +162,68 @@ def test_optimize_prompt_runs_gepa_on_real_rollouts(tmp_path: Path) -> None:
     assert get_prompt(store, "prompt:triage").version == summary["active_version"]
     pinned = {r.resources.get("prompt:triage") for r in store.list_rollouts()}
     assert str(summary["seed_version"]) in pinned  # every rollout recorded the prompt version it used
+
+
+AGENTS_PY = """
+import time
+
+def boom(task, ctx):
+    raise RuntimeError("boom: the agent failed")
+
+def slow(task, ctx):
+    time.sleep(30)
+    return 1.0
+
+NOT_AN_AGENT = (1, 2)
+"""
+
+
+def test_run_exits_1_with_the_reason_when_rollouts_fail_and_loads_agents_from_files(tmp_path: Path) -> None:
+    (tmp_path / "my_agents.py").write_text(AGENTS_PY)
+    tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}])
+    with gateway_env(tmp_path, []) as (store, gw, _, url):
+        proc = subprocess.run(
+            [*CLI, "run", str(tmp_path / "my_agents.py") + ":boom", "--gateway", gw.url, "--store-url", url,
+             "--tasks", str(tasks)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 1 and "boom: the agent failed" in proc.stderr, proc.stderr
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["states"] == {"failed": 1} and any("boom" in e for e in summary["errors"])
+        (rollout,) = store.list_rollouts()
+        assert rollout.agent.endswith("my_agents.py:boom")  # stored under the spec: no other runner takes it
+
+
+def test_run_cancels_what_it_leaves_unfinished(tmp_path: Path) -> None:
+    (tmp_path / "my_agents.py").write_text(AGENTS_PY)
+    tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}] * 3)
+    with gateway_env(tmp_path, []) as (store, gw, _, url):
+        proc = subprocess.run(
+            [*CLI, "run", "my_agents:slow", "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
+             "--workers", "1", "--timeout", "2"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 1 and "unfinished" in proc.stderr, proc.stderr
+        assert not store.list_rollouts(state=RolloutState.queued)
+        assert store.list_rollouts(state=RolloutState.cancelled)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["my_agents:NOT_AN_AGENT"], "not an agent"),
+        (["my_agents:missing"], "no attribute"),
+        (["nosuch_module_xyz:agent"], "cannot import"),
+        ([TRIAGE, "--gateway", "notaurl"], "not a URL"),
+        ([TRIAGE, "--pin", "prompt:triage=abc"], "must be a number"),
+        ([TRIAGE, "--store-url", "garbage"], "not a store URL"),
+    ],
+)
+def test_run_rejects_bad_specs_and_options_clearly(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "my_agents.py").write_text(AGENTS_PY)
+    tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}])
+    proc = subprocess.run(
+        [*CLI, "run", *args, "--tasks", str(tasks)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -131,3 +131,50 @@ def test_replay_jobs_refuse_an_empty_selection_and_publish_nothing(tmp_path: Pat
         out = _cli(*job, "--store-url", url, "--output-dir", str(tmp_path / job[0]))
         assert out.returncode == 2 and "nobody" in out.stderr, out.stderr[-2000:]
     assert list(SQLStore(url).list_resources("policy")) == []
+
+
+def test_store_urls_and_paths_are_checked_before_anything_is_written(tmp_path: Path) -> None:
+    garbage = _cli("export", str(tmp_path / "x.jsonl"), "--store-url", "garbage")
+    assert (
+        garbage.returncode == 2 and "not a store URL" in garbage.stderr and "Traceback" not in garbage.stderr
+    )
+    typo = tmp_path / "typo.db"
+    missing = _cli("export", str(tmp_path / "x.jsonl"), "--store-url", f"sqlite:///{typo}")
+    assert missing.returncode == 2 and "no trace store" in missing.stderr and not typo.exists()
+    no_dir = _cli("import", str(tmp_path / "x.jsonl"), "--store-url", f"sqlite:///{tmp_path}/nodir/x.db")
+    assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr and not (tmp_path / "nodir").exists()
+    url = _traces(tmp_path)
+    onto_dir = _cli("export", str(tmp_path), "--store-url", url)
+    assert onto_dir.returncode == 2 and "Traceback" not in onto_dir.stderr
+    bad_limit = _cli("export", str(tmp_path / "y.jsonl"), "--store-url", url, "--limit", "-1")
+    assert bad_limit.returncode == 2 and "Traceback" not in bad_limit.stderr
+    bad_time = _cli("export", str(tmp_path / "y.jsonl"), "--store-url", url, "--since", "nan")
+    assert bad_time.returncode == 2
+
+
+def test_import_refuses_files_without_a_single_trace(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'target.db'}"
+    for name, content in [
+        ("empty.jsonl", b""),
+        ("noise.jsonl", b"\x00\xff garbage\n[1, 2]\n"),
+        ("array.jsonl", b"[]\n"),
+    ]:
+        (tmp_path / name).write_bytes(content)
+        out = _cli("import", str(tmp_path / name), "--store-url", url)
+        assert out.returncode == 2 and "agentforge replay export" in out.stderr, (name, out.stderr)
+    (tmp_path / "ds").mkdir()
+    out = _cli("import", str(tmp_path / "ds"), "--store-url", url)
+    assert out.returncode == 2 and "directory" in out.stderr
+
+
+def test_archive_exports_every_state_and_resource_versions_are_normalised(tmp_path: Path) -> None:
+    url = _traces(tmp_path)
+    store = SQLStore(url)
+    from agentforge.types import Rollout
+
+    store.enqueue_rollout(Rollout(agent="triage"))  # queued, no reward, no spans
+    plain = json.loads(_cli("export", str(tmp_path / "a.jsonl"), "--store-url", url).stdout)
+    everything = json.loads(_cli("export", str(tmp_path / "b.jsonl"), "--store-url", url, "--archive").stdout)
+    assert plain["records"] == 4 and everything["records"] == 5
+    pinned = _cli("export", str(tmp_path / "c.jsonl"), "--store-url", url, "--resource", "prompt:triage=v1")
+    assert pinned.returncode == 0 and json.loads(pinned.stdout)["records"] == 4, pinned.stderr

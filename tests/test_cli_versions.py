@@ -53,3 +53,11 @@ def test_rollback_errors_are_clear(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "7" in missing.stderr
     garbage = _cli("rollback", "prompt:triage", "latest", "--store-url", url)
     assert garbage.returncode == 2 and "not a version number" in garbage.stderr
+
+
+def test_versions_shows_markup_like_text_verbatim(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    publish_prompt(SQLStore(url), "prompt:[/x]", "Reply in the form [/label] or [bold]x[/bold]")
+    out = _cli("versions", "--store-url", url)
+    assert out.returncode == 0 and "[/label]" in out.stderr, out.stderr
+    assert _cli("rollback", "prompt:[/x]", "1", "--store-url", url).returncode == 0

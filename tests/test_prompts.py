@@ -133,3 +133,25 @@ def test_unknown_pinned_version_fails_the_rollout_with_a_clear_error(tmp_path: P
             and "prompt 'prompt:triage' has no version 9 (versions: [1])" in done.error
         )
         assert upstream.requests == [] and store.final_reward(ro.rollout_id) is None
+
+
+def test_racing_default_publishers_all_use_one_version() -> None:
+    import threading
+
+    from agentforge.prompts import get_prompt
+    from agentforge.testing import memory_store
+
+    store = memory_store()
+    barrier, got = threading.Barrier(4), []
+
+    def first_use() -> None:
+        barrier.wait()
+        got.append(get_prompt(store, "prompt:race", default="Reply.").version)
+
+    threads = [threading.Thread(target=first_use) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    active = get_prompt(store, "prompt:race")
+    assert set(got) == {active.version} == {min(r.version for r in store.list_resources("prompt:race"))}

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-__all__ = ["console", "fail", "parse_pins", "reported"]
+__all__ = ["console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable"]
 
 #: Everything human-facing goes to stderr; stdout carries only machine-readable results.
 console = Console(stderr=True)
@@ -34,22 +34,27 @@ def reported() -> Iterator[None]:
         raise fail(str(exc), 2) from exc
     except AgentForgeError as exc:
         raise fail(str(exc), 1) from exc
+    except OSError as exc:  # a path that is a directory, not writable, missing…
+        raise fail(f"{exc.strerror or type(exc).__name__}: {exc.filename or exc}", 2) from exc
 
 
-def parse_pins(pins: Sequence[str] | None) -> dict[str, str]:
+def parse_pins(pins: Sequence[str] | None, option: str = "--pin") -> dict[str, str]:
     """``["policy=policy@v3", "prompt:triage=2"]`` → ``{"policy": "policy@v3", "prompt:triage": "2"}``.
 
+    Versions of ``policy`` and ``prompt:*`` are normalised to the stored spelling (``policy=v3`` →
+    ``policy@v3``, ``prompt:triage=v2`` → ``2``).
+
     Raises:
-        typer.BadParameter: an entry without ``=`` or with an empty side.
+        typer.BadParameter: an entry without ``=``, with an empty side, or with a version that is no number.
     """
     out: dict[str, str] = {}
     for pin in pins or ():
         name, sep, value = pin.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise typer.BadParameter(
-                f"{pin!r} is not NAME=VERSION (e.g. policy=policy@v3)", param_hint="--pin"
+                f"{pin!r} is not NAME=VERSION (e.g. policy=policy@v3)", param_hint=option
             )
-        out[name.strip()] = value.strip()
+        out[name.strip()] = _normalise_version(name.strip(), value.strip(), option)
     return out
 
 
@@ -65,3 +70,71 @@ def progress() -> Any:
         console=console,
         disable=not console.is_terminal,
     )
+
+
+def _normalise_version(name: str, value: str, option: str) -> str:
+    """The stored spelling of a version: ``policy=v3`` → ``policy@v3``; ``prompt:x=v2`` / ``prompt:x@v2`` → ``2``."""
+    import re
+
+    if name != "policy" and not name.startswith("prompt"):
+        return value  # another resource kind: kept as written
+    match = re.fullmatch(r"(?:(?P<prefix>[^@]+)@)?v?(?P<number>[0-9]{1,9})", value)
+    if match is None:
+        raise typer.BadParameter(
+            f"{name}={value!r}: the version must be a number such as 3, v3 or {name}@v3", param_hint=option
+        )
+    prefix = match.group("prefix")
+    if prefix is not None and prefix != name:
+        raise typer.BadParameter(
+            f"{name}={value!r}: the version names {prefix!r}, not {name!r}", param_hint=option
+        )
+    number = int(match.group("number"))
+    return f"{name}@v{number}" if name == "policy" else str(number)
+
+
+def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | None = None) -> Any:
+    """Open the store at ``url`` (default: ``$AGENTFORGE_STORE_URL`` or SQLite in ``$AGENTFORGE_HOME``).
+
+    Args:
+        url: ``sqlite:///path``, ``postgresql+psycopg://…`` or ``http(s)://`` (a gateway's store API).
+        must_exist: refuse a SQLite file that does not exist yet (commands that only read: a typo must not
+            create an empty store); otherwise its folder must exist.
+
+    Raises:
+        UserError: the URL cannot be parsed, or the SQLite file (or its folder) does not exist.
+    """
+    from pathlib import Path
+
+    from agentforge.config import default_store_url
+    from agentforge.errors import UserError
+    from agentforge.runtime.process import open_store
+
+    url = url or default_store_url()
+    if not url.startswith(("http://", "https://")):
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise UserError(
+                f"{url!r} is not a store URL; use sqlite:///path/traces.db, postgresql+psycopg://… or http://gateway"
+            ) from None
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            path = Path(parsed.database).expanduser()
+            if must_exist and not path.is_file():
+                raise UserError(f"no trace store at {path} (from {url!r}); check the path")
+            if not path.parent.is_dir():
+                raise UserError(f"folder {path.parent} does not exist (store {url!r})")
+    return open_store(url, api_key)
+
+
+def user_code_importable() -> None:
+    """Put the current directory first on ``sys.path`` so ``my_agents:triage`` imports from where the user
+    runs the command (as ``python -m`` does; a console script would not)."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentforge.commands.common import console, reported
+from agentforge.commands.common import console, open_store_url, reported, user_code_importable
 
 __all__ = ["optimize_prompt_cmd"]
 
@@ -70,18 +70,18 @@ def optimize_prompt_cmd(
     Example: `agentforge optimize-prompt my_pkg.agents:triage --name prompt:triage --tasks train.jsonl
     --val-tasks val.jsonl --test-tasks test.jsonl --seed-prompt "Reply." --budget 300`.
     """
-    from agentforge.config import default_store_url
     from agentforge.prompts import get_prompt
-    from agentforge.runtime import load_tasks
-    from agentforge.runtime.process import open_store
+    from agentforge.runtime import build_agent, load_tasks
     from agentforge.stack import LocalStack
     from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback, optimize_prompt
 
+    user_code_importable()
     with reported():
+        build_agent(agent)  # a wrong spec fails now, not after the engine started
         train, val = load_tasks(tasks), load_tasks(val_tasks)
         test = load_tasks(test_tasks) if test_tasks is not None else None
         labels = sorted({str(t.metadata[label_key]) for t in [*train, *val] if label_key in t.metadata})
-        store = open_store(store_url or default_store_url())
+        store = open_store_url(store_url)
         seed_text = seed_prompt if seed_prompt is not None else get_prompt(store, name).payload["template"]
         with LocalStack(store, agent, model=model, workers=workers, backend=backend) as stack:
             reflection = ReflectionLM(

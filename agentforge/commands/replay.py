@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from agentforge.commands.common import console, parse_pins, reported
+from agentforge.commands.common import console, fail, parse_pins, reported
+from agentforge.types import RolloutState
 
 __all__ = ["replay_app", "make_filter"]
+
 
 replay_app = typer.Typer(
     help="Train on traces already in the store: select with filters, export/import, SFT, offline GRPO.",
@@ -33,9 +36,13 @@ def _time(value: str | None, option: str) -> float | None:
     if value is None:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise typer.BadParameter(f"{value!r} is not a time", param_hint=option)
+        return seconds
     try:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
@@ -56,19 +63,23 @@ def make_filter(
     **extra: Any,
 ) -> Any:
     """The :class:`~agentforge.trainers.replay.TraceFilter` the command-line options describe."""
+    from agentforge.errors import UserError
     from agentforge.trainers.replay import TraceFilter
 
-    return TraceFilter(
+    try:
+        return TraceFilter(
         min_reward=min_reward, max_reward=max_reward, since=_time(since, "--since"), until=_time(until, "--until"),
-        agent=agent, task_ids=tuple(task) if task else None, resources=parse_pins(resource), limit=limit, **extra,
-    )  # fmt: skip
+            agent=agent, task_ids=tuple(task) if task else None, resources=parse_pins(resource, "--resource"),
+            limit=limit, **extra,
+        )  # fmt: skip
+    except UserError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
-def _store(url: str | None) -> Any:
-    from agentforge.config import default_store_url
-    from agentforge.runtime.process import open_store
+def _store(url: str | None, must_exist: bool = True) -> Any:
+    from agentforge.commands.common import open_store_url
 
-    return open_store(url or default_store_url())
+    return open_store_url(url, must_exist=must_exist)
 
 
 @replay_app.command("export")
@@ -89,6 +100,12 @@ def export(
     task: TaskIds = None,
     resource: Pins = None,
     limit: Limit = None,
+    archive: Annotated[
+        bool,
+        typer.Option(
+            help="Every rollout the other filters select, in any state, with or without a reward or token ids."
+        ),
+    ] = False,
 ) -> None:
     """Export the selected traces (token ids, logprobs, rewards, versions) atomically.
 
@@ -96,7 +113,10 @@ def export(
     """
     if format not in ("jsonl", "hf"):
         raise typer.BadParameter("choose jsonl or hf", param_hint="--format")
-    flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit)
+    extra = (
+        {"states": tuple(RolloutState), "require_reward": False, "require_tokens": False} if archive else {}
+    )
+    flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit, **extra)
     with reported():
         store = _store(store_url)
         if format == "jsonl":
@@ -129,7 +149,14 @@ def import_(
     from agentforge.trainers.replay import import_jsonl
 
     with reported():
-        report = import_jsonl(_store(store_url), path, on_error="raise" if strict else "skip")
+        report = import_jsonl(
+            _store(store_url, must_exist=False), path, on_error="raise" if strict else "skip"
+        )
+    if report.lines == 0 or (report.imported + report.already_present == 0 and report.skipped):
+        what = "is empty" if report.lines == 0 else f"holds no valid trace line ({dict(report.skip_counts)})"
+        for problem in report.skipped[:5]:
+            console.print(f"  line {problem.line}: {problem.reason} ({problem.detail[:120]})", soft_wrap=True)
+        raise fail(f"{path} {what}; expected JSON Lines written by `agentforge replay export`")
     for problem in [*report.skipped, *report.failed][:20]:
         console.print(f"  line {problem.line}: {problem.reason} ({problem.detail[:120]})", soft_wrap=True)
     console.print(f"imported {report.imported}, already present {report.already_present}, "
@@ -181,16 +208,18 @@ def sft(
     Example: `agentforge replay sft --agent triage --min-reward 1 --epochs 2`.
     """
     from agentforge.model import prepare_default_model
+    from agentforge.trainers.replay import select_traces
     from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
 
-    flt = make_filter(None, None, since, until, agent, task, resource, limit)
+    flt = make_filter(min_reward, None, since, until, agent, task, resource, limit)
     with reported():
+        store = _store(store_url)
+        select_traces(store, flt)  # EmptySelectionError now, before torch or the model load
         config = ReplaySFTConfig(
             output_dir=str(output_dir), min_reward=min_reward, num_train_epochs=epochs, learning_rate=learning_rate,
             per_device_train_batch_size=batch_size, lora_r=lora_r, lora_alpha=2 * lora_r, logging_steps=1,
             save_strategy="no", **_device_args(),
         )  # fmt: skip
-        store = _store(store_url)
         result = run_replay_sft(
             model or prepare_default_model(), store, flt, config, _publisher(store, publish)
         )
@@ -227,17 +256,21 @@ def grpo(
     Example: `agentforge replay grpo --agent triage --group-size 8 --since 2026-11-30T00:00`.
     """
     from agentforge.model import prepare_default_model
-    from agentforge.trainers.config import TrainConfig
-    from agentforge.trainers.replay import run_offline_grpo
+    from agentforge.trainers.replay import select_traces
 
     flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit)
     with reported():
+        store = _store(store_url)
+        select_traces(store, make_filter(min_reward, max_reward, since, until, agent, task, resource, limit,
+                                         require_reward=False))  # fmt: skip
+        from agentforge.trainers.config import TrainConfig
+        from agentforge.trainers.replay import run_offline_grpo
+
         config = TrainConfig(
             output_dir=str(output_dir), num_generations=group_size, tasks_per_step=groups_per_step,
             num_train_epochs=epochs, learning_rate=learning_rate, lora_r=lora_r, lora_alpha=2 * lora_r,
             logging_steps=1, save_strategy="no", gradient_checkpointing=False, **_device_args(),
         )  # fmt: skip
-        store = _store(store_url)
         result = run_offline_grpo(
             model or prepare_default_model(), store, flt, config, _publisher(store, True)
         )

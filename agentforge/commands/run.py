@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from agentforge.commands.common import console, parse_pins, progress, reported
+from agentforge.commands.common import (
+    console,
+    open_store_url,
+    parse_pins,
+    progress,
+    reported,
+    user_code_importable,
+)
 
 __all__ = ["run"]
 
@@ -36,8 +45,12 @@ def run(
     workers: Annotated[int, typer.Option(help="Concurrent rollouts.")] = 4,
     mode: Annotated[str, typer.Option(help="thread or process workers.")] = "thread",
     agent_name: Annotated[
-        str | None, typer.Option(help="Only claim rollouts enqueued for this agent name.")
-    ] = None,
+        str | None,
+        typer.Option(
+            help="Agent name stored on the rollouts (with --tasks; default: the AGENT spec) and the "
+            "only name this runner claims (without --tasks: default any)."
+        ),
+    ] = None,  # fmt: skip
     timeout: Annotated[
         float, typer.Option(help="Give up waiting for --tasks after this many seconds.")
     ] = 3600.0,
@@ -49,32 +62,50 @@ def run(
 
     Example: `agentforge run my_pkg.agents:triage --tasks tasks.jsonl --group-size 4`.
     """
-    from agentforge.runtime import Runner, enqueue_tasks, load_tasks
-    from agentforge.runtime.process import open_store
+    from agentforge.runtime import Runner, build_agent, enqueue_tasks, load_tasks
 
     if mode not in ("thread", "process"):
         raise typer.BadParameter("choose thread or process", param_hint="--mode")
     if group_size < 1 or workers < 1:
         raise typer.BadParameter("--group-size and --workers must be >= 1")
+    if not gateway.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"{gateway!r} is not a URL like http://127.0.0.1:8000", param_hint="--gateway"
+        )
     pins = parse_pins(pin)
+    user_code_importable()
     with reported():
         task_list = load_tasks(tasks) if tasks is not None else None
-        store = open_store(store_url or gateway, api_key)
+        build_agent(agent)  # a wrong spec fails here, before any store or queue is touched
+        name = agent_name or (agent if task_list is not None else None)
+        store = open_store_url(store_url or gateway, api_key=api_key)
         runner = Runner(
-            store, agent, gateway, workers=workers, mode=mode, agent_name=agent_name,  # type: ignore[arg-type]
+            store, agent, gateway, workers=workers, mode=mode, agent_name=name,  # type: ignore[arg-type]
             gateway_api_key=api_key, store_api_key=api_key,
         )  # fmt: skip
-        with runner:
-            if task_list is None:
-                console.print(f"[bold green]running[/] {agent} × {workers} against {gateway}; Ctrl-C to stop")
-                try:
-                    runner.run_forever()
-                except KeyboardInterrupt:
-                    console.print("stopping: unfinished rollouts go back to the queue")
-                return
-            rollouts = enqueue_tasks(store, task_list, group_size, pins, agent=agent_name or "")
-            summary = _wait(store, runner, [r.rollout_id for r in rollouts], timeout)
+        ids: list[str] = []
+        try:
+            with runner:
+                if task_list is None:
+                    console.print(
+                        f"[bold green]running[/] {agent} × {workers} against {gateway}; Ctrl-C to stop"
+                    )
+                    try:
+                        runner.run_forever()
+                    except KeyboardInterrupt:
+                        console.print("stopping: unfinished rollouts go back to the queue")
+                    return
+                rollouts = enqueue_tasks(store, task_list, group_size, pins, agent=name or "")
+                ids = [r.rollout_id for r in rollouts]
+                summary = _wait(store, runner, ids, timeout)
+        except BaseException:
+            _cancel_queued(
+                store, ids
+            )  # after the runner gave its rollouts back: none is left for another runner
+            raise
     typer.echo(json.dumps(summary))
+    if summary["states"].get("succeeded", 0) != summary["rollouts"]:
+        raise typer.Exit(1)
 
 
 def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -104,6 +135,34 @@ def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:
         if final is not None and final.value is not None:
             rewards.append(final.value)
     mean = sum(rewards) / len(rewards) if rewards else None
+    errors = _errors(
+        store, [rid for rid, state in zip(ids, states, strict=True) if state.value != "succeeded"]
+    )
+    for error, count in errors.most_common(3):
+        console.print(f"[red]{count} rollout(s) failed:[/] {escape(error)}", soft_wrap=True)
     console.print(f"{len(ids)} rollouts {counts}; mean reward {mean if mean is None else round(mean, 4)} "
                   f"over {len(rewards)} rewarded")  # fmt: skip
-    return {"rollouts": len(ids), "states": counts, "rewarded": len(rewards), "mean_reward": mean}
+    return {"rollouts": len(ids), "states": counts, "rewarded": len(rewards), "mean_reward": mean,
+            "errors": dict(errors)}  # fmt: skip
+
+
+def _errors(store, ids: list[str]) -> Counter[str]:  # type: ignore[no-untyped-def]
+    """The last attempt's error of each failed rollout, counted (first line, 300 characters)."""
+    out: Counter[str] = Counter()
+    for rid in ids:
+        attempts = store.list_attempts(rid)
+        error = attempts[-1].error if attempts and attempts[-1].error else "no attempt finished"
+        out[error.strip().splitlines()[0][:300] if error.strip() else "unknown error"] += 1
+    return out
+
+
+def _cancel_queued(store, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Cancel this run's rollouts that are still queued (best effort: the store may be gone)."""
+    from agentforge.types import RolloutState
+
+    for rid in ids:
+        try:
+            if store.get_rollout(rid).state == RolloutState.queued:
+                store.update_rollout(rid, state=RolloutState.cancelled)
+        except Exception:  # noqa: BLE001 - a claim may have raced us; the rollout then finishes normally
+            continue

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentforge.commands.common import console, reported
+from agentforge.commands.common import console, open_store_url, reported, user_code_importable
 
 __all__ = ["train"]
 
@@ -47,16 +47,23 @@ def train(
 
     Example: `agentforge train my_pkg.agents:triage --tasks train.jsonl --eval-tasks test.jsonl --steps 20`.
     """
-    from agentforge.runtime import load_tasks
-    from agentforge.runtime.process import open_store
+    from agentforge.runtime import build_agent, load_tasks
 
+    user_code_importable()
     with reported():
+        build_agent(agent)  # a wrong spec fails now, not after the engine started
         train_tasks = load_tasks(tasks)
         held_out = load_tasks(eval_tasks) if eval_tasks is not None else None
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
                          max_completion_length, seed)  # fmt: skip
+        if len(train_tasks) < config.tasks_per_step:
+            from agentforge.errors import UserError
+
+            raise UserError(
+                f"{tasks} holds {len(train_tasks)} tasks; one step needs --tasks-per-step {config.tasks_per_step}"
+            )
         output_dir.mkdir(parents=True, exist_ok=True)
-        store = open_store(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
+        store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
         summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume)
     typer.echo(json.dumps(summary))
 

@@ -16,10 +16,9 @@ StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $A
 
 
 def _store(url: str | None):  # type: ignore[no-untyped-def]
-    from agentforge.config import default_store_url
-    from agentforge.runtime.process import open_store
+    from agentforge.commands.common import open_store_url
 
-    return open_store(url or default_store_url())
+    return open_store_url(url, must_exist=True)
 
 
 def versions(
@@ -32,6 +31,7 @@ def versions(
 
     Example: `agentforge versions prompt:triage`.
     """
+    from rich.markup import escape
     from rich.table import Table
 
     with reported():
@@ -46,7 +46,9 @@ def versions(
         if "rollback_of" in r.payload:
             detail = f"rollback of v{r.payload['rollback_of']}: {detail}"
         created = datetime.fromtimestamp(r.created_at).isoformat(timespec="seconds")
-        table.add_row(r.name, str(r.version), r.kind, "✓" if r.active else "", created, str(detail)[:60])
+        table.add_row(
+            escape(r.name), str(r.version), r.kind, "✓" if r.active else "", created, escape(str(detail)[:60])
+        )
     console.print(table)
     typer.echo(json.dumps([{"name": r.name, "version": r.version, "active": r.active} for r in resources]))
 
@@ -79,5 +81,7 @@ def rollback(
             resource = rollback_adapter(store, version, alias=name)
         else:
             resource = rollback_prompt(store, name, parse_prompt_version(version))
-    console.print(f"[bold green]{resource.name}[/] active version is now {resource.version}")
+    from rich.markup import escape
+
+    console.print(f"[bold green]{escape(resource.name)}[/] active version is now {resource.version}")
     typer.echo(json.dumps({"name": resource.name, "active_version": resource.version}))

@@ -41,16 +41,18 @@ Scorer = Callable[[Task, Any], "float | None"]
 
 
 def load_object(spec: str) -> Any:
-    """Import ``"package.module:attribute"`` (the attribute may be dotted: ``"mod:Class.factory"``).
+    """Import ``"package.module:attribute"`` or ``"path/to/file.py:attribute"`` (the attribute may be dotted:
+    ``"mod:Class.factory"``). A module is looked up on ``sys.path`` (the command line puts the current
+    directory first); a ``.py`` path is loaded from that file.
 
     Raises:
-        UserError: the string has no ``:``, or the module or attribute does not exist.
+        UserError: the string has no ``:``, or the module, file or attribute does not exist.
     """
-    module_name, sep, attr = spec.partition(":")
+    module_name, sep, attr = spec.rpartition(":") if spec.count(":") > 1 else spec.partition(":")
     if not sep or not module_name or not attr:
-        raise UserError(f"{spec!r} is not an import path; use 'package.module:function'")
+        raise UserError(f"{spec!r} is not an import path; use 'package.module:function' or 'file.py:function'")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import(module_name)
     except ImportError as exc:
         raise UserError(f"cannot import module {module_name!r} (from {spec!r}): {exc}") from exc
     for part in attr.split("."):
@@ -59,6 +61,34 @@ def load_object(spec: str) -> Any:
         except AttributeError:
             raise UserError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
     return obj
+
+
+def _import(module_name: str) -> Any:
+    """A module by dotted name, or from a ``.py`` file (registered under its file stem)."""
+    import importlib.util
+    import sys
+
+    if not module_name.endswith(".py"):
+        return importlib.import_module(module_name)
+    from pathlib import Path
+
+    path = Path(module_name).resolve()
+    if not path.is_file():
+        raise ImportError(f"no such file: {path}")
+    name = f"agentforge_user_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def build_agent(spec: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -81,7 +111,12 @@ def build_agent(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     obj = load_object(spec)
     if _takes_task_and_ctx(obj):
         return obj
-    agent = obj()
+    if not callable(obj):
+        raise UserError(f"{spec!r} is a {type(obj).__name__}, not an agent(task, ctx) or a factory returning one")
+    try:
+        agent = obj()
+    except Exception as exc:
+        raise UserError(f"agent factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not callable(agent):
         raise UserError(f"agent factory {spec!r} returned {type(agent).__name__}, not a callable agent")
     return agent

@@ -358,6 +358,11 @@ def import_jsonl(
     target = Path(path)
     if on_error not in ("skip", "raise"):
         raise UserError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    if target.is_dir():
+        raise UserError(
+            f"{target} is a directory (a Hugging Face export cannot be imported); give a .jsonl file written "
+            "by export_jsonl"
+        )
     if not target.is_file():
         raise UserError(f"trace file {target} does not exist")
     write = getattr(store, "import_trace", None)
