@@ -216,6 +216,7 @@ def test_run_cancels_what_it_leaves_unfinished(tmp_path: Path) -> None:
         (["nosuch_module_xyz:agent"], "cannot import"),
         ([TRIAGE, "--gateway", "notaurl"], "not a URL"),
         ([TRIAGE, "--pin", "prompt:triage=abc"], "must be a number"),
+        ([TRIAGE, "--pin", "policy=policy@v99", "--store-url", "sqlite:///pins.db"], "no such version"),
         ([TRIAGE, "--store-url", "garbage"], "not a store URL"),
     ],
 )

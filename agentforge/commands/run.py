@@ -79,6 +79,7 @@ def run(
         build_agent(agent)  # a wrong spec fails here, before any store or queue is touched
         name = agent_name or (agent if task_list is not None else None)
         store = open_store_url(store_url or gateway, api_key=api_key)
+        _check_pins(store, pins)
         runner = Runner(
             store, agent, gateway, workers=workers, mode=mode, agent_name=name,  # type: ignore[arg-type]
             gateway_api_key=api_key, store_api_key=api_key,
@@ -154,6 +155,27 @@ def _errors(store, ids: list[str]) -> Counter[str]:  # type: ignore[no-untyped-d
         error = attempts[-1].error if attempts and attempts[-1].error else "no attempt finished"
         out[error.strip().splitlines()[0][:300] if error.strip() else "unknown error"] += 1
     return out
+
+
+def _check_pins(store, pins: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """Refuse pins to versions the store does not hold (``policy@v0``, the base model, always exists).
+
+    Raises:
+        NotFoundError: naming the versions that exist.
+    """
+    from agentforge.errors import NotFoundError
+
+    for name, value in pins.items():
+        if name != "policy" and not name.startswith("prompt"):
+            continue
+        number = int(value.rsplit("@v", 1)[-1])
+        if name == "policy" and number == 0:
+            continue
+        have = sorted(r.version for r in store.list_resources(name))
+        if number not in have:
+            raise NotFoundError(
+                f"--pin {name}={value}: the store has no such version (versions: {have or 'none'})"
+            )
 
 
 def _cancel_queued(store, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
