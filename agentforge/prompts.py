@@ -93,9 +93,9 @@ def get_prompt(
     """Read a prompt version: the pinned ``version``, else the active one.
 
     When the store has no version of ``name`` at all and ``default`` is given, ``default`` is published
-    (and activated) as version 1 first. Writers racing to do so may each publish a copy; every one of them
-    then activates and returns the *lowest* version holding the default text, so all rollouts record one
-    version (the extra copies stay inactive).
+    (and activated) as version 1 first. Writers racing to do so may each publish an inactive copy; every one
+    of them then activates and returns the *lowest* version holding the default text (always the first copy
+    committed), so every reader sees and records that one version; the extra copies stay inactive.
 
     Args:
         store: the trace store (or a runner's ``ctx.store``).
@@ -130,7 +130,7 @@ def get_prompt(
                 f"prompt {name!r} has no active version; publish one with publish_prompt(store, {name!r}, "
                 "template) or pass default="
             ) from None
-        publish_prompt(store, name, default, activate=True, metadata={"source": "default"})
+        publish_prompt(store, name, default, activate=False, metadata={"source": "default"})
         first = min(
             (r for r in store.list_resources(name) if r.payload.get("template") == default),
             key=lambda r: r.version,
