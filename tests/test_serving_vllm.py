@@ -139,21 +139,19 @@ def test_hot_swap_under_load(
     try:
         for letter in "BC":
             time.sleep(3)
+            started = time.monotonic()  # the alias flips inside swap(): between started and the return
             versions[swapper.swap(letter_adapters[letter], canary=expect_letter(letter))] = letter
-            flips.append((time.monotonic(), letter))
+            flips.append((started, time.monotonic(), letter))
         time.sleep(3)
     finally:
         stop.set()
         for thread in threads:
             thread.join(60)
     assert not failures, failures[:3]
-    for flip_time, letter in flips:
+    for _, flip_time, letter in flips:
         after = [answer for sent, _, _, answer in results if sent > flip_time]
-        before_next = [
-            a
-            for s, _, _, a in results
-            if flip_time < s < min([t for t, _ in flips if t > flip_time] or [1e18])
-        ]
+        next_start = min([start for start, _, _ in flips if start > flip_time] or [1e18])
+        before_next = [a for s, _, _, a in results if flip_time < s < next_start]
         assert after and set(before_next) == {letter}, (letter, set(before_next))
     spans = [s for rollout in {r[2] for r in results} for s in llm_spans(serving_gateway, rollout)]
     assert len(spans) == len(results)
