@@ -14,12 +14,11 @@ version changes the next rollouts with nothing restarted, and a rollout records 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import NotFoundError, UserError
-from agentforge.types import ResourceVersion
+from agentforge.types import ResourceVersion, parse_version_number
 
 if TYPE_CHECKING:
     from agentforge.stores.base import TraceStore
@@ -34,8 +33,6 @@ __all__ = [
     "rollouts_with_prompt",
 ]
 
-_VERSION = re.compile(r"^(?:.*@)?v?(\d+)$")
-
 
 def parse_prompt_version(value: int | str) -> int:
     """A pinned version as an int: ``2``, ``"2"``, ``"v2"`` and ``"prompt:triage@v2"`` are all 2.
@@ -43,12 +40,7 @@ def parse_prompt_version(value: int | str) -> int:
     Raises:
         UserError: ``value`` names no version number.
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    match = _VERSION.match(str(value).strip())
-    if match is None:
-        raise UserError(f"prompt version {value!r} is not a version number; pin e.g. '2' (or 'name@v2')")
-    return int(match.group(1))
+    return parse_version_number(value)
 
 
 def publish_prompt(
@@ -185,7 +177,10 @@ def rollouts_with_prompt(
     number = parse_prompt_version(version)
     out = []
     for rollout in store.list_rollouts(state=state, agent=agent, since=since):
-        match = _VERSION.match(rollout.resources.get(name, "").strip())
-        if match is not None and int(match.group(1)) == number:
+        try:
+            used = parse_version_number(rollout.resources.get(name, ""))
+        except UserError:  # no version of this prompt recorded
+            continue
+        if used == number:
             out.append(rollout)
     return out

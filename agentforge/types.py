@@ -15,6 +15,7 @@ State machines:
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from enum import StrEnum
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from agentforge.errors import InvalidTransitionError
+from agentforge.errors import InvalidTransitionError, UserError
 
 __all__ = [
     "RolloutState",
@@ -39,6 +40,7 @@ __all__ = [
     "Reward",
     "ResourceVersion",
     "new_id",
+    "parse_version_number",
     "now",
 ]
 
@@ -293,3 +295,31 @@ class ResourceVersion(BaseModel):
     def ref(self) -> str:
         """``name@vN``, the versioned name used by serving and the gateway."""
         return f"{self.name}@v{self.version}"
+
+
+_VERSION_NUMBER = re.compile(r"(?:(?P<name>.+)@)?v?(?P<number>[0-9]{1,9})")
+
+
+def parse_version_number(value: int | str, name: str | None = None) -> int:
+    """The number of a resource version: ``3``, ``"3"``, ``"v3"`` and ``"policy@v3"`` are all 3.
+
+    Args:
+        value: the version as typed or stored (ASCII digits, at most 9 of them).
+        name: when given, a ``"name@v3"`` spelling must name this resource.
+
+    Returns:
+        The version number (``0`` is the base model for adapter aliases).
+
+    Raises:
+        UserError: ``value`` is not a version number, is negative, or names another resource.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise UserError(f"version {value} is negative; versions are 0, 1, 2, …")
+        return value
+    match = _VERSION_NUMBER.fullmatch(str(value).strip())
+    if match is None:
+        raise UserError(f"{value!r} is not a version number; use e.g. 3, 'v3' or 'name@v3'")
+    if name is not None and match.group("name") not in (None, name):
+        raise UserError(f"version {value!r} names {match.group('name')!r}, not {name!r}")
+    return int(match.group("number"))

@@ -16,7 +16,7 @@ from agentforge.gateway.router import ModelRouter
 from agentforge.serving.adapters import read_adapter
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.stores.base import TraceStore
-from agentforge.types import ResourceVersion
+from agentforge.types import ResourceVersion, parse_version_number
 
 __all__ = ["AdapterPublisher", "HotSwapPublisher", "StorePublisher", "rollback_adapter", "version_number"]
 
@@ -155,12 +155,7 @@ def rollback_adapter(store: TraceStore, version: int | str, alias: str = "policy
         NotFoundError: the version does not exist.
         UserError: the version string cannot be parsed.
     """
-    from agentforge.errors import UserError
-
-    text = str(version).rsplit("@", 1)[-1].lstrip("v")
-    if not text.isdigit():
-        raise UserError(f"cannot read a version number from {version!r}; use 3, 'v3' or '{alias}@v3'")
-    number = int(text)
+    number = parse_version_number(version, name=alias)
     if number == 0:
         payload: dict[str, object] = {"base": True, "rollback_of": 0}
     else:

@@ -74,21 +74,18 @@ def progress() -> Any:
 
 def _normalise_version(name: str, value: str, option: str) -> str:
     """The stored spelling of a version: ``policy=v3`` → ``policy@v3``; ``prompt:x=v2`` / ``prompt:x@v2`` → ``2``."""
-    import re
+    from agentforge.errors import UserError
+    from agentforge.types import parse_version_number
 
     if name != "policy" and not name.startswith("prompt"):
         return value  # another resource kind: kept as written
-    match = re.fullmatch(r"(?:(?P<prefix>[^@]+)@)?v?(?P<number>[0-9]{1,9})", value)
-    if match is None:
+    try:
+        number = parse_version_number(value, name=name)
+    except UserError as exc:
         raise typer.BadParameter(
-            f"{name}={value!r}: the version must be a number such as 3, v3 or {name}@v3", param_hint=option
-        )
-    prefix = match.group("prefix")
-    if prefix is not None and prefix != name:
-        raise typer.BadParameter(
-            f"{name}={value!r}: the version names {prefix!r}, not {name!r}", param_hint=option
-        )
-    number = int(match.group("number"))
+            f"{name}={value!r}: {exc}; the version must be a number such as 3, v3 or {name}@v3",
+            param_hint=option,
+        ) from None
     return f"{name}@v{number}" if name == "policy" else str(number)
 
 

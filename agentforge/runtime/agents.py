@@ -20,7 +20,6 @@ zero-argument factory returning the agent) or from a picklable callable (the age
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +49,9 @@ def load_object(spec: str) -> Any:
     """
     module_name, sep, attr = spec.rpartition(":") if spec.count(":") > 1 else spec.partition(":")
     if not sep or not module_name or not attr:
-        raise UserError(f"{spec!r} is not an import path; use 'package.module:function' or 'file.py:function'")
+        raise UserError(
+            f"{spec!r} is not an import path; use 'package.module:function' or 'file.py:function'"
+        )
     try:
         obj: Any = _import(module_name)
     except ImportError as exc:
@@ -112,7 +113,9 @@ def build_agent(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     if _takes_task_and_ctx(obj):
         return obj
     if not callable(obj):
-        raise UserError(f"{spec!r} is a {type(obj).__name__}, not an agent(task, ctx) or a factory returning one")
+        raise UserError(
+            f"{spec!r} is a {type(obj).__name__}, not an agent(task, ctx) or a factory returning one"
+        )
     try:
         agent = obj()
     except Exception as exc:
