@@ -20,8 +20,10 @@ test-fast: setup
 	.venv/bin/python -m pytest -m "not vllm and not slow and not postgres" $(PYTEST_ARGS)
 
 lint:
-	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks
-	.venv/bin/ruff format --check agentforge agents stores trainers tests examples benchmarks
+	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks plugins
+	.venv/bin/ruff format --check agentforge agents stores trainers tests examples benchmarks plugins
 
 bench: setup
-	.venv/bin/python benchmarks/run_all.py
+	.venv/bin/python benchmarks/grpo_step_time.py
+	.venv/bin/python benchmarks/runner_overhead.py
+	.venv/bin/python benchmarks/train_throughput.py $$(command -v nvidia-smi >/dev/null || echo --tiny)

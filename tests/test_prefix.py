@@ -1,0 +1,141 @@
+"""Shared-prefix log-probabilities (``trainers/prefix.py``) against TRL's own per-row pass.
+
+A tiny random Llama with TRL's fused LM head and a randomly initialised LoRA: the same left-padded batch
+(prompts of different lengths, each repeated with right-padded completions, rows shuffled) goes through
+``GRPOTrainer._get_per_token_logps_and_entropies`` and through :func:`shared_prefix_logps`; log-probs,
+entropies and LoRA gradients must agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from agentforge.trainers.prefix import SharedPrefixGRPOTrainer, prompt_groups, shared_prefix_logps
+
+VOCAB = 96
+
+
+def tiny_policy(temperature: float = 0.7):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
+    return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+
+
+def grpo_batch(prompt_lens=(3, 9, 17), group=4, completion_len=5, seed=1):
+    """Left-padded prompts, each repeated ``group`` times with right-padded completions; rows shuffled."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(prompt_lens)
+    ids, masks = [], []
+    for plen in prompt_lens:
+        prompt = torch.randint(3, VOCAB, (plen,), generator=gen)
+        for _ in range(group):
+            used = int(torch.randint(1, completion_len + 1, (), generator=gen))
+            completion = torch.randint(3, VOCAB, (completion_len,), generator=gen)
+            ids.append(torch.cat([torch.zeros(width - plen, dtype=torch.long), prompt, completion]))
+            masks.append(
+                torch.cat([torch.zeros(width - plen), torch.ones(plen), torch.arange(completion_len) < used])
+            )
+    order = torch.randperm(len(ids), generator=gen)
+    return torch.stack(ids)[order], torch.stack(masks).long()[order], completion_len
+
+
+def trl_logps(model, ids, mask, c):
+    fake_trainer = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext))
+    per_row = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__  # skip TRL's profiling wrapper
+    logps, entropies, _ = per_row(fake_trainer, model, ids, mask, c, compute_entropy=True)
+    return logps, entropies
+
+
+def lora_grads(model):
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    return grads
+
+
+def test_groups_follow_exact_prompt_ids_not_padding() -> None:
+    ids, mask, c = grpo_batch(prompt_lens=(4, 4, 6), group=3)
+    groups = prompt_groups(ids, mask, c)
+    assert sorted(len(g.rows) for g in groups) == [3, 3, 3]
+    assert sorted(r for g in groups for r in g.rows) == list(range(9))
+    assert sorted(g.prompt.numel() for g in groups) == [4, 4, 6]
+
+
+def test_values_and_gradients_equal_trl_per_row_pass() -> None:
+    model = tiny_policy()
+    model.train()
+    ids, mask, c = grpo_batch()
+    weight = torch.randn(ids.size(0), c)  # an arbitrary loss, so every position's gradient counts
+    ref, ref_entropy = trl_logps(model, ids, mask, c)
+    (ref * weight * mask[:, -c:]).sum().backward()
+    ref_grads = lora_grads(model)
+    got, entropy = shared_prefix_logps(model, ids, mask, c, compute_entropy=True)
+    (got * weight * mask[:, -c:]).sum().backward()
+    got_grads = lora_grads(model)
+
+    real = mask[:, -c:].bool()
+    assert got.shape == ref.shape == (ids.size(0), c)
+    # TRL's fused LM head computes in float32, so agreement is to float32 rounding
+    torch.testing.assert_close(got[real], ref[real], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(entropy[real], ref_entropy[real], atol=2e-6, rtol=1e-5)
+    assert torch.all(got[~real] == 0) and torch.all(ref[~real] == 0)
+    assert ref_grads.keys() == got_grads.keys() and ref_grads
+    for name, grad in ref_grads.items():
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(
+            got_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+def test_one_token_prompt_and_no_entropy() -> None:
+    model = tiny_policy(temperature=1.0)
+    ids, mask, c = grpo_batch(prompt_lens=(1, 5), group=2, completion_len=3)
+    ref, _ = trl_logps(model, ids, mask, c)
+    got, entropy = shared_prefix_logps(model, ids, mask, c)
+    assert entropy is None
+    real = mask[:, -c:].bool()
+    torch.testing.assert_close(got[real], ref[real], atol=2e-6, rtol=1e-5)
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    model = tiny_policy()
+    ids, mask, c = grpo_batch(prompt_lens=(2,), group=2)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        shared_prefix_logps(model, ids, mask, 0)
+    mask[:, : ids.size(1) - c] = 0  # every prompt token is padding
+    with pytest.raises(ValueError, match="empty prompt"):
+        shared_prefix_logps(model, ids, mask, c)
+
+
+def test_trainer_falls_back_when_nothing_is_shared_or_checkpointing() -> None:
+    """The override picks the path itself: TRL's pass for unique prompts or gradient checkpointing."""
+    model = tiny_policy()
+    trainer = object.__new__(SharedPrefixGRPOTrainer)  # only the attributes the method reads
+    trainer.accelerator = SimpleNamespace(autocast=nullcontext, is_main_process=True)
+    trainer.args = SimpleNamespace(gradient_checkpointing=False)
+    shared_ids, shared_mask, c = grpo_batch(prompt_lens=(3, 6), group=3)
+    unique_ids, unique_mask, _ = grpo_batch(prompt_lens=(3, 6, 8), group=1)
+    method = SharedPrefixGRPOTrainer._get_per_token_logps_and_entropies
+    method(trainer, model, shared_ids, shared_mask, c)
+    assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (1, 0)
+    method(trainer, model, unique_ids, unique_mask, c)
+    assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (1, 1)
+    trainer.args.gradient_checkpointing = True
+    model.train()
+    method(trainer, model, shared_ids, shared_mask, c)
+    assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (1, 2)
+    with torch.no_grad():  # checkpointing only replays layers with gradients: no-grad passes still share
+        method(trainer, model, shared_ids, shared_mask, c)
+    assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (2, 2)

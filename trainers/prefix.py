@@ -1,0 +1,224 @@
+"""Shared-prefix log-probabilities for GRPO: each group's prompt goes through the model once, not G times.
+
+A GRPO batch holds ``G`` completions of every prompt. TRL's ``GRPOTrainer`` scores each row separately
+(``prompt + completion`` per row), so a 200-token prompt with 4-token completions costs ``G × 204`` token
+positions of forward *and* backward. Here the rows are grouped by their exact prompt ids; the prompt
+(all but its last token) runs once and fills a KV cache, the cache is repeated ``G`` times in the batch
+dimension, and only ``[last prompt token] + completion[:-1]`` runs per row against it. Two model calls
+per pass, whatever the number of groups: one batched call over the distinct prompts (left-padded), one
+over all rows' completions against their group's cache. Gradients flow
+through the cache into the single prompt pass, so the result (values and gradients) equals the per-row
+computation up to floating-point rounding: RoPE is relative, so dropping the left padding (which only
+shifts every position by a constant) changes nothing mathematically.
+
+This is the "shared-prefix forward" of Prefix Grouper (Liu et al. 2025, arXiv:2506.05433), done with
+the model's own KV cache instead of a custom attention kernel, so any decoder-only ``transformers`` model
+with a ``DynamicCache`` works. Batches it cannot help (no repeated prompt, multimodal inputs, MoE
+auxiliary loss, the gradient pass under gradient checkpointing) fall back to TRL's own computation unchanged.
+
+The completion part is projected through TRL's fused LM head (``add_fused_lm_head``), the same kernel and
+temperature TRL uses, so log-probabilities and entropies match TRL's definitions exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+__all__ = ["PromptGroup", "SharedPrefixGRPOTrainer", "prompt_groups", "shared_prefix_logps"]
+
+
+class PromptGroup:
+    """Rows of a batch whose prompts are identical token for token.
+
+    Attributes:
+        prompt: the unpadded prompt ids, shape ``(L,)``, ``L >= 1``.
+        rows: indices of the rows (in the batch) that share it.
+    """
+
+    __slots__ = ("prompt", "rows")
+
+    def __init__(self, prompt: torch.Tensor, rows: list[int]) -> None:
+        self.prompt, self.rows = prompt, rows
+
+
+def prompt_groups(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int
+) -> list[PromptGroup]:
+    """Group the rows of a ``prompt + completion`` batch by their exact (unpadded) prompt ids.
+
+    Args:
+        input_ids: ``(B, P + C)`` token ids, prompts left-padded (TRL's layout).
+        attention_mask: ``(B, P + C)``, 0 on padding.
+        completion_len: ``C``, the number of trailing completion positions.
+
+    Returns:
+        Groups in order of first appearance; every row is in exactly one group. Rows whose prompt is
+        empty (all padding) share one group with an empty ``prompt``.
+    """
+    prompt_ids = input_ids[:, : input_ids.size(1) - completion_len]
+    prompt_mask = attention_mask[:, : input_ids.size(1) - completion_len].bool()
+    groups: dict[bytes, PromptGroup] = {}
+    out: list[PromptGroup] = []
+    for row in range(input_ids.size(0)):
+        prompt = prompt_ids[row][prompt_mask[row]]
+        key = prompt.cpu().numpy().tobytes()
+        if key in groups:
+            groups[key].rows.append(row)
+        else:
+            groups[key] = PromptGroup(prompt, [row])
+            out.append(groups[key])
+    return out
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward argument that takes a KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", base)
+    params = inspect.signature(type(inner).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(outputs: Any) -> Any:
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else outputs.past_key_values
+
+
+def shared_prefix_logps(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    compute_entropy: bool = False,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    groups: list[PromptGroup] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probabilities (and entropies) of the completions, one prompt pass per group.
+
+    The model must carry TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, added by
+    ``GRPOTrainer``), which applies the sampling temperature.
+
+    Args:
+        model: causal LM (optionally PEFT-wrapped) with the fused LM head.
+        input_ids: ``(B, P + C)`` prompt + completion ids, prompts left-padded.
+        attention_mask: ``(B, P + C)``.
+        logits_to_keep: ``C``.
+        compute_entropy: also return per-token entropies.
+        autocast: context manager factory for mixed precision (TRL uses ``accelerator.autocast``).
+        groups: precomputed :func:`prompt_groups` (computed when ``None``).
+
+    Returns:
+        ``(logps, entropies)``, each ``(B, C)`` float tensors in row order (``entropies`` is ``None``
+        unless requested). Positions whose label is padding hold 0, as in TRL.
+
+    Raises:
+        ValueError: ``logits_to_keep`` is not in ``1..P+C``, or a row's prompt is empty.
+    """
+    total = input_ids.size(1)
+    if not 1 <= logits_to_keep <= total:
+        raise ValueError(f"logits_to_keep={logits_to_keep} must be in 1..{total}")
+    groups = groups if groups is not None else prompt_groups(input_ids, attention_mask, logits_to_keep)
+    if any(g.prompt.numel() == 0 for g in groups):
+        raise ValueError(
+            "a row has an empty prompt: there is no prefix to share (use the per-row computation)"
+        )
+    device, rows = input_ids.device, input_ids.size(0)
+    group_of_row = torch.empty(rows, dtype=torch.long, device=device)
+    for index, group in enumerate(groups):
+        group_of_row[torch.tensor(group.rows, device=device)] = index
+    completions = input_ids[:, -logits_to_keep:]
+    completion_mask = attention_mask[:, -logits_to_keep:]
+    labels = completions.masked_fill(completion_mask == 0, -100)
+    last_prompt_token = torch.stack([g.prompt[-1] for g in groups])[group_of_row]
+    step_in = torch.cat([last_prompt_token[:, None], completions[:, :-1]], dim=1)
+    kwargs: dict[str, Any] = {}
+    width = max(g.prompt.numel() for g in groups) - 1  # the longest prefix (prompt minus its last token)
+    row_prefix_mask = attention_mask.new_zeros((rows, width))
+    if width:
+        # One batched pass over the distinct prefixes (left-padded), then each row gets its group's cache.
+        prefix_ids = input_ids.new_zeros((len(groups), width))
+        prefix_mask = attention_mask.new_zeros((len(groups), width))
+        for index, group in enumerate(groups):
+            prefix = group.prompt[:-1]
+            if prefix.numel():
+                prefix_ids[index, width - prefix.numel() :] = prefix
+                prefix_mask[index, width - prefix.numel() :] = 1
+        with autocast():
+            prefix_out = model(
+                input_ids=prefix_ids,
+                attention_mask=prefix_mask,
+                use_cache=True,
+                logits_to_keep=1,
+                **{_cache_kwarg(model): None},
+            )
+        cache = _output_cache(prefix_out)
+        cache.batch_select_indices(group_of_row)
+        kwargs[_cache_kwarg(model)] = cache
+        row_prefix_mask = prefix_mask[group_of_row]
+    mask = torch.cat([row_prefix_mask, completion_mask.new_ones((rows, 1)), completion_mask[:, :-1]], dim=1)
+    with autocast():
+        out = model(input_ids=step_in, attention_mask=mask, shift_labels=labels, fused_lm_head=True, **kwargs)
+    return out.log_probs, (out.entropy if compute_entropy else None)
+
+
+def _grpo_trainer_base() -> type:
+    from trl import GRPOTrainer
+
+    return GRPOTrainer
+
+
+class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
+    """``trl.GRPOTrainer`` whose log-probability passes share each group's prompt (:func:`shared_prefix_logps`).
+
+    Used for the policy forward (with gradients) and TRL's old-logprob pass (importance sampling). Falls
+    back to TRL's per-row computation when the batch has no repeated prompt, carries multimodal inputs,
+    needs the MoE auxiliary loss, or for the gradient pass under gradient checkpointing (transformers drops
+    KV caches in checkpointed layers; the no-grad old-policy and reference passes still share).
+    ``shared_prefix_calls`` / ``fallback_calls`` count which path ran.
+    """
+
+    shared_prefix_calls = 0
+    fallback_calls = 0
+
+    def _get_per_token_logps_and_entropies(  # noqa: D401 - TRL's signature
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **extra: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        groups = None
+        # Gradient checkpointing drops KV caches in layers that replay their forward (with gradients only).
+        checkpointing = (
+            getattr(self.args, "gradient_checkpointing", False) and model.training and torch.is_grad_enabled()
+        )
+        if not compute_aux_loss and not checkpointing and all(v is None for v in extra.values()):
+            groups = prompt_groups(input_ids, attention_mask, logits_to_keep)
+            if len(groups) == input_ids.size(0) or any(g.prompt.numel() == 0 for g in groups):
+                groups = None  # nothing shared: TRL's batched pass is as cheap
+        if groups is None:
+            self.fallback_calls += 1
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **extra,
+            )  # fmt: skip
+        self.shared_prefix_calls += 1
+        logps, entropies = shared_prefix_logps(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=compute_entropy,
+            autocast=self.accelerator.autocast,
+            groups=groups,
+        )
+        return logps, entropies, None
