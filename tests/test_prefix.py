@@ -139,3 +139,33 @@ def test_trainer_falls_back_when_nothing_is_shared_or_checkpointing() -> None:
     with torch.no_grad():  # checkpointing only replays layers with gradients: no-grad passes still share
         method(trainer, model, shared_ids, shared_mask, c)
     assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (2, 2)
+
+
+class NoCacheModel(torch.nn.Module):
+    """A policy whose forward takes only what TRL's per-row pass passes (no KV cache arguments)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask, labels=None, fused_lm_head=False):
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=fused_lm_head
+        )
+
+
+def test_model_without_kv_cache_support_falls_back_once_with_a_warning(caplog) -> None:
+    model = NoCacheModel(tiny_policy())
+    trainer = object.__new__(SharedPrefixGRPOTrainer)
+    trainer.accelerator = SimpleNamespace(autocast=nullcontext, is_main_process=True)
+    trainer.args = SimpleNamespace(gradient_checkpointing=False)
+    ids, mask, c = grpo_batch(prompt_lens=(3, 6), group=3)
+    method = SharedPrefixGRPOTrainer._get_per_token_logps_and_entropies
+    with caplog.at_level("WARNING", logger="agentforge.trainer"):
+        logps, _, _ = method(trainer, model, ids, mask, c)
+        method(trainer, model, ids, mask, c)
+    assert "not supported by this model" in caplog.text and caplog.text.count("not supported") == 1
+    assert trainer.shared_prefix_unsupported.startswith("TypeError")
+    assert (trainer.shared_prefix_calls, trainer.fallback_calls) == (0, 2)
+    ref, _ = trl_logps(model, ids, mask, c)
+    torch.testing.assert_close(logps, ref)

@@ -23,11 +23,14 @@ temperature TRL uses, so log-probabilities and entropies match TRL's definitions
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+
+logger = logging.getLogger("agentforge.trainer")
 
 __all__ = ["PromptGroup", "SharedPrefixGRPOTrainer", "prompt_groups", "shared_prefix_logps"]
 
@@ -179,11 +182,14 @@ class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
     back to TRL's per-row computation when the batch has no repeated prompt, carries multimodal inputs,
     needs the MoE auxiliary loss, or for the gradient pass under gradient checkpointing (transformers drops
     KV caches in checkpointed layers; the no-grad old-policy and reference passes still share).
-    ``shared_prefix_calls`` / ``fallback_calls`` count which path ran.
+    ``shared_prefix_calls`` / ``fallback_calls`` count which path ran. A model whose forward does not take a
+    KV cache (``TypeError``/``AttributeError``/``NotImplementedError`` from the shared pass) is logged once
+    in ``shared_prefix_unsupported`` and trained with TRL's pass from then on.
     """
 
     shared_prefix_calls = 0
     fallback_calls = 0
+    shared_prefix_unsupported: str | None = None  # why the model cannot share (set on the first failure)
 
     def _get_per_token_logps_and_entropies(  # noqa: D401 - TRL's signature
         self,
@@ -205,20 +211,29 @@ class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
             groups = prompt_groups(input_ids, attention_mask, logits_to_keep)
             if len(groups) == input_ids.size(0) or any(g.prompt.numel() == 0 for g in groups):
                 groups = None  # nothing shared: TRL's batched pass is as cheap
-        if groups is None:
-            self.fallback_calls += 1
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **extra,
-            )  # fmt: skip
-        self.shared_prefix_calls += 1
-        logps, entropies = shared_prefix_logps(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=compute_entropy,
-            autocast=self.accelerator.autocast,
-            groups=groups,
-        )
-        return logps, entropies, None
+        if groups is not None and not self.shared_prefix_unsupported:
+            try:
+                logps, entropies = shared_prefix_logps(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    compute_entropy=compute_entropy,
+                    autocast=self.accelerator.autocast,
+                    groups=groups,
+                )
+            except (TypeError, AttributeError, NotImplementedError) as exc:
+                # A model whose forward takes no KV cache / fused head arguments: say so once, then use TRL's.
+                self.shared_prefix_unsupported = f"{type(exc).__name__}: {exc}"
+                logger.warning(
+                    "shared-prefix log-probs are not supported by this model (%s); using TRL's per-row pass",
+                    self.shared_prefix_unsupported,
+                )
+            else:
+                self.shared_prefix_calls += 1
+                return logps, entropies, None
+        self.fallback_calls += 1
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            **extra,
+        )  # fmt: skip
