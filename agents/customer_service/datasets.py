@@ -245,7 +245,12 @@ def intent_labels(
 
 
 def bitext_triage_tasks(
-    train_size: int, eval_size: int, *, seed: int = 1234, train_temperature: float = 1.0
+    train_size: int,
+    eval_size: int,
+    *,
+    seed: int = 1234,
+    train_temperature: float = 1.0,
+    balanced: bool = False,
 ) -> tuple[list[Task], list[Task]]:
     """Bitext train/test splits (disjoint by construction) as category-triage tasks for ``triage_agent``.
 
@@ -254,6 +259,11 @@ def bitext_triage_tasks(
         eval_size: held-out messages from the test split (greedy: ``input["temperature"] = 0.0``).
         seed: shuffling seed; the same seed gives the same tasks.
         train_temperature: sampling temperature of the training rollouts.
+        balanced: draw the training messages round-robin over the categories, so each category has the
+            same count (±1) as long as it has messages left. Bitext is skewed (``account`` is the largest
+            category), and with an exact-match reward "always answer the largest category" is a
+            zero-variance trap for GRPO; balancing makes that answer pay the least. The held-out set
+            keeps the natural distribution.
 
     Returns:
         ``(train, held_out)``: tasks with ``task_id = "bitext-<index>"``, ``input = {"text",
@@ -279,4 +289,10 @@ def bitext_triage_tasks(
     train, test = load_bitext("train"), load_bitext("test")
     rng.shuffle(train)
     rng.shuffle(test)
+    if balanced:
+        by_category: dict[str, list[Task]] = {}
+        for t in train:
+            by_category.setdefault(str(t.metadata["category"]), []).append(t)
+        queues = [by_category[c] for c in sorted(by_category)]
+        train = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
     return [task(t, train_temperature) for t in train[:train_size]], [task(t, 0.0) for t in test[:eval_size]]
