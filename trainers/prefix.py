@@ -144,6 +144,7 @@ def shared_prefix_logps(
     row_prefix_mask = attention_mask.new_zeros((rows, width))
     if width:
         # One batched pass over the distinct prefixes (left-padded), then each row gets its group's cache.
+        cache_kw = _cache_kwarg(model)
         prefix_ids = input_ids.new_zeros((len(groups), width))
         prefix_mask = attention_mask.new_zeros((len(groups), width))
         for index, group in enumerate(groups):
@@ -157,11 +158,11 @@ def shared_prefix_logps(
                 attention_mask=prefix_mask,
                 use_cache=True,
                 logits_to_keep=1,
-                **{_cache_kwarg(model): None},
+                **{cache_kw: None},
             )
         cache = _output_cache(prefix_out)
         cache.batch_select_indices(group_of_row)
-        kwargs[_cache_kwarg(model)] = cache
+        kwargs[cache_kw] = cache
         row_prefix_mask = prefix_mask[group_of_row]
     mask = torch.cat([row_prefix_mask, completion_mask.new_ones((rows, 1)), completion_mask[:, :-1]], dim=1)
     with autocast():
