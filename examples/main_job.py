@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
 def top_answer(store: SQLStore, label: str) -> str:
     """The most frequent category the policy answered in one evaluation and its share (``"account 62%"``).
 
-    A share far above the true class frequencies (at most 12% here) means the policy collapsed onto one
-    answer, which caps the accuracy whatever the mean says.
+    A share far above the true class frequencies (the largest, "account", is about 19% of the held-out
+    messages) means the policy collapsed onto one answer, which caps the accuracy whatever the mean says.
     """
     answers: Counter[str] = Counter()
     for rollout in store.list_rollouts():
