@@ -55,7 +55,10 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
     store_url: Annotated[
-        str | None, typer.Option(help="Trace store URL (default: SQLite in $AGENTFORGE_HOME).")
+        str | None,
+        typer.Option(
+            help="Trace store URL: sqlite, postgresql or http(s) (default: SQLite in $AGENTFORGE_HOME)."
+        ),
     ] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Required bearer key.")
@@ -75,13 +78,12 @@ def serve(
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy."""
     import threading
 
-    from agentforge.config import default_store_url
     from agentforge.errors import AgentForgeError
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
     from agentforge.model import prepare_default_model
+    from agentforge.open import open_store
     from agentforge.serving.hotswap import HotSwapper
-    from agentforge.stores.sql import SQLStore
 
     if backend not in ("vllm", "embedded"):
         raise typer.BadParameter("choose vllm or embedded", param_hint="--backend")
@@ -95,7 +97,7 @@ def serve(
             from agentforge.serving.embedded import EmbeddedServer
 
             server = EmbeddedServer(path, max_lora_rank=max_lora_rank)
-        store = SQLStore(store_url or default_store_url())
+        store = open_store(store_url)
         console.print(f"starting {backend} with {path} …")
         server.start()
         router = ModelRouter()

@@ -75,13 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     import uvicorn
 
-    from agentforge.stack import LocalStack
-    from agentforge.stores.sql import SQLStore
-    from agentforge.trainers.config import TrainConfig
-    from agentforge.trainers.continual import ContinualTrainer
-    from agentforge.trainers.publish import HotSwapPublisher
+    from agentforge import ContinualTrainer, HotSwapPublisher, LocalStack, TrainConfig, open_store
 
-    store = SQLStore(args.store)
+    store = open_store(args.store)
     config = TrainConfig(
         output_dir=args.output_dir,
         num_generations=args.group_size,

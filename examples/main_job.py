@@ -30,18 +30,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentforge import (
+    HotSwapper,
+    HotSwapPublisher,
+    LightningTrainer,
+    LocalStack,
+    SpanKind,
+    Task,
+    TraceStore,
+    TrainConfig,
+    evaluate_tasks,
+    open_store,
+    plot_reward_curves,
+    prepare_default_model,
+)
 from agentforge.agents.customer_service.datasets import bitext_triage_tasks
 from agentforge.agents.customer_service.triage import CATEGORIES, parse_label, triage_agent
-from agentforge.model import prepare_default_model
-from agentforge.runtime import evaluate_tasks
-from agentforge.serving.hotswap import HotSwapper
-from agentforge.stack import LocalStack
-from agentforge.stores.sql import SQLStore
-from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.lightning import LightningTrainer
-from agentforge.trainers.publish import HotSwapPublisher
-from agentforge.trainers.report import plot_reward_curves
-from agentforge.types import SpanKind, Task
 
 console = Console()
 
@@ -66,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def train_seed(args: argparse.Namespace, seed: int, store: SQLStore, swapper: HotSwapper, model: Path,
+def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, swapper: HotSwapper, model: Path,
                train: list[Task]) -> tuple[LightningTrainer, float]:  # fmt: skip
     """Train one seed from the base policy; returns the trainer and the wall-clock seconds."""
     swapper.reset_to_base()
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = prepare_default_model()
     train, held_out = bitext_triage_tasks(args.train_size, args.eval_size, balanced=args.balanced)
-    store = SQLStore(f"sqlite:///{(args.out / 'traces.db').resolve()}")
+    store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     console.print(f"[bold]agentforge main job[/] — {len(train)} training / {len(held_out)} held-out messages, "
                   f"{len(CATEGORIES)} categories, seeds {args.seeds}, {args.steps} steps each")  # fmt: skip
     stack = LocalStack(
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if statistics.mean(r["after"] for r in results) > before else 1
 
 
-def top_answer(store: SQLStore, label: str) -> str:
+def top_answer(store: TraceStore, label: str) -> str:
     """The most frequent category the policy answered in one evaluation and its share (``"account 62%"``).
 
     A share far above the true class frequencies (the largest, "account", is about 19% of the held-out
@@ -155,7 +159,7 @@ def top_answer(store: SQLStore, label: str) -> str:
     return f"{name} {n / answers.total():.0%}"
 
 
-def report(args: argparse.Namespace, before: float, results: list[dict], store: SQLStore) -> None:
+def report(args: argparse.Namespace, before: float, results: list[dict], store: TraceStore) -> None:
     """Print the before/after table; write reward_curve.png, report.md and results.json."""
     table = Table(title="Held-out triage accuracy (Bitext categories, greedy)")
     for col in (

@@ -32,14 +32,21 @@ from pathlib import Path
 
 from rich.console import Console
 
+from agentforge import (
+    LocalStack,
+    SpanKind,
+    Task,
+    TraceStore,
+    enqueue_tasks,
+    evaluate_tasks,
+    get_prompt,
+    open_store,
+    optimize_prompt,
+    wait_for_rollouts,
+)
 from agentforge.agents.customer_service.datasets import bitext_triage_tasks
 from agentforge.agents.customer_service.triage import CATEGORIES, TRIAGE_PROMPT_NAME, triage_agent
-from agentforge.prompts import get_prompt
-from agentforge.runtime import enqueue_tasks, evaluate_tasks, wait_for_rollouts
-from agentforge.stack import LocalStack
-from agentforge.stores.sql import SQLStore
-from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback, optimize_prompt
-from agentforge.types import SpanKind, Task
+from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback
 
 console = Console()
 
@@ -84,7 +91,7 @@ def make_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[T
     return pool[: args.train_size], pool[args.train_size :], test
 
 
-def next_rollout_uses_active(store: SQLStore) -> dict[str, object]:
+def next_rollout_uses_active(store: TraceStore) -> dict[str, object]:
     """Enqueue one unpinned rollout: the running runners pick it up; report the version it recorded."""
     probe = Task(
         input={"text": "I want a refund for my last order", "temperature": 0.0}, metadata={"label": "refund"}
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     db = args.out / "traces.db"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    store = SQLStore(f"sqlite:///{db.resolve()}")
+    store = open_store(f"sqlite:///{db.resolve()}")
     train, val, test = make_tasks(args)
     console.print(f"[bold]prompt optimisation[/] — seed {args.seed_prompt!r}, budget {args.budget} rollouts, "
                   f"{len(train)} train / {len(val)} val / {len(test)} held-out messages")  # fmt: skip

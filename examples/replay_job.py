@@ -29,15 +29,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentforge import (
+    HotSwapPublisher,
+    LocalStack,
+    ReplaySFTConfig,
+    TraceFilter,
+    TraceStore,
+    enqueue_tasks,
+    evaluate_tasks,
+    open_store,
+    prepare_default_model,
+    run_replay_sft,
+    wait_for_rollouts,
+)
 from agentforge.agents.customer_service.datasets import bitext_triage_tasks
 from agentforge.agents.customer_service.triage import CATEGORIES, parse_label, triage_agent
-from agentforge.model import prepare_default_model
-from agentforge.runtime import enqueue_tasks, evaluate_tasks, wait_for_rollouts
-from agentforge.stack import LocalStack
-from agentforge.stores.sql import SQLStore
-from agentforge.trainers.publish import HotSwapPublisher
-from agentforge.trainers.replay.select import EmptySelectionError, TraceFilter
-from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
+from agentforge.trainers.replay.select import EmptySelectionError
 
 console = Console()
 
@@ -62,16 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fresh_store(out: Path) -> SQLStore:
+def fresh_store(out: Path) -> TraceStore:
     """A new SQLite store at ``{out}/traces.db`` (an old one and the old adapters are removed)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in ("traces.db", "traces.db-wal", "traces.db-shm"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "sft", ignore_errors=True)
-    return SQLStore(f"sqlite:///{(out / 'traces.db').resolve()}")
+    return open_store(f"sqlite:///{(out / 'traces.db').resolve()}")
 
 
-def generate(store: SQLStore, train: list, samples: int, base: str) -> dict[str, float]:
+def generate(store: TraceStore, train: list, samples: int, base: str) -> dict[str, float]:
     """Sample ``samples`` rollouts per training message with the base policy; returns counts and rate."""
     rollouts = enqueue_tasks(store, train, group_size=samples, resources={"policy": base},
                              metadata={"phase": "replay-generate"}, max_attempts=2, timeout_s=300)  # fmt: skip
@@ -82,7 +89,7 @@ def generate(store: SQLStore, train: list, samples: int, base: str) -> dict[str,
     return {"rollouts": len(done), "successes": ok, "success_rate": ok / max(len(done), 1), **states}
 
 
-def breakdown(store: SQLStore, label: str) -> dict[str, dict[str, float]]:
+def breakdown(store: TraceStore, label: str) -> dict[str, dict[str, float]]:
     """Per gold label of one evaluation: ``{"accuracy": {label: acc}, "predicted": {label: count}}``."""
     hits: Counter[str] = Counter()
     totals: Counter[str] = Counter()

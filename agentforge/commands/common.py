@@ -90,12 +90,13 @@ def _normalise_version(name: str, value: str, option: str) -> str:
 
 
 def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | None = None) -> Any:
-    """Open the store at ``url`` (default: ``$AGENTFORGE_STORE_URL`` or SQLite in ``$AGENTFORGE_HOME``).
+    """:func:`agentforge.open_store` for a command: a SQLite store's folder must exist, even for a new file.
 
     Args:
-        url: ``sqlite:///path``, ``postgresql+psycopg://…`` or ``http(s)://`` (a gateway's store API).
+        url: ``sqlite:///path``, ``postgresql+psycopg://…`` or ``http(s)://`` (a gateway's store API);
+            ``None``: ``$AGENTFORGE_STORE_URL`` or SQLite in ``$AGENTFORGE_HOME``.
         must_exist: refuse a SQLite file that does not exist yet (commands that only read: a typo must not
-            create an empty store); otherwise its folder must exist.
+            create an empty store).
 
     Raises:
         UserError: the URL cannot be parsed, or the SQLite file (or its folder) does not exist.
@@ -104,26 +105,26 @@ def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | 
 
     from agentforge.config import default_store_url
     from agentforge.errors import UserError
-    from agentforge.runtime.process import open_store
+    from agentforge.open import HTTP_SCHEMES, open_store
 
     url = url or default_store_url()
-    if not url.startswith(("http://", "https://")):
+    if not must_exist and not url.startswith(HTTP_SCHEMES):  # with must_exist, open_store checks the file
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
         try:
             parsed = make_url(url)
         except ArgumentError:
-            raise UserError(
-                f"{url!r} is not a store URL; use sqlite:///path/traces.db, postgresql+psycopg://… or http://gateway"
-            ) from None
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            path = Path(parsed.database).expanduser()
-            if must_exist and not path.is_file():
-                raise UserError(f"no trace store at {path} (from {url!r}); check the path")
-            if not path.parent.is_dir():
-                raise UserError(f"folder {path.parent} does not exist (store {url!r})")
-    return open_store(url, api_key)
+            parsed = None  # open_store's error names the accepted forms
+        if (
+            parsed is not None
+            and parsed.get_backend_name() == "sqlite"
+            and parsed.database not in (None, "", ":memory:")
+        ):
+            folder = Path(parsed.database).expanduser().parent
+            if not folder.is_dir():
+                raise UserError(f"folder {folder} does not exist (store {url!r})")
+    return open_store(url, api_key=api_key, must_exist=must_exist)
 
 
 def user_code_importable() -> None:

@@ -1,8 +1,8 @@
 """Process-mode workers: the entry point of a spawned worker process and how it opens the store.
 
 The supervisor (:class:`~agentforge.runtime.runner.Runner`) spawns one process per worker with a
-:class:`WorkerSpec`; the process opens the store from its URL (:func:`open_store`), builds the agent
-(:func:`~agentforge.runtime.agents.build_agent`) and runs a :class:`~agentforge.runtime.worker.Worker`
+:class:`WorkerSpec`; the process opens the store from its URL (:func:`agentforge.open.open_store`), builds
+the agent (:func:`~agentforge.runtime.agents.build_agent`) and runs a :class:`~agentforge.runtime.worker.Worker`
 until told to stop. Supervisor and workers share only lock-free memory (a stop flag and a slot where the
 worker publishes its running attempt), so a worker killed with SIGKILL can never leave a lock held.
 """
@@ -16,33 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentforge.open import open_store
 from agentforge.runtime.agents import build_agent, load_object
 from agentforge.runtime.worker import Worker
 
-if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
-
-__all__ = ["WorkerSpec", "worker_main", "open_store", "RECYCLE_EXIT_CODE"]
+__all__ = ["WorkerSpec", "worker_main", "RECYCLE_EXIT_CODE"]
 
 #: Exit code of a worker process that ended itself to get rid of a stuck agent thread (the supervisor
 #: replaces it at once; it does not count as a failed start). 75 is ``EX_TEMPFAIL``.
 RECYCLE_EXIT_CODE = 75
 
 logger = logging.getLogger("agentforge.runtime")
-
-
-def open_store(url: str, api_key: str | None = None) -> TraceStore:
-    """A store from a URL: ``http(s)://`` → :class:`~agentforge.stores.http.HTTPStore`, anything else →
-    :class:`~agentforge.stores.sql.SQLStore` (SQLite file or PostgreSQL URL)."""
-    if url.startswith(("http://", "https://")):
-        from agentforge.stores.http import HTTPStore
-
-        return HTTPStore(url, api_key=api_key)
-    from agentforge.stores.sql import SQLStore
-
-    return SQLStore(url)
 
 
 @dataclass
@@ -97,7 +83,7 @@ def worker_main(spec: WorkerSpec, stop: Any, slot: Any) -> None:
     def publish(rollout_id: str | None, attempt_id: str | None) -> None:
         slot.value = f"{rollout_id} {attempt_id}".encode() if rollout_id else b""
 
-    store = open_store(spec.store_url, spec.store_api_key)
+    store = open_store(spec.store_url, api_key=spec.store_api_key)
     scorer = load_object(spec.scorer) if isinstance(spec.scorer, str) else spec.scorer
     worker = Worker(
         store, build_agent(spec.agent), spec.gateway_url, stop_flag, name=spec.name,

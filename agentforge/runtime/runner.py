@@ -37,8 +37,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from agentforge.errors import ConfigError, RunError, UserError
+from agentforge.open import open_store
 from agentforge.runtime.agents import build_agent, load_object
-from agentforge.runtime.process import RECYCLE_EXIT_CODE, WorkerSpec, open_store, worker_main
+from agentforge.runtime.process import RECYCLE_EXIT_CODE, WorkerSpec, worker_main
 from agentforge.runtime.tasks import wait_for_rollouts
 from agentforge.runtime.worker import Worker, give_back
 from agentforge.types import Rollout
@@ -119,7 +120,7 @@ class Runner:
                 f"{2 * heartbeat_s} s, or healthy attempts get re-queued"
             )
         self._owns_store = isinstance(store, str)
-        self.store: TraceStore = open_store(store, store_api_key) if isinstance(store, str) else store
+        self.store: TraceStore = open_store(store, api_key=store_api_key) if isinstance(store, str) else store
         self.store_url = store if isinstance(store, str) else _store_url(store) if mode == "process" else None
         self.mode, self.workers, self.gateway_url = mode, workers, gateway_url
         self.heartbeat_s, self.heartbeat_timeout_s, self.poll_s = heartbeat_s, heartbeat_timeout_s, poll_s

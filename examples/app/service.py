@@ -47,11 +47,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from agentforge.errors import NotFoundError
-from agentforge.prompts import get_prompt
-from agentforge.stores.base import TraceStore
-from agentforge.tracing import emit_reward
-from agentforge.types import Rollout, RolloutState, Task
+from agentforge import NotFoundError, Rollout, RolloutState, Task, TraceStore, emit_reward, get_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits next to this file
 
