@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from agentforge.stores.base import TraceStore
 
 if TYPE_CHECKING:
-    from agentforge.stores.http import HTTPStore, create_store_app, store_router
+    from agentforge.stores.http import HTTPStore
+    from agentforge.stores.server import create_store_app, store_router
     from agentforge.stores.sql import SQLStore
 
 __all__ = ["TraceStore", "SQLStore", "HTTPStore", "store_router", "create_store_app"]
@@ -19,8 +20,8 @@ __all__ = ["TraceStore", "SQLStore", "HTTPStore", "store_router", "create_store_
 _LAZY = {
     "SQLStore": "agentforge.stores.sql",
     "HTTPStore": "agentforge.stores.http",
-    "store_router": "agentforge.stores.http",
-    "create_store_app": "agentforge.stores.http",
+    "store_router": "agentforge.stores.server",
+    "create_store_app": "agentforge.stores.server",
 }
 
 

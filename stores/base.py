@@ -17,8 +17,10 @@ The conformance suite in ``tests/store_conformance.py`` checks this for every ba
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
+from agentforge.errors import AgentForgeError
 from agentforge.types import (
     Attempt,
     AttemptState,
@@ -116,6 +118,23 @@ class TraceStore(Protocol):
     ) -> list[Span]:
         """Spans by ``sequence``. ``orphans=True`` lists spans without a rollout; ``valid_only=True``
         keeps only spans of the rollout's succeeded attempt (or of attempts not abandoned)."""
+        ...
+
+    # --- batched writes (group commit) ----------------------------------------------------------
+    def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
+        """Write spans and rewards in order, as one transaction (one request for the HTTP store).
+
+        Each item keeps the rules of ``add_span`` / ``add_reward``; a reward sees the spans before it.
+
+        Returns: one entry per item: the stored item, or the ``NotFoundError``/``UserError`` that item
+        alone failed with (nothing of it written). Raises: ``StoreError`` when the batch failed as a whole.
+        """
+        ...
+
+    def submit(self, item: Span | Reward) -> Future[Span | Reward]:
+        """Queue a span or reward for the store's writer thread; the future resolves to the stored item
+        once its batch is committed (or to the error of ``add_span``/``add_reward``). ``add_span`` and
+        ``add_reward`` are ``submit(item).result()``; async callers ``await asyncio.wrap_future(...)``."""
         ...
 
     # --- rewards --------------------------------------------------------------------------------

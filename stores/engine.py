@@ -23,17 +23,17 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, create_engine, select
 
 from agentforge.errors import AgentForgeError, MissingExtraError, NotFoundError, StoreError, UserError
-from agentforge.stores.tables import AttemptRow, RolloutRow, SequenceTicket
-from agentforge.types import AttemptState, now
+from agentforge.stores.tables import AttemptRow, RolloutRow
+from agentforge.types import AttemptState
 
-__all__ = ["Transactor", "open_engine", "next_seq", "rollout_row", "attempt_row", "running_attempt_id"]
+__all__ = ["Transactor", "open_engine", "rollout_row", "attempt_row", "running_attempt_id"]
 
 T = TypeVar("T")
 
@@ -166,24 +166,6 @@ class Transactor:
 
 
 # --- row helpers shared by the store's parts --------------------------------------------------------
-
-
-def next_seq(s: Session) -> int:
-    """Take the next store-wide sequence number (shared by spans and rewards).
-
-    PostgreSQL: ``nextval`` of the ``af_sequence`` table's own sequence (one round trip); SQLite: insert
-    and delete a ticket row of that ``AUTOINCREMENT`` table (inside the write lock).
-    """
-    if s.get_bind().dialect.name == "postgresql":
-        sql = text("SELECT nextval(pg_get_serial_sequence('af_sequence', 'seq'))")
-        return int(s.connection().execute(sql).scalar_one())
-    ticket = SequenceTicket(taken_at=now())
-    s.add(ticket)
-    s.flush()
-    seq = ticket.seq
-    s.delete(ticket)
-    assert seq is not None
-    return seq
 
 
 def rollout_row(s: Session, rollout_id: str, lock: bool = False) -> RolloutRow:

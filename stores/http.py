@@ -6,8 +6,10 @@ or on other machines.
     app = create_store_app(SQLStore("postgresql+psycopg://..."), api_key="secret")  # run with uvicorn
     store = HTTPStore("http://host:8000", api_key="secret")  # a TraceStore like any other
 
-The server side (routes, wire format, status codes) is :mod:`agentforge.stores.server`; its
-``store_router`` and ``create_store_app`` are re-exported here.
+The server side (routes, wire format, status codes) is :mod:`agentforge.stores.server`. Spans and
+rewards go through a group-commit writer (:mod:`agentforge.stores.writer`): concurrent ``add_span`` /
+``add_reward`` calls of one client share ``POST /api/batch`` requests, each caller acknowledged once the
+server committed its batch.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
-from agentforge.stores.server import create_store_app, store_router
+from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.stores.tables import dumps
+from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
     AttemptState,
@@ -34,7 +37,7 @@ from agentforge.types import (
     SpanKind,
 )
 
-__all__ = ["store_router", "create_store_app", "HTTPStore"]
+__all__ = ["HTTPStore"]
 
 
 _ERRORS: dict[str, type[Exception]] = {
@@ -79,6 +82,9 @@ class HTTPStore:
             headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+        self._writer: GroupCommitWriter[Span | Reward, Span | Reward] = GroupCommitWriter(
+            self.write_batch, "agentforge-writer-http", max_batch=256
         )
 
     def __repr__(self) -> str:
@@ -195,9 +201,27 @@ class HTTPStore:
         ]
 
     # --- spans and rewards ------------------------------------------------------------------------
+    def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
+        """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent)."""
+        body = {"items": [{"span" if isinstance(i, Span) else "reward": i.model_dump()} for i in items]}
+        out: list[Span | Reward | AgentForgeError] = []
+        for result in self._request("POST", "/api/batch", body)["results"]:
+            if "span" in result:
+                out.append(Span.model_validate(result["span"]))
+            elif "reward" in result:
+                out.append(Reward.model_validate(result["reward"]))
+            else:
+                cls = _ERRORS.get(result.get("error", ""), UserError)
+                out.append(cls(str(result.get("message"))))  # type: ignore[arg-type]
+        return out
+
+    def submit(self, item: Span | Reward) -> Future[Span | Reward]:
+        """See :meth:`TraceStore.submit`."""
+        return self._writer.submit(item)
+
     def add_span(self, span: Span) -> Span:
-        """See :meth:`TraceStore.add_span`."""
-        return Span.model_validate(self._request("POST", "/api/spans", span.model_dump()))
+        """See :meth:`TraceStore.add_span` (batched with concurrent calls of this client)."""
+        return self._writer.write(span)  # type: ignore[return-value]
 
     def list_spans(
         self,
@@ -218,8 +242,8 @@ class HTTPStore:
         return [Span.model_validate(d) for d in self._request("GET", "/api/spans", params=params)]
 
     def add_reward(self, reward: Reward) -> Reward:
-        """See :meth:`TraceStore.add_reward`."""
-        return Reward.model_validate(self._request("POST", "/api/rewards", reward.model_dump()))
+        """See :meth:`TraceStore.add_reward` (batched with concurrent calls of this client)."""
+        return self._writer.write(reward)  # type: ignore[return-value]
 
     def list_rewards(self, rollout_id: str) -> list[Reward]:
         """See :meth:`TraceStore.list_rewards`."""
@@ -258,7 +282,8 @@ class HTTPStore:
         ]
 
     def close(self) -> None:
-        """Close the HTTP connection pool. Safe to call twice."""
+        """Send what is queued, then close the HTTP connection pool. Safe to call twice."""
+        self._writer.close()
         self._client.close()
 
 

@@ -12,6 +12,7 @@ request bodies that do not validate get FastAPI's 422.
 Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET|PATCH /api/rollouts/{id}``,
 ``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
 ``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans``,
+``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
 ``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
 ``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate`` and the
 unauthenticated ``GET /api/store/health``.
@@ -25,13 +26,53 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.stores.base import TraceStore
 from agentforge.stores.tables import dumps
 from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
 
-__all__ = ["store_router", "create_store_app"]
+__all__ = ["store_router", "create_store_app", "BatchItem", "batch_results", "MAX_BATCH"]
+
+#: Most items one ``POST /api/batch`` may carry.
+MAX_BATCH = 4096
+
+
+class BatchItem(BaseModel):
+    """One entry of ``POST /api/batch``: exactly one of ``span`` or ``reward``."""
+
+    span: Span | None = None
+    reward: Reward | None = None
+
+
+class _Batch(BaseModel):
+    items: list[BatchItem] = Field(max_length=MAX_BATCH)
+
+
+def batch_results(store: TraceStore, items: list[BatchItem]) -> list[dict[str, Any]]:
+    """Write a batch through ``store.write_batch`` and shape one result per item.
+
+    Returns:
+        ``{"span": {...}}`` / ``{"reward": {...}}`` for a stored item, ``{"error": <class name>,
+        "message": str}`` for an item the store rejected alone.
+
+    Raises:
+        UserError: an entry with neither or both of ``span`` and ``reward``.
+        StoreError: the batch failed as a whole.
+    """
+    objs: list[Span | Reward] = []
+    for i, item in enumerate(items):
+        if (item.span is None) == (item.reward is None):
+            raise UserError(f"batch item {i} must hold exactly one of 'span' and 'reward'")
+        objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
+    out: list[dict[str, Any]] = []
+    for result in store.write_batch(objs):
+        if isinstance(result, Exception):
+            out.append({"error": type(result).__name__, "message": str(result)})
+        else:
+            out.append({"span" if isinstance(result, Span) else "reward": result.model_dump()})
+    return out
 
 
 class _ASCIIJSONResponse(Response):
@@ -144,6 +185,10 @@ def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
     @r.post("/spans")
     def add_span(span: Span) -> Response:
         return _call(store.add_span, span)
+
+    @r.post("/batch")
+    def write_batch(batch: _Batch) -> Response:
+        return _call(lambda: {"results": batch_results(store, batch.items)})
 
     @r.get("/spans")
     def list_spans(

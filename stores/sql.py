@@ -12,21 +12,16 @@ the order they are taken. See :mod:`agentforge.stores.tables` for the schema and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from sqlalchemy import func, update
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, select
 
 from agentforge.config import default_store_url
-from agentforge.errors import NotFoundError, UserError
-from agentforge.stores.engine import (
-    Transactor,
-    attempt_row,
-    next_seq,
-    open_engine,
-    rollout_row,
-    running_attempt_id,
-)
+from agentforge.errors import AgentForgeError, NotFoundError, UserError
+from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
+from agentforge.stores.sql_batch import next_seqs, write_items
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
     AttemptRow,
@@ -44,6 +39,7 @@ from agentforge.stores.tables import (
     row_to_span,
     span_to_row,
 )
+from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import Attempt, AttemptState, ResourceVersion, Reward, Rollout, Span, SpanKind
 
 __all__ = ["SQLStore"]
@@ -82,6 +78,9 @@ class SQLStore(RolloutQueue):
         self._tx = Transactor(
             open_engine(self.url, busy_timeout_s, sqlite_synchronous), repr(self), max_retries
         )
+        self._writer: GroupCommitWriter[Span | Reward, Span | Reward] = GroupCommitWriter(
+            self.write_batch, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
+        )
         if create_tables:
             self._tx.run(
                 lambda s: SQLModel.metadata.create_all(s.connection()), write=True, integrity_retries=5
@@ -96,23 +95,33 @@ class SQLStore(RolloutQueue):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- spans ------------------------------------------------------------------------------------
-    def _resolve_attempt(self, s: Session, rollout_id: str, attempt_id: str | None) -> str | None:
-        """Check ``attempt_id`` belongs to the rollout, or default it to the running attempt."""
-        if attempt_id is None:
-            return running_attempt_id(s, rollout_id)
-        att = attempt_row(s, attempt_id)
-        if att.rollout_id != rollout_id:
-            raise UserError(
-                f"attempt {attempt_id!r} belongs to rollout {att.rollout_id!r}, not {rollout_id!r}"
-            )
-        return attempt_id
+    # --- spans and rewards: through the group-commit writer ----------------------------------------
+    def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
+        """Write spans and rewards in order in one transaction (see :mod:`agentforge.stores.sql_batch`).
+
+        Args:
+            items: spans and rewards; each keeps the rules of :meth:`add_span` / :meth:`add_reward`.
+
+        Returns:
+            One entry per item: the stored item, or the ``NotFoundError``/``UserError`` it alone
+            failed with (nothing of it written).
+
+        Raises:
+            StoreError: the transaction failed after the retries (nothing written).
+        """
+        return self._tx.run(lambda s: write_items(s, items), write=True)
+
+    def submit(self, item: Span | Reward) -> Future[Span | Reward]:
+        """Queue a span or reward for this store's writer thread (group commit, see
+        :mod:`agentforge.stores.writer`); the future resolves once it is committed."""
+        return self._writer.submit(item)
 
     def add_span(self, span: Span) -> Span:
-        """Store a span; idempotent by ``span_id``; assigns ``sequence``.
+        """Store a span; idempotent by ``span_id``; assigns ``sequence``. Blocks until committed.
 
         A span without ``rollout_id`` is an orphan (allowed). With a ``rollout_id`` but no ``attempt_id``
         it is stamped with the rollout's running attempt, if any, so ``valid_only`` can judge it.
+        Concurrent callers of one store share transactions (group commit).
 
         Returns:
             The stored span (the existing one if the id was already present).
@@ -121,25 +130,7 @@ class SQLStore(RolloutQueue):
             NotFoundError: unknown rollout or attempt.
             UserError: the attempt belongs to another rollout; bad text in a scalar field.
         """
-        span_to_row(span, 0)  # validate scalar text before touching the database
-
-        def fn(s: Session) -> Span:
-            existing = s.exec(select(SpanRow).where(SpanRow.span_id == span.span_id)).first()
-            if existing is not None:
-                return row_to_span(existing)
-            rollout_id, attempt_id = span.rollout_id, span.attempt_id
-            if rollout_id is None and attempt_id is not None:
-                rollout_id = attempt_row(s, attempt_id).rollout_id
-            if rollout_id is not None:
-                rollout_row(s, rollout_id)
-                attempt_id = self._resolve_attempt(s, rollout_id, attempt_id)
-            stored = span.model_copy(update={"rollout_id": rollout_id, "attempt_id": attempt_id})
-            row = span_to_row(stored, next_seq(s))
-            s.add(row)
-            s.flush()
-            return row_to_span(row)
-
-        return self._tx.run(fn, write=True)
+        return self._writer.write(span)  # type: ignore[return-value]
 
     def list_spans(
         self,
@@ -210,7 +201,7 @@ class SQLStore(RolloutQueue):
 
         Without ``span_id`` it follows the rollout's latest span recorded (committed) before it. Without
         ``attempt_id`` it takes the running attempt's id, else that of the span it follows. ``None`` is
-        stored as an invalid reward, never as a number.
+        stored as an invalid reward, never as a number. Blocks until committed (group commit).
 
         Returns:
             The stored reward with ``span_id``, ``attempt_id`` and ``sequence`` filled in.
@@ -219,41 +210,7 @@ class SQLStore(RolloutQueue):
             NotFoundError: unknown rollout, attempt or span.
             UserError: the span/attempt belongs to another rollout; bad text in a scalar field.
         """
-        reward_to_row(reward, 0)
-
-        def fn(s: Session) -> Reward:
-            existing = s.exec(select(RewardRow).where(RewardRow.reward_id == reward.reward_id)).first()
-            if existing is not None:
-                return row_to_reward(existing)
-            rollout_row(s, reward.rollout_id)
-            attempt_id = self._resolve_attempt(s, reward.rollout_id, reward.attempt_id)
-            if reward.span_id is not None:
-                span = s.exec(select(SpanRow).where(SpanRow.span_id == reward.span_id)).first()
-                if span is None:
-                    raise NotFoundError(f"span {reward.span_id!r} does not exist")
-                if span.rollout_id != reward.rollout_id:
-                    raise UserError(
-                        f"span {reward.span_id!r} belongs to rollout {span.rollout_id!r}, "
-                        f"not {reward.rollout_id!r}"
-                    )
-            else:
-                q = (
-                    select(SpanRow)
-                    .where(SpanRow.rollout_id == reward.rollout_id)
-                    .order_by(SpanRow.seq.desc())
-                )
-                span = s.exec(q.limit(1)).first()
-            if attempt_id is None and span is not None:
-                attempt_id = span.attempt_id
-            stored = reward.model_copy(
-                update={"span_id": span.span_id if span else None, "attempt_id": attempt_id}
-            )
-            row = reward_to_row(stored, next_seq(s))
-            s.add(row)
-            s.flush()
-            return row_to_reward(row)
-
-        return self._tx.run(fn, write=True)
+        return self._writer.write(reward)  # type: ignore[return-value]
 
     def list_rewards(self, rollout_id: str) -> list[Reward]:
         """Rewards of a rollout by ``sequence``. Raises: ``NotFoundError``."""
@@ -312,9 +269,9 @@ class SQLStore(RolloutQueue):
                     raise UserError(f"{key} {getattr(item, key)!r} already exists in another rollout")
             s.add(rollout_to_row(rollout))
             s.add_all([attempt_to_row(a) for a in attempts])
-            for item in items:
+            for item, seq in zip(items, next_seqs(s, len(items)), strict=True):
                 conv = span_to_row if isinstance(item, Span) else reward_to_row
-                s.add(conv(item, next_seq(s)))  # type: ignore[arg-type]
+                s.add(conv(item, seq))  # type: ignore[arg-type]
             s.flush()
             return True
 
@@ -397,5 +354,7 @@ class SQLStore(RolloutQueue):
         return self._tx.run(lambda s: [row_to_resource(r) for r in s.exec(q)], write=False)
 
     def close(self) -> None:
-        """Dispose of the connection pool (an in-memory database is lost). Safe to call twice."""
+        """Write what is queued, then dispose of the connection pool (an in-memory database is lost).
+        Safe to call twice."""
+        self._writer.close()
         self._tx.close()

@@ -2,13 +2,15 @@
 
 The schema is portable (SQLite and PostgreSQL alike): ids and short scalars are ``VARCHAR``, floats
 are ``FLOAT``, and every structured field (task input, attributes, the LLM call record, metadata,
-payloads) is a ``TEXT`` column holding **ASCII-escaped JSON** written by :func:`dumps`.
+payloads) is a ``TEXT`` column holding JSON: ASCII-escaped by :func:`dumps`, or, on the span hot path
+(LLM call records and span attributes), UTF-8 JSON by :func:`fast_dumps`, which escapes ``NUL`` and
+falls back to :func:`dumps` for text UTF-8 cannot carry.
 
 Text policy (the same on every backend):
 
 * Structured fields round-trip byte-exact, whatever they hold: emoji, ZWJ sequences, CJK, curly
-  quotes, ``NUL`` and even lone surrogates (``"\\ud800"``), because they are stored as ``\\uXXXX``
-  escapes, which PostgreSQL ``TEXT`` accepts (it rejects raw ``NUL`` and is never handed unencodable
+  quotes, ``NUL`` and even lone surrogates (``"\\ud800"``), because ``NUL`` and lone surrogates are
+  stored as ``\\uXXXX`` escapes, which PostgreSQL ``TEXT`` accepts (it rejects raw ``NUL`` and is never handed unencodable
   text). Floats, including ``NaN`` and ``Infinity`` inside attributes, round-trip too.
 * Scalar text columns (ids, names, ``agent``, ``worker_id``, ``error``, ...) must be encodable UTF-8
   without ``NUL``: a lone surrogate or ``NUL`` there raises :class:`~agentforge.errors.UserError`
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -35,12 +37,15 @@ __all__ = [
     "ResourceRow",
     "SequenceTicket",
     "dumps",
+    "fast_dumps",
     "loads",
     "plain",
     "rollout_to_row",
     "row_to_rollout",
     "attempt_to_row",
     "row_to_attempt",
+    "check_span_text",
+    "span_values",
     "span_to_row",
     "row_to_span",
     "reward_to_row",
@@ -53,6 +58,17 @@ __all__ = [
 def dumps(value: Any) -> str:
     """Serialise to ASCII-only JSON (non-ASCII, ``NUL`` and lone surrogates become ``\\uXXXX``)."""
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=to_jsonable_python)
+
+
+def fast_dumps(value: Any) -> str:
+    """Serialise to compact JSON with pydantic-core (about 10× faster than :func:`dumps`): non-ASCII text
+    stays UTF-8, ``NUL`` becomes ``\\u0000``, ``NaN``/``Infinity`` are kept as in :func:`dumps`. Values that
+    UTF-8 cannot carry (lone surrogates) fall back to :func:`dumps`. :func:`loads` reads both.
+    """
+    try:
+        return to_json(value, inf_nan_mode="constants").decode("utf-8")
+    except (PydanticSerializationError, UnicodeError):
+        return dumps(value)
 
 
 def loads(text: str | None) -> Any:
@@ -262,22 +278,40 @@ def row_to_attempt(row: AttemptRow) -> Attempt:
     )
 
 
+def check_span_text(s: Span) -> None:
+    """Check the span's scalar text fields (see the text policy). Raises: ``UserError``."""
+    plain("span_id", s.span_id)
+    plain("rollout_id", s.rollout_id)
+    plain("attempt_id", s.attempt_id)
+    plain("span name", s.name)
+    plain("span error", s.error)
+
+
+def span_values(s: Span, seq: int) -> dict[str, Any]:
+    """Span → the column values of its row (for bulk inserts), with sequence number ``seq``.
+
+    Raises:
+        UserError: a scalar field holds ``NUL`` or a lone surrogate.
+    """
+    return {
+        "seq": seq,
+        "span_id": plain("span_id", s.span_id),
+        "rollout_id": plain("rollout_id", s.rollout_id),
+        "attempt_id": plain("attempt_id", s.attempt_id),
+        "kind": s.kind.value,
+        "name": plain("span name", s.name),
+        "status": s.status,
+        "error": plain("span error", s.error),
+        "llm_json": None if s.llm is None else fast_dumps(s.llm),
+        "attributes_json": fast_dumps(s.attributes),
+        "started_at": s.started_at,
+        "ended_at": s.ended_at,
+    }
+
+
 def span_to_row(s: Span, seq: int) -> SpanRow:
     """Span → row with the store-assigned sequence number ``seq``."""
-    return SpanRow(
-        seq=seq,
-        span_id=plain("span_id", s.span_id),
-        rollout_id=plain("rollout_id", s.rollout_id),
-        attempt_id=plain("attempt_id", s.attempt_id),
-        kind=s.kind.value,
-        name=plain("span name", s.name),
-        status=s.status,
-        error=plain("span error", s.error),
-        llm_json=None if s.llm is None else dumps(s.llm.model_dump()),
-        attributes_json=dumps(s.attributes),
-        started_at=s.started_at,
-        ended_at=s.ended_at,
-    )
+    return SpanRow(**span_values(s, seq))
 
 
 def row_to_span(row: SpanRow) -> Span:

@@ -130,7 +130,8 @@ BACKENDS = ["sqlite", "memory", "http", pytest.param("postgres", marks=pytest.ma
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TraceStore]:
     """A fresh, empty ``TraceStore`` of each backend."""
-    from agentforge.stores.http import HTTPStore, create_store_app
+    from agentforge.stores.http import HTTPStore
+    from agentforge.stores.server import create_store_app
     from agentforge.stores.sql import SQLStore
 
     backend = request.param

@@ -204,9 +204,9 @@ def test_requeue_stale(store: TraceStore) -> None:
     alive = store.enqueue_rollout(Rollout())
     last = store.enqueue_rollout(Rollout(max_attempts=1))
     claims = {c[0].rollout_id: c[1] for c in (store.claim_rollout("w") for _ in range(3)) if c}
-    time.sleep(0.3)
+    time.sleep(1.2)  # stale by 1.2 s; the fresh heartbeat below has a 0.8 s margin on a loaded machine
     store.heartbeat(claims[alive.rollout_id].attempt_id)
-    affected = store.requeue_stale(0.2)
+    affected = store.requeue_stale(0.8)
     assert sorted(affected) == sorted([stale.rollout_id, last.rollout_id])
     assert store.get_rollout(stale.rollout_id).state is RolloutState.queued
     assert store.get_rollout(alive.rollout_id).state is RolloutState.running
@@ -217,7 +217,7 @@ def test_requeue_stale(store: TraceStore) -> None:
     assert store.finish_attempt(claims[stale.rollout_id].attempt_id, AttemptState.succeeded).state is (
         RolloutState.queued
     )
-    assert store.requeue_stale(0.2) == []
+    assert store.requeue_stale(0.8) == []
     retry = store.claim_rollout("w-2")
     assert retry is not None and retry[0].rollout_id == stale.rollout_id and retry[1].number == 2
 
@@ -450,3 +450,64 @@ def test_close_is_safe_twice(store: TraceStore) -> None:
     store.enqueue_rollout(Rollout())
     store.close()
     store.close()
+
+
+def test_write_batch_keeps_order_isolates_bad_items_and_dedupes(store: TraceStore) -> None:
+    rollout, attempt_id = _running(store)
+    other = store.enqueue_rollout(Rollout())
+    known = store.add_span(Span(rollout_id=rollout.rollout_id, name="before"))
+    first = Span(rollout_id=rollout.rollout_id, name="first", attributes={"x": math.inf, "t": "é\x00"})
+    items: list[Span | Reward] = [
+        first,
+        Span(rollout_id="nope", name="unknown rollout"),
+        Span(rollout_id=rollout.rollout_id, name="bad\x00name"),
+        Span(rollout_id=other.rollout_id, attempt_id=attempt_id, name="foreign attempt"),
+        Reward(rollout_id=rollout.rollout_id, value=0.5),  # follows `first`, written just before it
+        first,  # the same id again in the same batch
+        known,  # an id already stored
+        Span(attempt_id=attempt_id, name="rollout from attempt"),
+        Reward(rollout_id="nope", value=1.0),
+    ]
+    results = store.write_batch(items)
+    assert len(results) == len(items)
+    stored, unknown, bad_text, foreign, reward, again, old, from_attempt, bad_reward = results
+    assert isinstance(stored, Span) and stored.attempt_id == attempt_id and stored.sequence is not None
+    assert isinstance(unknown, NotFoundError) and isinstance(bad_reward, NotFoundError)
+    assert isinstance(bad_text, UserError) and isinstance(foreign, UserError)
+    assert isinstance(reward, Reward) and reward.span_id == first.span_id and reward.attempt_id == attempt_id
+    assert isinstance(again, Span) and again.sequence == stored.sequence
+    assert isinstance(old, Span) and old.sequence == known.sequence and old.name == "before"
+    assert isinstance(from_attempt, Span) and from_attempt.rollout_id == rollout.rollout_id
+    spans = store.list_spans(rollout_id=rollout.rollout_id)
+    assert [s.name for s in spans] == ["before", "first", "rollout from attempt"]
+    assert spans[1].attributes["x"] == math.inf and spans[1].attributes["t"] == "é\x00"
+    assert reward.sequence is not None and spans[1].sequence < reward.sequence < spans[2].sequence  # type: ignore[operator]
+    assert store.list_spans(rollout_id=other.rollout_id) == []
+
+
+def test_concurrent_add_span_calls_share_commits_and_lose_nothing(store: TraceStore) -> None:
+    rollout, _ = _running(store)
+    spans = [Span(rollout_id=rollout.rollout_id, name=f"s{i}") for i in range(200)]
+    futures = [store.submit(s) for s in spans]  # queued at once: the writer takes them in batches
+    results = [f.result(timeout=60) for f in futures]
+    assert [r.span_id for r in results] == [s.span_id for s in spans]
+    sequences = [r.sequence for r in results]
+    assert sequences == sorted(sequences) and len(set(sequences)) == 200  # submission order kept
+    errors: list[BaseException] = []
+
+    def write(chunk: list[Span]) -> None:
+        try:
+            for span in chunk:
+                store.add_span(span)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    more = [Span(rollout_id=rollout.rollout_id, name=f"t{i}") for i in range(160)]
+    threads = [threading.Thread(target=write, args=(more[i::16],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    names = Counter(s.name for s in store.list_spans(rollout_id=rollout.rollout_id))
+    assert len(names) == 360 and set(names.values()) == {1}

@@ -9,6 +9,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_claim_is_atomic_across_threads,
     test_claim_order_and_agent_filter,
     test_close_is_safe_twice,
+    test_concurrent_add_span_calls_share_commits_and_lose_nothing,
     test_enqueue_is_idempotent_and_forces_queued,
     test_final_reward_is_last_by_sequence,
     test_happy_path_and_invalid_transitions,
@@ -27,6 +28,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_unstorable_scalar_text_is_rejected_clearly,
     test_update_rollout_fields,
     test_valid_only_keeps_the_counted_attempt,
+    test_write_batch_keeps_order_isolates_bad_items_and_dedupes,
 )
 
 

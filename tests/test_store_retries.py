@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agentforge.errors import StoreError, UserError
-from agentforge.stores.http import HTTPStore, create_store_app
+from agentforge.stores.http import HTTPStore
+from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
 from agentforge.types import Rollout, Span
 

@@ -17,7 +17,7 @@ import pytest
 from fixtures_store import serve_app
 
 from agentforge.errors import NotFoundError, UserError
-from agentforge.stores.http import create_store_app
+from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
 from agentforge.tracing import current_context, emit_reward, emit_span, rollout_context
 from agentforge.types import Rollout, SpanKind

@@ -383,7 +383,7 @@ def create_gateway(
             (the store routes check it themselves, with the store's error format).
         transport: httpx transport for upstream requests (tests pass ``ScriptedUpstream.transport()``).
         timeout_s: per-request upstream timeout, seconds (connect: at most 10 s).
-        include_store_api: mount ``agentforge.stores.http.store_router(store)`` when that module exists.
+        include_store_api: mount ``agentforge.stores.server.store_router(store)`` when that module exists.
 
     Returns:
         The FastAPI app; ``app.state.gateway.orphans`` counts orphan spans written.
@@ -409,9 +409,9 @@ def create_gateway(
     app.add_api_route("/health", _health, methods=["GET"])
     if include_store_api:
         try:
-            from agentforge.stores.http import store_router
+            from agentforge.stores.server import store_router
         except ImportError:
-            logger.debug("agentforge.stores.http is not available; the store API is not mounted")
+            logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
             app.include_router(store_router(store, api_key=api_key))
     app.add_api_route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

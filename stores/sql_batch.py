@@ -1,0 +1,246 @@
+"""Batched span and reward writes of the SQL store: many items, one transaction, bulk inserts.
+
+:func:`write_items` is what :meth:`SQLStore.write_batch <agentforge.stores.sql.SQLStore.write_batch>`
+runs inside one write transaction. It keeps the single-item rules of ``add_span`` / ``add_reward``
+exactly (idempotent ids, attempt stamping, the reward attachment rule, one store-wide sequence) but
+looks up what a run of consecutive spans needs with a few ``IN`` queries and inserts the run with one
+``executemany``, so the cost per span is a row, not a transaction.
+
+Items are applied in order: a reward sees every span before it in the batch. An item the store rejects
+(``NotFoundError``, ``UserError``) gets its error in its result slot and writes nothing; the others are
+written. Database errors propagate, so the transaction runner retries the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlmodel import Session, select
+
+from agentforge.errors import AgentForgeError, NotFoundError, UserError
+from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id
+from agentforge.stores.tables import (
+    RewardRow,
+    SpanRow,
+    reward_to_row,
+    row_to_reward,
+    row_to_span,
+    span_values,
+)
+from agentforge.types import AttemptState, Reward, Span
+
+__all__ = ["write_items", "next_seqs", "insert_reward"]
+
+Item = Span | Reward
+Result = Span | Reward | AgentForgeError
+
+_SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]
+_SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
+_RUNNING = AttemptState.running.value
+_CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
+
+
+def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(values), _CHUNK):
+        yield values[i : i + _CHUNK]
+
+
+def next_seqs(s: Session, n: int) -> list[int]:
+    """Take ``n`` store-wide sequence numbers (shared by spans and rewards), increasing.
+
+    PostgreSQL: ``n`` values of the ``af_sequence`` table's own sequence in one query; SQLite (inside the
+    write lock that every write transaction takes up front): advance the ``AUTOINCREMENT`` counter by
+    ``n`` in ``sqlite_sequence`` with one ``UPDATE ... RETURNING`` (the very first time, with one ticket row
+    inserted at ``n`` and deleted again, which creates the counter).
+    """
+    if n <= 0:
+        return []
+    conn = s.connection()
+    if conn.dialect.name == "postgresql":
+        sql = text("SELECT nextval(pg_get_serial_sequence('af_sequence', 'seq')) FROM generate_series(1, :n)")
+        return sorted(int(v) for v in conn.execute(sql, {"n": n}).scalars())
+    bumped = conn.execute(  # one statement once the counter row exists (after the first number)
+        text("UPDATE sqlite_sequence SET seq = seq + :n WHERE name = 'af_sequence' RETURNING seq"), {"n": n}
+    ).scalar()
+    if bumped is not None:
+        return list(range(int(bumped) - n + 1, int(bumped) + 1))
+    conn.execute(text("INSERT INTO af_sequence (seq, taken_at) VALUES (:seq, 0)"), {"seq": n})
+    conn.execute(text("DELETE FROM af_sequence WHERE seq = :seq"), {"seq": n})
+    base = 0
+    return list(range(base + 1, base + n + 1))
+
+
+def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
+    """Write ``items`` in order inside the open transaction of ``s`` (see the module docstring).
+
+    Returns:
+        One entry per item: the stored span/reward (the existing one for a known id) or the
+        ``AgentForgeError`` that item failed with.
+    """
+    results: list[Result] = []
+    run: list[Span] = []
+    for item in items:
+        if isinstance(item, Span):
+            run.append(item)
+            continue
+        if run:
+            results.extend(_insert_spans(s, run))
+            run = []
+        try:
+            results.append(insert_reward(s, item))
+        except AgentForgeError as exc:
+            results.append(exc)
+    if run:
+        results.extend(_insert_spans(s, run))
+    return results
+
+
+def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
+    """Insert a run of spans with one lookup per kind and one ``executemany``."""
+    results: list[Result | None] = [None] * len(spans)
+    values: list[dict[str, Any] | None] = [None] * len(spans)
+    for i, span in enumerate(spans):  # serialise (and check scalar text) before touching the database
+        try:
+            values[i] = span_values(span, 0)
+        except UserError as exc:
+            results[i] = exc
+    conn = s.connection()  # driver-level SQL on the hot path: no ORM objects, no statement compilation
+    ph = "?" if conn.dialect.name == "sqlite" else "%s"
+
+    def rows_in(sql: str, ids: Sequence[str]) -> Iterable[Any]:
+        for chunk in _chunks(ids):
+            yield from conn.exec_driver_sql(sql.format(ids=", ".join([ph] * len(chunk))), tuple(chunk))
+
+    ids = sorted({sp.span_id for sp, r in zip(spans, results, strict=True) if r is None})
+    existing: dict[str, Span] = {}
+    for row in rows_in(f"SELECT {_SPAN_COLUMNS} FROM af_spans WHERE span_id IN ({{ids}})", ids):
+        existing[row.span_id] = row_to_span(row)
+    attempt_ids = sorted({sp.attempt_id for sp in spans if sp.attempt_id is not None})
+    attempts: dict[str, str] = {}  # attempt id -> rollout id
+    for a, r in rows_in(
+        "SELECT attempt_id, rollout_id FROM af_attempts WHERE attempt_id IN ({ids})", attempt_ids
+    ):
+        attempts[a] = r
+    rollout_ids = sorted(
+        {sp.rollout_id for sp in spans if sp.rollout_id is not None}
+        | {attempts[a] for a in attempt_ids if a in attempts}
+    )
+    rollouts: set[str] = set()
+    running: dict[str, tuple[int, str]] = {}  # rollout id -> (number, attempt id) of its running attempt
+    sql = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
+        "SELECT r.rollout_id, a.number, a.attempt_id, a.state FROM af_rollouts r "
+        "LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id IN ({ids})"
+    )
+    for rollout_id, number, attempt_id, state in rows_in(sql, rollout_ids):
+        rollouts.add(rollout_id)
+        if state == _RUNNING and (rollout_id not in running or number > running[rollout_id][0]):
+            running[rollout_id] = (number, attempt_id)
+
+    pending: list[tuple[int, str | None, str | None]] = []  # (index, stored rollout id, attempt id)
+    taken: dict[str, int] = {}  # span id -> index of its first occurrence in this run
+    for i, span in enumerate(spans):
+        if results[i] is not None:
+            continue
+        if span.span_id in existing:
+            results[i] = existing[span.span_id]
+            continue
+        if span.span_id in taken:
+            continue  # a duplicate inside the batch: resolved below to the first occurrence's result
+        try:
+            rollout_id, attempt_id = _stamp(span, attempts, rollouts, running)
+        except AgentForgeError as exc:
+            results[i] = exc
+            continue
+        taken[span.span_id] = i
+        pending.append((i, rollout_id, attempt_id))
+    if pending:
+        rows = []
+        for (i, rollout_id, attempt_id), seq in zip(pending, next_seqs(s, len(pending)), strict=True):
+            row = values[i]
+            assert row is not None
+            row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
+            rows.append(tuple(row[c] for c in _SPAN_FIELDS))
+            update = {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
+            results[i] = spans[i].model_copy(update=update)
+        marks = ", ".join([ph] * len(_SPAN_FIELDS))
+        conn.exec_driver_sql(f"INSERT INTO af_spans ({_SPAN_COLUMNS}) VALUES ({marks})", rows)
+    for i, span in enumerate(spans):
+        if results[i] is None:  # duplicate id later in the batch
+            results[i] = results[taken[span.span_id]]
+    return results  # type: ignore[return-value]
+
+
+def _stamp(
+    span: Span, attempts: dict[str, str], rollouts: set[str], running: dict[str, tuple[int, str]]
+) -> tuple[str | None, str | None]:
+    """``(rollout_id, attempt_id)`` as stored: rollout found from its attempt, attempt defaulted to the
+    running one.
+
+    Raises:
+        NotFoundError: unknown rollout or attempt.
+        UserError: the attempt belongs to another rollout.
+    """
+    rollout_id, attempt_id = span.rollout_id, span.attempt_id
+    if attempt_id is not None and attempt_id not in attempts:
+        raise NotFoundError(f"attempt {attempt_id!r} does not exist")
+    if rollout_id is None and attempt_id is not None:
+        rollout_id = attempts[attempt_id]
+    if rollout_id is not None:
+        if rollout_id not in rollouts:
+            raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+        if attempt_id is None:
+            attempt_id = running[rollout_id][1] if rollout_id in running else None
+        elif attempts[attempt_id] != rollout_id:
+            raise UserError(
+                f"attempt {attempt_id!r} belongs to rollout {attempts[attempt_id]!r}, not {rollout_id!r}"
+            )
+    return rollout_id, attempt_id
+
+
+def _resolve_attempt(s: Session, rollout_id: str, attempt_id: str | None) -> str | None:
+    """Check ``attempt_id`` belongs to the rollout, or default it to the running attempt."""
+    if attempt_id is None:
+        return running_attempt_id(s, rollout_id)
+    att = attempt_row(s, attempt_id)
+    if att.rollout_id != rollout_id:
+        raise UserError(f"attempt {attempt_id!r} belongs to rollout {att.rollout_id!r}, not {rollout_id!r}")
+    return attempt_id
+
+
+def insert_reward(s: Session, reward: Reward) -> Reward:
+    """Insert one reward by the attachment rule of :class:`~agentforge.types.Reward` (idempotent by id).
+
+    Returns:
+        The stored reward with ``span_id``, ``attempt_id`` and ``sequence`` filled in.
+
+    Raises:
+        NotFoundError: unknown rollout, attempt or span.
+        UserError: the span/attempt belongs to another rollout; bad text in a scalar field.
+    """
+    reward_to_row(reward, 0)  # scalar text checks before touching the database
+    existing = s.exec(select(RewardRow).where(RewardRow.reward_id == reward.reward_id)).first()
+    if existing is not None:
+        return row_to_reward(existing)
+    rollout_row(s, reward.rollout_id)
+    attempt_id = _resolve_attempt(s, reward.rollout_id, reward.attempt_id)
+    span: Any
+    if reward.span_id is not None:
+        span = s.exec(select(SpanRow).where(SpanRow.span_id == reward.span_id)).first()
+        if span is None:
+            raise NotFoundError(f"span {reward.span_id!r} does not exist")
+        if span.rollout_id != reward.rollout_id:
+            raise UserError(
+                f"span {reward.span_id!r} belongs to rollout {span.rollout_id!r}, not {reward.rollout_id!r}"
+            )
+    else:
+        q = select(SpanRow).where(SpanRow.rollout_id == reward.rollout_id).order_by(SpanRow.seq.desc())  # type: ignore[attr-defined]
+        span = s.exec(q.limit(1)).first()
+    if attempt_id is None and span is not None:
+        attempt_id = span.attempt_id
+    stored = reward.model_copy(update={"span_id": span.span_id if span else None, "attempt_id": attempt_id})
+    row = reward_to_row(stored, next_seqs(s, 1)[0])
+    s.add(row)
+    s.flush()
+    return row_to_reward(row)
