@@ -193,18 +193,25 @@ class ScriptedUpstream:
         turns: the answers, in order; a ``str`` is ``ScriptedTurn(text=...)``.
         model: the model name it serves (others get vLLM's 404).
         max_model_len: when set, a prompt with more fake ids than this gets vLLM's 400 context error.
+        cycle: repeat the script forever (for load tests and benchmarks); requests are then counted in
+            :attr:`served` but not kept in :attr:`requests`.
 
     Attributes:
-        requests: every chat/completions request received, in order.
+        requests: every chat/completions request received, in order (empty with ``cycle``).
+        served: answers given so far.
         base_url: ``http://scripted-upstream/v1`` (for :meth:`transport`); :meth:`serve` gives a real one.
     """
 
     base_url = "http://scripted-upstream/v1"
 
     def __init__(
-        self, turns: Iterable[ScriptedTurn | str] = (), model: str = "base", max_model_len: int | None = None
+        self,
+        turns: Iterable[ScriptedTurn | str] = (),
+        model: str = "base",
+        max_model_len: int | None = None,
+        cycle: bool = False,
     ) -> None:
-        self.model, self.max_model_len = model, max_model_len
+        self.model, self.max_model_len, self.cycle = model, max_model_len, cycle
         self._turns = [ScriptedTurn(t) if isinstance(t, str) else t for t in turns]
         self._served = 0
         self.requests: list[ScriptedRequest] = []
@@ -219,6 +226,11 @@ class ScriptedUpstream:
     def remaining(self) -> int:
         """Turns not yet served."""
         return len(self._turns) - self._served
+
+    @property
+    def served(self) -> int:
+        """Answers given so far."""
+        return self._served
 
     def transport(self) -> httpx.AsyncBaseTransport:
         """An httpx transport that calls the fake in-process (pass to ``create_gateway(transport=...)``)."""
@@ -286,16 +298,17 @@ class ScriptedUpstream:
 
     async def _answer(self, request: Request, endpoint: str) -> Response:
         body = json.loads(await request.body())
-        self.requests.append(ScriptedRequest(request.url.path, body, dict(request.headers)))
+        if not self.cycle:
+            self.requests.append(ScriptedRequest(request.url.path, body, dict(request.headers)))
         if body.get("model") != self.model:
             return self._error(
                 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model"
             )
-        if self._served >= len(self._turns):
+        if self._served >= len(self._turns) and not (self.cycle and self._turns):
             return self._error(
                 500, f"ScriptedUpstream: script exhausted after {self._served} turns", "InternalServerError"
             )
-        turn = self._turns[self._served]
+        turn = self._turns[self._served % len(self._turns)]
         self._served += 1
         if turn.delay_s:
             await asyncio.sleep(turn.delay_s)

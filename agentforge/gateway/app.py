@@ -25,6 +25,7 @@ never breaks the client's answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -152,7 +153,7 @@ class _Gateway:
         if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
             self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._write, span)
+            await self._write(span)
 
     def _orphan(self, span: Span, why: str) -> None:
         span.attributes["orphan"] = True
@@ -166,10 +167,13 @@ class _Gateway:
             why,
         )
 
-    def _write(self, span: Span) -> None:
+    async def _write(self, span: Span) -> None:
+        """Hand the span to the store's group-commit writer and wait until it is committed (the event loop
+        is never blocked; concurrent calls share one transaction). A span the store rejects for its
+        rollout is kept as an orphan with ``claimed_rollout_id``."""
         try:
             try:
-                self.store.add_span(span)
+                await asyncio.wrap_future(self.store.submit(span))
             except (NotFoundError, UserError) as exc:
                 if span.rollout_id is None:
                     raise
@@ -177,7 +181,7 @@ class _Gateway:
                 span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
                 span.attributes = {**span.attributes, "claimed_rollout_id": _clean(claimed)}
                 self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
-                self.store.add_span(span)
+                await asyncio.wrap_future(self.store.submit(span))
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
 
@@ -255,7 +259,10 @@ class _Gateway:
             )
         target = ctx.model
         if rollout_id is not None:
-            target = await anyio.to_thread.run_sync(self._pinned, rollout_id, ctx.model)
+            if rollout_id in self._pins:  # cached: no thread hop on the hot path
+                target = self._pinned(rollout_id, ctx.model)
+            else:
+                target = await anyio.to_thread.run_sync(self._pinned, rollout_id, ctx.model)
         try:
             ctx.version, upstream = self.router.acquire(target)
         except NotFoundError as exc:
@@ -377,7 +384,8 @@ def create_gateway(
     """Build the gateway app (see the module docstring for routes, attribution and errors).
 
     Args:
-        store: where spans are written (``add_span``, called in a worker thread).
+        store: where spans are written (``submit``: the store's group-commit writer; each call's answer
+            is sent only after its span is committed).
         router: resolves model names to versions and upstreams; counts in-flight requests.
         api_key: when set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``
             (the store routes check it themselves, with the store's error format).

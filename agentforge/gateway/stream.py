@@ -44,6 +44,18 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield "\n".join(lines)
 
 
+async def _drain(events: AsyncIterator[str], limit: int = 64) -> None:
+    """Read what is left of a finished stream (the engine's last bytes after ``[DONE]``) so that the
+    keep-alive connection goes back to the pool instead of being closed; gives up after ``limit`` events."""
+    try:
+        async for _ in events:
+            limit -= 1
+            if limit <= 0:
+                return
+    except httpx.HTTPError:
+        return
+
+
 def _event(data: dict[str, Any]) -> bytes:
     return b"data: " + encode_json(data) + b"\n\n"
 
@@ -75,9 +87,12 @@ class StreamRelay:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE bytes for the client."""
         error: str | None = None
+        events = sse_data(self.response)
         try:
-            async for data in sse_data(self.response):
+            async for data in events:
                 if data.strip() == "[DONE]":
+                    with anyio.CancelScope(shield=True):
+                        await _drain(events)
                     break
                 try:
                     chunk = json.loads(data)

@@ -17,7 +17,6 @@ Every error the gateway returns has OpenAI's shape ``{"error": {"message", "type
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -130,18 +129,30 @@ def shape_response(data: dict[str, Any], ask: ClientAsk, version: str) -> dict[s
     Returns:
         A new dict.
     """
-    out = copy.deepcopy(data)
+    out = dict(data)  # copy on write: only what is changed is copied, the engine's dict stays intact
     out["model"] = version
     if not ask.token_ids:
         out.pop("prompt_token_ids", None)
-    _shape_choices(out.get("choices") or [], ask)
-    for choice in out.get("choices") or []:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        for call in (message or {}).get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and not (function.get("arguments") or "").strip():
-                function["arguments"] = "{}"
+    choices = out.get("choices")
+    if isinstance(choices, list):
+        out["choices"] = choices = [dict(c) if isinstance(c, dict) else c for c in choices]
+        _shape_choices(choices, ask)
+        for choice in choices:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            if not calls or not isinstance(calls, list):
+                continue
+            message = choice["message"] = dict(message)
+            message["tool_calls"] = [_tool_call_with_arguments(call) for call in calls]
     return out
+
+
+def _tool_call_with_arguments(call: Any) -> Any:
+    """A copy of ``call`` whose empty ``function.arguments`` reads ``"{}"`` (the call itself if not empty)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and not (function.get("arguments") or "").strip():
+        return {**call, "function": {**function, "arguments": "{}"}}
+    return call
 
 
 def shape_chunk(chunk: dict[str, Any], ask: ClientAsk, version: str) -> dict[str, Any] | None:

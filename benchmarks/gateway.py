@@ -1,0 +1,203 @@
+"""The gateway's cost: clients → fake engine directly, against clients → gateway → the same fake engine.
+
+The engine is the product's own :class:`~agentforge.testing.ScriptedUpstream` (vLLM-shaped answers with
+``prompt_token_ids``, ``token_ids`` and logprobs; a 24-token answer, cycling forever) served by uvicorn in
+a child process. The gateway runs in another child process with a durable SQLite trace store
+(``synchronous=FULL``) and attributes every call to one of ``C`` running rollouts through the
+``/rollouts/<id>/v1`` prefix. Clients are ``C`` closed-loop asyncio tasks sharing one aiohttp keep-alive pool in
+this process; everything binds 127.0.0.1 and stops by itself.
+
+Phases, each for ``--seconds`` after a warm-up, at 1 and 32 clients, non-streamed and streamed:
+direct, then through the gateway. Printed per phase: req/s, the ratio gateway/direct, the latency the
+gateway adds at p50 and p99 (gateway percentile minus direct percentile), the gateway process's CPU
+milliseconds per request (``/proc/<pid>/stat``), and whether requests sent == spans stored. Then the
+targets of issue 11: ≥ 0.5× direct at 32 clients, p99 ≤ 100 ms, ≤ 1 ms CPU per request, +≤ 2 ms at
+p50 with 1 client, streaming within 1.5× of non-streaming cost.
+
+    python benchmarks/gateway.py                   # 1 and 32 clients, 5 s per phase
+    python benchmarks/gateway.py --clients 32 --seconds 10 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _spine import ChildServer, free_port, percentile  # noqa: E402
+
+from agentforge.stores.sql import SQLStore  # noqa: E402
+from agentforge.types import Rollout, Task  # noqa: E402
+
+_UPSTREAM = """
+import sys, uvicorn
+from agentforge.testing import ScriptedTurn, ScriptedUpstream
+turn = ScriptedTurn("Your order #1234 ships tomorrow; the tracking number follows by email. Thanks!")
+up = ScriptedUpstream([turn], cycle=True)
+uvicorn.run(up.app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+_GATEWAY = """
+import sys, threading
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.gateway.server import GatewayServer
+from agentforge.stores.sql import SQLStore
+router = ModelRouter()
+router.register("policy@v1", Upstream(base_url={upstream!r}, model="base"))
+router.set_alias("policy", "policy@v1")
+GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1])).start()
+threading.Event().wait()
+"""
+
+BODY = {
+    "model": "policy",
+    "messages": [
+        {"role": "system", "content": "You are a helpful customer-service agent for an online shop."},
+        {"role": "user", "content": "Hi, where is my order #1234? It was due yesterday."},
+    ],
+    "max_tokens": 24,
+    "temperature": 1.0,
+}
+
+
+@dataclass
+class Phase:
+    """One measured phase."""
+
+    target: str
+    clients: int
+    stream: bool
+    requests: int
+    errors: int
+    seconds: float
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_req: float | None = None
+    answered: int = 0
+    spans_stored: int | None = None
+
+
+async def _load(
+    urls: list[str], model: str, stream: bool, seconds: float, warmup_s: float
+) -> tuple[list[float], int, int]:
+    """Closed-loop clients, one per URL: latencies (s) of the requests started after the warm-up, errors,
+    and all requests answered (warm-up included)."""
+    latencies: list[float] = []
+    errors = answered = 0
+    body = json.dumps({**BODY, "model": model, "stream": stream}).encode()
+    headers = {"content-type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=len(urls))  # aiohttp: a load generator cheaper than the server
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as client:
+        start = time.perf_counter()
+        measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
+
+        async def worker(url: str) -> None:
+            nonlocal errors, answered
+            while (t0 := time.perf_counter()) < stop_at:
+                try:
+                    async with client.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        ok = r.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                t1 = time.perf_counter()
+                answered += ok
+                if t0 >= measure_from:
+                    if ok:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(worker(u) for u in urls))
+    return latencies, errors, answered
+
+
+def run_phase(target: str, urls: list[str], stream: bool, seconds: float, cpu: ChildServer | None) -> Phase:
+    """Measure one phase; ``cpu``: the process whose CPU time is charged per request."""
+    cpu0 = cpu.cpu_s() if cpu else 0.0
+    model = "base" if cpu is None else "policy"  # the engine's own name directly, the alias via the gateway
+    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, warmup_s=1.0))
+    n = len(latencies)
+    cpu_ms = None
+    if cpu is not None and answered:  # the process's CPU over every request it answered in the phase
+        cpu_ms = round((cpu.cpu_s() - cpu0) * 1000 / answered, 3)
+    return Phase(target, len(urls), stream, n, errors, seconds, round(n / seconds, 1),
+                 round(percentile(latencies, 50) * 1000, 2), round(percentile(latencies, 99) * 1000, 2),
+                 cpu_ms, answered=answered)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every phase and print the table (targets are reported, not asserted)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
+    p.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per phase (after 1 s warm-up)"
+    )
+    p.add_argument("--json", action="store_true", help="print the phases as one JSON line at the end")
+    args = p.parse_args(argv)
+    phases: list[Phase] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        db = f"sqlite:///{Path(tmp) / 'gateway.db'}"
+        store = SQLStore(db)
+        n = max(args.clients)
+        for i in range(n):
+            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
+        rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
+        upstream = ChildServer(_UPSTREAM, free_port(), health="/v1/models")
+        gateway = ChildServer(_GATEWAY.format(upstream=f"{upstream.url}/v1", db=db), free_port())
+        try:
+            for clients in args.clients:
+                for stream in (False, True):
+                    direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
+                    gw_urls = [
+                        f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
+                    ]
+                    phases.append(run_phase("direct", direct_urls, stream, args.seconds, None))
+                    before = _count(store, rollout_ids)
+                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway)
+                    ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
+                    phases.append(ph)
+        finally:
+            gateway.stop()
+            upstream.stop()
+            store.close()
+    _report(phases)
+    if args.json:
+        print(json.dumps([asdict(ph) for ph in phases]))
+    return 0
+
+
+def _count(store: SQLStore, rollout_ids: list[str]) -> int:
+    return sum(len(store.list_spans(rollout_id=r)) for r in rollout_ids)
+
+
+def _report(phases: list[Phase]) -> None:
+    print(f"\n{'clients':>7} {'stream':>6} {'direct r/s':>10} {'gw r/s':>8} {'ratio':>6} {'+p50 ms':>8} "
+          f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}")  # fmt: skip
+    cost: dict[tuple[int, bool], float] = {}
+    for direct, gw in zip(phases[::2], phases[1::2], strict=True):
+        ratio = gw.req_per_s / direct.req_per_s if direct.req_per_s else float("nan")
+        cost[(gw.clients, gw.stream)] = gw.cpu_ms_per_req or float("nan")
+        print(f"{gw.clients:>7} {str(gw.stream):>6} {direct.req_per_s:>10,.0f} {gw.req_per_s:>8,.0f} {ratio:>5.2f}× "
+              f"{gw.p50_ms - direct.p50_ms:>8.2f} {gw.p99_ms - direct.p99_ms:>8.2f} {gw.p99_ms:>7.1f} "
+              f"{gw.cpu_ms_per_req:>10.3f} {gw.answered:>6} {gw.spans_stored:>6} {gw.errors + direct.errors:>4}")  # fmt: skip
+    print("(sent = requests the gateway answered in the phase, warm-up included; spans = spans stored)")
+    for (clients, stream), ms in sorted(cost.items()):
+        if stream and (clients, False) in cost:
+            print(
+                f"streaming/non-streaming CPU cost at {clients} clients: {ms / cost[(clients, False)]:.2f}×"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
