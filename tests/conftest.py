@@ -12,4 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.pop("OPENAI_API_KEY", None)
 os.environ.setdefault("AGENTFORGE_HOME", str(Path.home() / ".cache" / "agentforge"))
 
-pytest_plugins = ["fixtures_store", "fixtures_serving", "fixtures_gateway"]
+# ``fixtures_guard``: an autouse guard fails any test that reaches a real LLM endpoint its markers do not
+# allow (hosted APIs and vLLM: only ``vllm`` tests; the embedded engine: ``slow`` or ``vllm`` tests).
+pytest_plugins = ["fixtures_guard", "fixtures_store", "fixtures_serving", "fixtures_gateway"]

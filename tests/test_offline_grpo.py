@@ -25,6 +25,7 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.stores.sql import SQLStore
 from agentforge.tracing import emit_reward
 from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.lightning import LightningTrainer
 from agentforge.trainers.publish import HotSwapPublisher
 from agentforge.trainers.replay import EmptySelectionError, TraceFilter
 from agentforge.trainers.replay.grpo import run_offline_grpo
@@ -104,9 +105,19 @@ def test_empty_selection_is_a_clear_error_and_publishes_nothing(stored_groups) -
     assert swapper.router.alias("policy") == "policy@v0"
 
 
-def test_offline_grpo_trains_each_group_once_and_publishes_one_version(stored_groups) -> None:
+def test_offline_grpo_trains_each_group_once_and_publishes_one_version(stored_groups, monkeypatch) -> None:
     tmp, store, swapper, group_ids = stored_groups
-    base_before = load_file(str(default_model_dir() / "model.safetensors"))
+    before: dict[str, torch.Tensor] = {}
+    trained: list[LightningTrainer] = []
+    train = LightningTrainer.train
+
+    def snapshot_then_train(self: LightningTrainer, *args, **kwargs):
+        """Snapshot the in-memory parameters (LoRA and base) of the trainer run_offline_grpo built."""
+        before.update({k: v.detach().clone() for k, v in self.trainer.model.named_parameters()})
+        trained.append(self)
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(LightningTrainer, "train", snapshot_then_train)
     enqueued_before = len(store.list_rollouts())
     publisher = HotSwapPublisher(swapper, store)
 
@@ -125,8 +136,14 @@ def test_offline_grpo_trains_each_group_once_and_publishes_one_version(stored_gr
     assert all("sampling/importance_sampling_ratio/mean" in row for row in history)
     assert sum(row["batch/skipped_missing_reward"] for row in history) == 1
     assert sum(row["batch/zero_variance_share"] for row in history) == 0.5  # one of the two steps' 2 groups
-    # LoRA B (zero at init) moved; the base checkpoint on disk did not.
+    # LoRA B (zero at init) moved, in memory and in the published adapter; the base weights in memory did not.
     adapter = load_file(str(tmp / "offline-run" / "adapters" / "step-2" / "adapter_model.safetensors"))
     assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
-    base_after = load_file(str(default_model_dir() / "model.safetensors"))
-    assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
+    (trainer,) = trained
+    after = dict(trainer.trainer.model.named_parameters())
+    assert after.keys() == before.keys()
+    lora_b = [k for k in after if "lora_B" in k]
+    assert lora_b and any(not torch.equal(before[k], after[k]) for k in lora_b)
+    base = [k for k in after if "lora_" not in k]
+    assert base and all(not after[k].requires_grad for k in base)
+    assert all(torch.equal(before[k], after[k]) for k in base)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prerequisites import REQUIRE_VLLM, missing
 
 from agentforge.errors import ConfigError, UserError
 from agentforge.testing import memory_store
@@ -208,7 +209,10 @@ def test_replay_job_end_to_end_publishes_a_version(tmp_path: Path) -> None:
     from agentforge.config import vllm_python
 
     if vllm_python() is None:
-        pytest.skip("no vLLM virtual environment (.venv-vllm or AGENTFORGE_VLLM_PYTHON); run `make setup`")
+        missing(
+            "there is no vLLM virtual environment (.venv-vllm or AGENTFORGE_VLLM_PYTHON); run `make setup`",
+            REQUIRE_VLLM,
+        )
     out = tmp_path / "replay-job"
     cmd = [sys.executable, str(ROOT / "examples" / "replay_job.py"), "--rollouts", "48", "--eval-size", "20",
            "--epochs", "1", "--min-reward", "0", "--out", str(out)]  # fmt: skip

@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 
 import pytest
+from prerequisites import load_data
 
 from agentforge.agents.customer_service.datasets import (
     ESCALATE,
@@ -41,10 +42,7 @@ from agentforge.rewards import (
 
 @pytest.fixture(scope="module")
 def env():
-    try:
-        return load_tau_retail()
-    except UserError as exc:
-        pytest.skip(str(exc))
+    return load_data(load_tau_retail)
 
 
 @pytest.fixture(scope="module")
@@ -213,15 +211,8 @@ def test_importing_rewards_loads_no_data_and_no_torch():
 # -- intent data sets -------------------------------------------------------------------------------
 
 
-def _load(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except UserError as exc:
-        pytest.skip(str(exc))
-
-
 def test_bitext_loader_uses_the_entity_span():
-    tasks = _load(load_bitext)
+    tasks = load_data(load_bitext)
     assert len(tasks) == 4514 and len({t.metadata["intent"] for t in tasks}) == 27
     row = tasks[1]  # upstream entity_value 4587345 lost the zeros of the span 00004587345
     assert row.input["text"] == "can you help me canceling purchase 00004587345?"
@@ -233,7 +224,7 @@ def test_bitext_loader_uses_the_entity_span():
 
 
 def test_bitext_triage_tasks_balanced_training_set():
-    natural, held_out = bitext_triage_tasks(800, 150)
+    natural, held_out = load_data(bitext_triage_tasks, 800, 150)
     balanced, held_out_b = bitext_triage_tasks(800, 150, balanced=True)
     counts = Counter(t.metadata["label"] for t in balanced)
     assert len(balanced) == 800 and len(counts) == 11 and max(counts.values()) - min(counts.values()) <= 1
@@ -249,7 +240,7 @@ def test_bitext_triage_tasks_balanced_training_set():
 
 
 def test_banking77_loader():
-    train, test = _load(load_banking77, "train"), _load(load_banking77, "test")
+    train, test = load_data(load_banking77, "train"), load_data(load_banking77, "test")
     assert (len(train), len(test)) == (10003, 3080)
     assert train[0].metadata == {
         "dataset": "banking77",
@@ -261,7 +252,7 @@ def test_banking77_loader():
 
 
 def test_clinc150_out_of_scope_is_escalate():
-    train = _load(load_clinc150, "train")
+    train = load_data(load_clinc150, "train")
     assert len(train) == 15100
     oos = [t for t in train if t.metadata["raw_intent"] == "oos"]
     assert len(oos) == 100 and {t.metadata["intent"] for t in oos} == {ESCALATE}

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 import pytest
+from prerequisites import load_data
 
 from agentforge.agents.customer_service.tau_retail import (
     READ_TOOLS,
@@ -27,10 +28,7 @@ from agentforge.types import Task
 
 @pytest.fixture(scope="module")
 def env():
-    try:
-        return load_tau_retail()
-    except UserError as exc:
-        pytest.skip(str(exc))
+    return load_data(load_tau_retail)
 
 
 def _replay(env, task: Task):

@@ -1,0 +1,43 @@
+"""Missing prerequisites skip a test on a developer's machine and fail it where they must exist.
+
+Each prerequisite has a switch (an environment variable) that ``make test`` and CI set, so there a missing
+piece is a failure, never a silent skip:
+
+* ``AGENTFORGE_REQUIRE_DATA`` — the offline data sets (``../shared/data`` or ``$AGENTFORGE_DATA_DIR``);
+* ``AGENTFORGE_REQUIRE_VLLM`` — the vLLM virtual environment (see ``fixtures_serving.py``);
+* ``AGENTFORGE_REQUIRE_FRAMEWORKS`` — the framework virtual environments (``test_examples_frameworks.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import NoReturn, ParamSpec, TypeVar
+
+import pytest
+
+from agentforge.errors import UserError
+
+__all__ = ["REQUIRE_DATA", "REQUIRE_VLLM", "missing", "load_data"]
+
+REQUIRE_DATA = "AGENTFORGE_REQUIRE_DATA"
+REQUIRE_VLLM = "AGENTFORGE_REQUIRE_VLLM"
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def missing(reason: str, switch: str) -> NoReturn:
+    """Skip the running test because of ``reason``, or fail it when the environment variable ``switch`` is set."""
+    if os.environ.get(switch):
+        pytest.fail(f"{switch} is set but {reason}")
+    pytest.skip(reason)
+
+
+def load_data(loader: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``loader(*args, **kwargs)``; a data set that is not there (the loader's ``UserError``) skips the test,
+    or fails it under ``AGENTFORGE_REQUIRE_DATA``. Any other error propagates: a broken loader fails."""
+    try:
+        return loader(*args, **kwargs)
+    except UserError as exc:
+        missing(f"the data is missing: {exc}", REQUIRE_DATA)
