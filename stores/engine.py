@@ -54,7 +54,9 @@ def is_memory_url(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
 
 
-def open_engine(url: str, busy_timeout_s: float, sqlite_synchronous: str = "FULL") -> Engine:
+def open_engine(
+    url: str, busy_timeout_s: float, sqlite_synchronous: str = "FULL", pool: dict[str, Any] | None = None
+) -> Engine:
     """Create the engine for a SQLite or PostgreSQL URL (see the module docstring).
 
     Args:
@@ -62,6 +64,8 @@ def open_engine(url: str, busy_timeout_s: float, sqlite_synchronous: str = "FULL
         busy_timeout_s: SQLite ``busy_timeout``, seconds.
         sqlite_synchronous: SQLite ``PRAGMA synchronous``: ``"FULL"`` (a commit survives power loss) or
             ``"NORMAL"`` (about twice as fast in WAL mode; survives process crashes only).
+        pool: PostgreSQL connection-pool options for SQLAlchemy's ``create_engine`` (``pool_size``,
+            ``max_overflow``, ``pool_timeout`` in seconds, ``pool_recycle``); ignored for SQLite.
 
     Raises:
         UserError: unsupported URL scheme.
@@ -75,7 +79,7 @@ def open_engine(url: str, busy_timeout_s: float, sqlite_synchronous: str = "FULL
         except ImportError as exc:
             raise MissingExtraError("psycopg", "postgres", "The PostgreSQL trace store") from exc
         # No pool_pre_ping: a dropped connection fails the transaction as invalidated and run() retries it.
-        return create_engine(url)
+        return create_engine(url, **(pool or {}))
     if backend != "sqlite":
         raise UserError(
             f"unsupported store URL {sa_url.render_as_string(hide_password=True)!r}: use "

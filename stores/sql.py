@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from sqlalchemy import func, update
 from sqlalchemy.engine import make_url
@@ -57,6 +58,9 @@ class SQLStore(RolloutQueue):
             as fast; a commit survives process crashes but not power loss). Ignored for PostgreSQL.
         max_retries: retries of a transaction that hit a transient error before ``StoreError``.
         create_tables: create missing tables on start (idempotent; safe from many processes).
+        pool: PostgreSQL pool options (``pool_size``, ``max_overflow``, ``pool_timeout``, ...), passed to
+            SQLAlchemy's ``create_engine``. Every store call holds a connection only for its own
+            transaction, never across a streamed answer.
 
     Raises:
         UserError: unsupported URL scheme.
@@ -72,11 +76,12 @@ class SQLStore(RolloutQueue):
         sqlite_synchronous: str = "FULL",
         max_retries: int = 10,
         create_tables: bool = True,
+        pool: dict[str, Any] | None = None,
     ) -> None:
         self.url = url or default_store_url()
         self.dialect = make_url(self.url).get_backend_name()
         self._tx = Transactor(
-            open_engine(self.url, busy_timeout_s, sqlite_synchronous), repr(self), max_retries
+            open_engine(self.url, busy_timeout_s, sqlite_synchronous, pool), repr(self), max_retries
         )
         self._writer: GroupCommitWriter[Span | Reward, Span | Reward] = GroupCommitWriter(
             self.write_batch, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
