@@ -27,3 +27,4 @@ bench: setup
 	.venv/bin/python benchmarks/grpo_step_time.py
 	.venv/bin/python benchmarks/runner_overhead.py
 	.venv/bin/python benchmarks/train_throughput.py $$(command -v nvidia-smi >/dev/null || echo --tiny)
+	.venv/bin/python benchmarks/hotswap.py

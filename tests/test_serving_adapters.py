@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from adapters import foreign_adapter, rank_adapter
+from adapters import foreign_adapter, letter_adapter, rank_adapter
 from serving_helpers import FakeServer
 
 from agentforge.config import default_model_dir
 from agentforge.errors import AdapterIncompatibleError, ConfigError, ServingError, UserError
 from agentforge.gateway.router import ModelRouter
-from agentforge.serving.adapters import check_adapter, check_max_lora_rank, read_adapter, same_model
+from agentforge.serving.adapters import (
+    adapter_weights,
+    check_adapter,
+    check_max_lora_rank,
+    read_adapter,
+    same_model,
+)
 from agentforge.serving.base import PolicyServer
 from agentforge.serving.hotswap import CanaryResult, HotSwapper
 from agentforge.serving.vllm import VLLMServer
@@ -134,3 +141,54 @@ def test_hotswapper_names_and_max_loras() -> None:
     assert swapper.swap(adapter) == "policy@v10"
     with pytest.raises(ConfigError):
         HotSwapper(FakeServer(max_loras=1), router)
+
+
+class FingerprintCanary:
+    """A canary whose answer fingerprint is chosen per model name (stands in for the engine's log-probs)."""
+
+    key = "fingerprint"
+
+    def __init__(self, prints: dict[str, dict[str, float]]) -> None:
+        self.prints, self.probed = prints, []
+
+    def probe(self, upstream) -> CanaryResult:  # noqa: ANN001
+        self.probed.append(upstream.model)
+        return CanaryResult("ok", [1], fingerprint=dict(self.prints[upstream.model]), probe=self.key)
+
+    __call__ = probe
+
+
+def test_adapter_weights_digest_and_zero_lora(tmp_path: Path) -> None:
+    zero, trained = adapter_weights(rank_adapter(8)), adapter_weights(letter_adapter("A"))
+    assert zero.zero and not trained.zero  # untrained LoRA: B = 0, it answers exactly like the base
+    copy = tmp_path / "copy"
+    shutil.copytree(letter_adapter("A"), copy)
+    assert adapter_weights(copy) == trained and adapter_weights(letter_adapter("B")).digest != trained.digest
+    with pytest.raises(UserError, match="adapter_model"):
+        adapter_weights(write_config(tmp_path / "empty", r=8))
+
+
+def test_canary_refuses_changed_weights_that_answer_like_the_old_version(tmp_path: Path) -> None:
+    """Weights differ but the answer's log-probs equal the old version's: refused, the old one keeps serving.
+    Equal answers are accepted where no difference is known (an all-zero LoRA after the base, a copy)."""
+    same, moved = {"t:A": -0.5, "t:B": -1.5}, {"t:A": -0.1, "t:B": -2.5}
+    prints = {"base": same, "policy@v1": same, "policy@v2": moved, "policy@v3": moved, "policy@v4": moved}
+    canary, server, router = FingerprintCanary(prints), FakeServer(max_loras=4), ModelRouter()
+    swapper = HotSwapper(server, router, canary=canary)
+    swapper.register_base()
+    assert swapper.swap(rank_adapter(8)) == "policy@v1"  # zero LoRA: like the base, as it must be
+    assert canary.probed == ["policy@v1"] and swapper.last_canary.change is None
+    assert swapper.swap(letter_adapter("A")) == "policy@v2"  # compared with v1's remembered answer
+    assert canary.probed == ["policy@v1", "policy@v2"] and swapper.last_canary.change == pytest.approx(1.0)
+    with pytest.raises(ServingError, match="answers like policy@v2"):
+        swapper.swap(letter_adapter("B"))
+    assert router.alias("policy") == "policy@v2" and "policy@v3" not in server.loaded
+    copy = tmp_path / "A-copy"
+    shutil.copytree(letter_adapter("A"), copy)
+    assert swapper.swap(copy) == "policy@v4" and swapper.last_canary.change == 0.0  # same weights: accepted
+
+    fresh = HotSwapper(FakeServer(max_loras=4), ModelRouter(), canary=FingerprintCanary(prints))
+    fresh.register_base()
+    with pytest.raises(ServingError, match="answers like policy@v0"):  # base probed alongside: equal
+        fresh.swap(letter_adapter("A"), version="policy@v1")
+    assert sorted(fresh.canary.probed) == ["base", "policy@v1"]  # type: ignore[attr-defined]

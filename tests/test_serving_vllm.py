@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -106,6 +107,44 @@ def test_failed_canary_keeps_old_version(swapper: HotSwapper, letter_adapters: d
     assert swapper.live_versions() == [v1]
     v3 = swapper.swap(letter_adapters["C"], canary=expect_letter("C"))
     assert v3 == f"{swapper.alias}@v3"  # a failed version's name is never reused
+
+
+def test_canary_refuses_a_version_the_engine_does_not_serve(
+    swapper: HotSwapper, letter_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that reports success but leaves nothing served: the one-token canary gets vLLM's 404, the
+    new version never takes traffic and the old one keeps answering."""
+    v1 = swapper.swap(letter_adapters["A"])
+    assert swapper.last_canary is not None and swapper.last_canary.token_ids
+    monkeypatch.setattr(swapper.server, "load_adapter", lambda name, path: None)
+    with pytest.raises(ServingError, match="answered 404"):
+        swapper.swap(letter_adapters["B"])
+    assert swapper.router.alias(swapper.alias) == v1 and swapper.live_versions() == [v1]
+    upstream = swapper.router.resolve(swapper.alias)[1]
+    assert ask_letter(upstream.base_url, upstream.model) == "A"
+
+
+def test_canary_refuses_a_version_that_answers_like_the_old_one(
+    swapper: HotSwapper, letter_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The engine serves the old weights under the new name (what an in-place reload with a stale cache
+    does): the weights differ, the canary's log-probs do not, so it is refused. The same weights under a
+    new name answer identically and pass; really different weights pass with a measured change."""
+    v1 = swapper.swap(letter_adapters["A"])
+    assert swapper.last_canary.change is not None and swapper.last_canary.change > 0  # vs the base
+    load = swapper.server.load_adapter
+    monkeypatch.setattr(swapper.server, "load_adapter", lambda name, path: load(name, letter_adapters["A"]))
+    with pytest.raises(ServingError, match=f"answers like {v1}"):
+        swapper.swap(letter_adapters["B"])
+    monkeypatch.undo()
+    assert swapper.router.alias(swapper.alias) == v1 and swapper.live_versions() == [v1]
+    copy = tmp_path / "A-copy"
+    shutil.copytree(letter_adapters["A"], copy)
+    v3 = swapper.swap(copy)
+    assert swapper.last_canary.change == 0.0  # identical weights answer identically: nothing to refuse
+    v4 = swapper.swap(letter_adapters["B"])
+    assert swapper.last_canary.change is not None and swapper.last_canary.change > 0
+    assert swapper.router.alias(swapper.alias) == v4 != v3
 
 
 @pytest.mark.slow

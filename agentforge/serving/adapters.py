@@ -7,12 +7,15 @@ An adapter directory is what ``peft.PeftModel.save_pretrained`` writes: ``adapte
 * its effective LoRA rank — ``r`` or the largest value in ``rank_pattern`` — fits the server's
   ``--max-lora-rank``, which vLLM only accepts from :data:`VLLM_LORA_RANKS`.
 
-Nothing here imports torch or peft: the checks read JSON only.
+Nothing here imports torch or peft: the checks read JSON (and, for :func:`adapter_weights`, the
+safetensors header and raw bytes) only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +24,8 @@ from agentforge.errors import AdapterIncompatibleError, ConfigError, UserError
 __all__ = [
     "VLLM_LORA_RANKS",
     "AdapterInfo",
+    "AdapterWeights",
+    "adapter_weights",
     "read_adapter",
     "check_adapter",
     "check_max_lora_rank",
@@ -162,3 +167,54 @@ def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: in
             f"above it){restart}"
         )
     return info
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """A cheap summary of an adapter's weights, to tell whether two versions must answer differently.
+
+    Attributes:
+        digest: SHA-256 of the weight file (``adapter_model.safetensors`` or ``.bin``); equal digests
+            mean equal weights.
+        zero: every ``lora_B`` tensor is all zero bytes (a freshly initialised LoRA: it adds nothing,
+            so it answers exactly like the base model). Always False for ``.bin`` files (not inspected).
+    """
+
+    digest: str
+    zero: bool
+
+
+def adapter_weights(path: str | Path) -> AdapterWeights:
+    """Hash an adapter's weight file and check whether its LoRA ``B`` matrices are all zero.
+
+    Reads the file once (a few MB for a small LoRA; about 1 GB/s), without torch.
+
+    Args:
+        path: the adapter directory.
+
+    Returns:
+        The :class:`AdapterWeights`.
+
+    Raises:
+        UserError: the directory holds no ``adapter_model.safetensors``/``adapter_model.bin``, or the
+            safetensors header cannot be parsed.
+    """
+    folder = Path(path).expanduser().resolve()
+    for name in ("adapter_model.safetensors", "adapter_model.bin"):
+        if (folder / name).is_file():
+            data = (folder / name).read_bytes()
+            break
+    else:
+        raise UserError(f"{folder} holds no adapter_model.safetensors or adapter_model.bin")
+    digest = hashlib.sha256(data).hexdigest()
+    if name.endswith(".bin"):
+        return AdapterWeights(digest, zero=False)
+    try:
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + size])
+    except (struct.error, ValueError) as exc:
+        raise UserError(f"cannot read the safetensors header of {folder / name}: {exc}") from exc
+    start = 8 + size
+    b_tensors = [v["data_offsets"] for k, v in header.items() if k != "__metadata__" and "lora_B" in k]
+    zero = bool(b_tensors) and all(not data[start + a : start + b].strip(b"\0") for a, b in b_tensors)
+    return AdapterWeights(digest, zero=zero)

@@ -331,12 +331,18 @@ class VLLMServer:
             ServingError: vLLM refused or failed to load it.
         """
         info = check_adapter(path, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
-        if name == self.served_name or name in self.adapters():
-            raise UserError(
-                f"adapter name {name!r} is already in use on {self.base_url}; load every adapter "
-                "version under a new name (reloading in place would serve stale prefix-cache KV)"
-            )
-        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(info.path)}, 120)
+        in_use = UserError(
+            f"adapter name {name!r} is already in use on {self.base_url}; load every adapter "
+            "version under a new name (reloading in place would serve stale prefix-cache KV)"
+        )
+        if name == self.served_name:
+            raise in_use
+        # vLLM refuses a name it already serves (400 "has already been loaded"; we never send load_inplace),
+        # so no /v1/models round trip is needed first (≈ 0.05 s on 2 CPU cores, on the hot-swap path).
+        response = self._request("/load_lora_adapter", {"lora_name": name, "lora_path": str(info.path)}, 120)
+        if response.status_code == 400 and "already been loaded" in response.text:
+            raise in_use
+        self._check(response, "/load_lora_adapter")
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name``.
@@ -345,9 +351,10 @@ class VLLMServer:
             NotFoundError: no adapter of that name is loaded.
             ServingError: vLLM failed to unload it.
         """
-        if name not in self.adapters():
+        response = self._request("/unload_lora_adapter", {"lora_name": name}, 60)
+        if response.status_code == 404:
             raise NotFoundError(f"adapter {name!r} is not loaded on {self.base_url}")
-        self._post("/unload_lora_adapter", {"lora_name": name}, 60)
+        self._check(response, "/unload_lora_adapter")
 
     def adapters(self) -> list[str]:
         """Names of the adapters vLLM currently serves (from ``/v1/models``).
@@ -356,21 +363,36 @@ class VLLMServer:
             ServingError: the server does not answer.
         """
         try:
-            cards = httpx.get(f"{self.base_url}/models", timeout=10).raise_for_status().json()["data"]
+            cards = (
+                self._client().get(f"{self.base_url}/models", timeout=10).raise_for_status().json()["data"]
+            )
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise ServingError(f"vLLM at {self.base_url} did not list its models: {exc}") from exc
         return sorted(card["id"] for card in cards if card.get("parent"))
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _post(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+    def _client(self) -> httpx.Client:
+        """One keep-alive client per server object (``httpx.post`` builds a client per call: ≈ 30 ms)."""
+        client = getattr(self, "_http", None)
+        if client is None:
+            client = self._http = httpx.Client()
+        return client
+
+    def _request(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
         try:
-            response = httpx.post(f"{self.base_url}{route}", json=body, timeout=timeout_s)
+            return self._client().post(f"{self.base_url}{route}", json=body, timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise ServingError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
+
+    @staticmethod
+    def _check(response: httpx.Response, route: str) -> httpx.Response:
         if response.status_code != 200:
             raise ServingError(f"vLLM refused {route} ({response.status_code}): {response.text[:500]}")
         return response
+
+    def _post(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+        return self._check(self._request(route, body, timeout_s), route)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server log ('' when there is none)."""
