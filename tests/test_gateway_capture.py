@@ -8,12 +8,6 @@ import pytest
 
 from agentforge.gateway.capture import StreamCapture, llm_call_from_response
 from agentforge.gateway.router import Upstream
-from agentforge.gateway.toolcalls import (
-    EMPTY_ARGUMENTS,
-    MALFORMED_ARGUMENTS,
-    parse_tool_arguments,
-    tool_error_messages,
-)
 from agentforge.gateway.wire import (
     ClientAsk,
     client_ask,
@@ -21,6 +15,12 @@ from agentforge.gateway.wire import (
     shape_response,
     upstream_body,
     upstream_error_body,
+)
+from agentforge.toolcalls import (
+    EMPTY_ARGUMENTS,
+    MALFORMED_ARGUMENTS,
+    parse_tool_arguments,
+    tool_error_messages,
 )
 
 

@@ -17,7 +17,7 @@ from agentforge.gateway.router import ModelRouter, Upstream
 if TYPE_CHECKING:
     from agentforge.gateway.app import create_gateway
     from agentforge.gateway.server import GatewayServer, serve_gateway
-    from agentforge.gateway.toolcalls import malformed_tool_calls, parse_tool_arguments, tool_error_messages
+    from agentforge.toolcalls import malformed_tool_calls, parse_tool_arguments, tool_error_messages
 
 __all__ = [
     "ModelRouter",
@@ -34,9 +34,9 @@ _LAZY = {
     "create_gateway": "agentforge.gateway.app",
     "GatewayServer": "agentforge.gateway.server",
     "serve_gateway": "agentforge.gateway.server",
-    "tool_error_messages": "agentforge.gateway.toolcalls",
-    "malformed_tool_calls": "agentforge.gateway.toolcalls",
-    "parse_tool_arguments": "agentforge.gateway.toolcalls",
+    "tool_error_messages": "agentforge.toolcalls",
+    "malformed_tool_calls": "agentforge.toolcalls",
+    "parse_tool_arguments": "agentforge.toolcalls",
 }
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentforge.gateway.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai
 from agentforge.gateway.wire import Endpoint
+from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai
 from agentforge.types import LLMCall
 
 __all__ = ["SAMPLING_KEYS", "UNTRAINABLE_FLAGS", "sampling_params", "llm_call_from_response", "StreamCapture"]

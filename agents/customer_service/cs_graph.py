@@ -13,7 +13,7 @@ One ``graph.invoke`` serves **one customer turn**; the conversation lives in the
 * **agent**: the LLM with the system prompt (+ policy chunks + triage result), a worked example, the
   conversation (oldest turns dropped beyond ``max_history_chars``) and the intent's compact tool schemas.
 * **tools**: every tool call runs against the rollout's own :class:`RetailDB`; malformed arguments
-  become an error tool message (:func:`agentforge.gateway.toolcalls.tool_error_message`), outputs are
+  become an error tool message (:func:`agentforge.toolcalls.tool_error_message`), outputs are
   shaped and cut to ``max_tool_chars`` (:func:`shape_tool_output`). After at most ``max_turn_calls`` agent calls the turn ends.
 
 The system prompt, tool list and worked example stay the same for a whole conversation once the intent
@@ -37,8 +37,8 @@ from agentforge.agents.customer_service.prompts import (
     worked_example,
 )
 from agentforge.errors import ConfigError, MissingExtraError
-from agentforge.gateway.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai, tool_error_message
 from agentforge.runtime.context import bound_tool_output
+from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai, tool_error_message
 
 if TYPE_CHECKING:
     from openai import OpenAI

@@ -1,6 +1,9 @@
 """Tool calls as the engine emitted them: parse the argument string, flag what is wrong, and turn a
 malformed call into a tool-error message the agent can send back to the model.
 
+A core module beside :mod:`agentforge.types`: the gateway's capture records calls with it and agents answer
+malformed calls with it, so an agent needs no part of the gateway (only an OpenAI client).
+
 The gateway never rewrites a malformed call: the raw ``arguments`` string is stored and passed to the
 agent exactly as the engine produced it (the model sampled those tokens, and training must see them).
 What the agent does with a call it cannot execute is the agent's business; :func:`tool_error_messages`
