@@ -55,22 +55,18 @@ from agentforge.types import (
 if _typing.TYPE_CHECKING:
     from agentforge.model import prepare_default_model
     from agentforge.open import open_store
+    from agentforge.ports import AdapterPublisher, TraceStore
     from agentforge.prompts import get_prompt, publish_prompt, rollback_prompt
     from agentforge.runtime import Runner, enqueue_tasks, evaluate_tasks, wait_for_rollouts
     from agentforge.serving.hotswap import HotSwapper
+    from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
-    from agentforge.stores.base import TraceStore
     from agentforge.tracing import emit_reward, emit_span
     from agentforge.trainers.config import TrainConfig
     from agentforge.trainers.continual import ContinualTrainer
     from agentforge.trainers.lightning import LightningTrainer
     from agentforge.trainers.prompt_opt import optimize_prompt
-    from agentforge.trainers.publish import (
-        AdapterPublisher,
-        HotSwapPublisher,
-        StorePublisher,
-        rollback_adapter,
-    )
+    from agentforge.trainers.publish import StorePublisher, rollback_adapter
     from agentforge.trainers.replay.grpo import run_offline_grpo
     from agentforge.trainers.replay.select import TraceFilter
     from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
@@ -87,15 +83,15 @@ _LAZY = {
     "wait_for_rollouts": "agentforge.runtime",
     "evaluate_tasks": "agentforge.runtime",
     "open_store": "agentforge.open",
-    "TraceStore": "agentforge.stores.base",
+    "TraceStore": "agentforge.ports",
     "LocalStack": "agentforge.stack",
     "HotSwapper": "agentforge.serving.hotswap",
     "prepare_default_model": "agentforge.model",
     "publish_prompt": "agentforge.prompts",
     "get_prompt": "agentforge.prompts",
     "rollback_prompt": "agentforge.prompts",
-    "AdapterPublisher": "agentforge.trainers.publish",
-    "HotSwapPublisher": "agentforge.trainers.publish",
+    "AdapterPublisher": "agentforge.ports",
+    "HotSwapPublisher": "agentforge.serving.publisher",
     "StorePublisher": "agentforge.trainers.publish",
     "rollback_adapter": "agentforge.trainers.publish",
     "TrainConfig": "agentforge.trainers.config",

@@ -5,7 +5,9 @@
 * ``postgresql+psycopg://user:pw@host/db`` → :class:`~agentforge.stores.sql.SQLStore` on PostgreSQL;
 * ``http(s)://host:port`` (a store server, or a gateway's store API) → :class:`~agentforge.stores.http.HTTPStore`.
 
-The store classes are imported on call, so importing this module stays cheap::
+It is the one wiring point below the CLI that names concrete store backends (the import-layer contracts in
+``pyproject.toml`` allow it and nothing else in the core). The store classes are imported on call, so
+importing this module stays cheap::
 
     store = open_store("sqlite:///runs/traces.db")
 """
@@ -19,9 +21,9 @@ from agentforge.config import default_store_url
 from agentforge.errors import UserError
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
-__all__ = ["open_store", "SQL_BACKENDS", "HTTP_SCHEMES"]
+__all__ = ["open_store", "is_process_local", "SQL_BACKENDS", "HTTP_SCHEMES"]
 
 #: SQLAlchemy backends a :class:`~agentforge.stores.sql.SQLStore` runs on.
 SQL_BACKENDS = ("sqlite", "postgresql")
@@ -73,3 +75,27 @@ def open_store(url: str | None = None, *, api_key: str | None = None, must_exist
     from agentforge.stores.sql import SQLStore
 
     return SQLStore(url)
+
+
+def is_process_local(url: str) -> bool:
+    """Whether the store at ``url`` lives in this process only: an in-memory SQLite database (``sqlite://``).
+
+    Other processes (``Runner(mode="process")`` workers) cannot open such a store; a SQLite file, PostgreSQL
+    or a store server (``http(s)://``) they can.
+
+    Args:
+        url: a store URL (see :func:`open_store`).
+
+    Returns:
+        ``True`` for in-memory SQLite.
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: ``url`` is not an ``http(s)://`` URL and cannot be parsed.
+    """
+    if url.startswith(HTTP_SCHEMES):
+        return False
+    from sqlalchemy.engine import make_url
+
+    from agentforge.stores.engine import is_memory_url
+
+    return is_memory_url(make_url(url))

@@ -21,7 +21,7 @@ from agentforge.errors import NotFoundError, UserError
 from agentforge.types import ResourceVersion, parse_version_number
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
     from agentforge.types import Rollout, RolloutState
 
 __all__ = [

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
+    from agentforge.ports import TraceStore
     from agentforge.runtime import Runner
     from agentforge.serving.hotswap import HotSwapper
-    from agentforge.stores.base import TraceStore
 
 __all__ = ["LocalStack"]
 

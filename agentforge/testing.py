@@ -36,7 +36,7 @@ from agentforge.gateway.router import ModelRouter, Upstream
 
 if TYPE_CHECKING:
     from agentforge.gateway.server import AppServer
-    from agentforge.stores.sql import SQLStore
+    from agentforge.ports import TraceStore
 
 __all__ = [
     "fake_token_ids",
@@ -474,8 +474,8 @@ class _Answer:
         yield b"data: [DONE]\n\n"
 
 
-def memory_store() -> SQLStore:
-    """A fresh in-memory trace store: ``SQLStore("sqlite://")``."""
-    from agentforge.stores.sql import SQLStore
+def memory_store() -> TraceStore:
+    """A fresh in-memory trace store: ``open_store("sqlite://")`` (a ``SQLStore``)."""
+    from agentforge.open import open_store
 
-    return SQLStore("sqlite://")
+    return open_store("sqlite://")

@@ -27,7 +27,7 @@ from agentforge.errors import UserError
 from agentforge.types import Reward, Span, SpanKind, now
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["RolloutContext", "rollout_context", "current_context", "emit_reward", "emit_span"]
 
@@ -109,9 +109,9 @@ def _target(
     if attempt_id is None and ctx is not None and ctx.rollout_id == rollout_id:
         attempt_id = ctx.attempt_id
     if url is not None:
-        from agentforge.stores.http import HTTPStore
+        from agentforge.open import open_store
 
-        return HTTPStore(url, api_key=api_key), rollout_id, attempt_id, True
+        return open_store(url, api_key=api_key), rollout_id, attempt_id, True
     if store is None:
         if ctx is None:
             raise UserError(

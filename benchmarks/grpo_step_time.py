@@ -27,11 +27,11 @@ from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
 from agentforge.runtime import Runner
 from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
-from agentforge.trainers.publish import HotSwapPublisher
 from agentforge.types import Task
 
 

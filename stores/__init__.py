@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentforge.stores.base import TraceStore
+from agentforge.ports import TraceStore
 
 if TYPE_CHECKING:
     from agentforge.stores.http import HTTPStore

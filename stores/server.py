@@ -29,7 +29,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import TraceStore
 from agentforge.stores.tables import dumps
 from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
 

@@ -1,4 +1,4 @@
-"""``SQLStore``: the :class:`~agentforge.stores.base.TraceStore` on SQLite (default) or PostgreSQL.
+"""``SQLStore``: the :class:`~agentforge.ports.TraceStore` on SQLite (default) or PostgreSQL.
 
 SQLite (WAL, ``BEGIN IMMEDIATE`` writes) or PostgreSQL (row locks, ``SKIP LOCKED`` claims), with
 transient errors retried internally: see :mod:`agentforge.stores.engine`. The rollout queue (claims,

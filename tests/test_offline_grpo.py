@@ -22,11 +22,11 @@ from agentforge.runtime import Runner
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.stores.sql import SQLStore
 from agentforge.tracing import emit_reward
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
-from agentforge.trainers.publish import HotSwapPublisher
 from agentforge.trainers.replay import EmptySelectionError, TraceFilter
 from agentforge.trainers.replay.grpo import run_offline_grpo
 from agentforge.types import Task

@@ -17,10 +17,10 @@ from agentforge.gateway.server import GatewayServer
 from agentforge.runtime import Runner
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
-from agentforge.trainers.publish import HotSwapPublisher
 from agentforge.types import Task
 
 

@@ -44,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from agentforge.errors import UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.publish import AdapterPublisher
-from agentforge.trainers.rollouts import BatchReport, RolloutSource
+from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import Rollout, SpanKind, Task
 
 __all__ = [
@@ -158,7 +157,7 @@ class Opening:
 
 
 class FeedbackSource:
-    """:class:`~agentforge.trainers.rollouts.SampleSource` of the continual trainer (runs on the main rank).
+    """:class:`~agentforge.ports.SampleSource` of the continual trainer (runs on the main rank).
 
     Each call waits until ``tasks_per_step`` rated, unused conversations exist, marks them used, re-runs
     their openings as groups (through an inner :class:`RolloutSource`) and returns the samples.

@@ -16,7 +16,7 @@ TRL only knows how to sync weights into its own vLLM; here the serving engine is
 plugs a small object into TRL's generation-backend slot whose ``sync_weights()`` is the publish step. TRL
 calls it exactly when it would sync vLLM: before the first generation after an optimizer step.
 
-**Sample sources.** Anything that follows :class:`~agentforge.trainers.rollouts.SampleSource` can feed the
+**Sample sources.** Anything that follows :class:`~agentforge.ports.SampleSource` can feed the
 trainer: :class:`RolloutSource` (live rollouts, the default), ``StoredGroupSource`` (offline GRPO on groups
 already in the store, :mod:`agentforge.trainers.replay.grpo`), the continual trainer's feedback source.
 
@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.publish import AdapterPublisher, version_number
-from agentforge.trainers.rollouts import BatchReport, RolloutSource, SampleSource, stored_reward
+from agentforge.trainers.publish import version_number
+from agentforge.trainers.rollouts import RolloutSource, stored_reward
 from agentforge.types import Span, SpanKind, Task
 
 try:
@@ -110,7 +110,7 @@ class LightningTrainer:
             ``None``) when ``source`` is given.
         config: :class:`TrainConfig` (TRL's ``GRPOConfig`` + agentforge fields).
         publisher: publishes each saved adapter as a new served version.
-        source: where samples come from (:class:`~agentforge.trainers.rollouts.SampleSource`); default a
+        source: where samples come from (:class:`~agentforge.ports.SampleSource`); default a
             :class:`RolloutSource` that has runners execute ``tasks``.
         swap_during_training: publish every ``swap_every`` steps (default); ``False`` publishes only once,
             at the end of :meth:`train` (offline training, where nothing samples from serving meanwhile).

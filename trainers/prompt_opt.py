@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from gepa import EvaluationBatch
     from rich.progress import Progress
 
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = [
     "REFLECTION_TEMPLATE",

@@ -21,91 +21,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from agentforge.errors import RolloutTimeout, UserError
+from agentforge.ports import BatchReport, SampleSource, TraceStore
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
-from agentforge.stores.base import TraceStore
 from agentforge.trainers.publish import version_number
 from agentforge.trainers.samples import SampleValidationError, build_trajectories
 from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id
 
 __all__ = ["BatchReport", "RolloutSource", "SampleSource", "masked_sample", "stored_reward"]
-
-
-@dataclass
-class BatchReport:
-    """What one generation batch contained; every dropped sample is counted under a reason.
-
-    Attributes:
-        rollouts: rollouts enqueued.
-        groups: groups (tasks) in the batch.
-        zero_variance_groups: groups whose valid rewards are all equal (zero advantage, reported).
-        truncated: samples whose last call ended with ``finish_reason == "length"``.
-        skipped: count per skip reason (``failed``, ``missing_reward``, ``invalid``, ``stale``,
-            ``no_trainable_tokens``).
-        rewards: the valid rewards, in batch order.
-        sampled_tokens: tokens the policy sampled across trained samples.
-        wait_s: seconds spent waiting for runners.
-    """
-
-    rollouts: int = 0
-    groups: int = 0
-    zero_variance_groups: int = 0
-    truncated: int = 0
-    extra_trajectories: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    rewards: list[float] = field(default_factory=list)
-    sampled_tokens: int = 0
-    wait_s: float = 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """Flat metrics for logging (shares are fractions of the batch)."""
-        n = max(self.rollouts, 1)
-        mean = sum(self.rewards) / len(self.rewards) if self.rewards else math.nan
-        var = sum((r - mean) ** 2 for r in self.rewards) / len(self.rewards) if self.rewards else math.nan
-        out = {
-            "batch/reward_mean": mean,
-            "batch/reward_std": math.sqrt(var) if self.rewards else math.nan,
-            "batch/zero_variance_share": self.zero_variance_groups / max(self.groups, 1),
-            "batch/truncated_share": self.truncated / n,
-            "batch/sampled_tokens": float(self.sampled_tokens),
-            "batch/wait_s": self.wait_s,
-        }
-        for reason in ("failed", "missing_reward", "invalid", "stale", "no_trainable_tokens"):
-            out[f"batch/skipped_{reason}"] = float(self.skipped.get(reason, 0))
-        return out
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """What :class:`~agentforge.trainers.lightning.LightningTrainer` trains on: TRL's ``rollout_func`` plus
-    the dataset it samples from.
-
-    TRL's sampler draws entries of :meth:`prompts` and repeats each ``G`` times consecutively; the trainer
-    hands each batch to ``__call__`` on the main process only (other ranks receive their slice of the
-    result), so a source may block, poll a store and write to it without coordinating ranks.
-
-    Attributes:
-        run_id: identifies the training run on whatever the source writes (rollouts, metadata).
-        reports: one :class:`BatchReport` per call, appended by ``__call__`` (the trainer logs the last).
-    """
-
-    run_id: str
-    reports: list[BatchReport]
-
-    def prompts(self) -> list[str]:
-        """The dataset's ``prompt`` column: one entry per group (a task id, a group id, a slot)."""
-        ...
-
-    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
-        """One generation batch: ``len(prompts)`` samples in TRL's ``rollout_func`` layout (see
-        :func:`~agentforge.trainers.samples.to_rollout_func_output`); may block. A sample that must not train
-        keeps its slot as :func:`masked_sample`. Raises whatever ends training (e.g. ``RolloutTimeout``)."""
-        ...
 
 
 def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:

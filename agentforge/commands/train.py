@@ -86,9 +86,9 @@ def _config(output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_
 def _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume):  # type: ignore[no-untyped-def]
     from agentforge.model import prepare_default_model
     from agentforge.runtime import evaluate_tasks
+    from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
     from agentforge.trainers.lightning import LightningTrainer
-    from agentforge.trainers.publish import HotSwapPublisher
 
     model = model or prepare_default_model()
     summary: dict[str, object] = {}

@@ -55,7 +55,7 @@ from agentforge.gateway.wire import (
 from agentforge.types import LLMCall, Span, SpanKind, now
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["create_gateway", "CallContext"]
 

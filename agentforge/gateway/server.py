@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
     from agentforge.gateway.router import ModelRouter
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["is_loopback", "AppServer", "GatewayServer", "serve_gateway"]
 

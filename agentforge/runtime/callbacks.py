@@ -24,8 +24,8 @@ from agentforge.runtime.context import bound_tool_output
 from agentforge.types import Span, SpanKind, now
 
 if TYPE_CHECKING:
+    from agentforge.ports import TraceStore
     from agentforge.runtime.context import RolloutContext
-    from agentforge.stores.base import TraceStore
 
 __all__ = ["ToolSpanCallback"]
 

@@ -27,7 +27,7 @@ from agentforge.types import Reward, Rollout, Span, SpanKind
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
 
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["RolloutContext", "AttemptStore", "SharedHttpClient", "bound_tool_output", "ATTEMPT_HEADER"]
 
@@ -39,7 +39,7 @@ _NO_KEY = "agentforge-no-key"
 
 
 class AttemptStore:
-    """A :class:`~agentforge.stores.base.TraceStore` view for one attempt that closes with it.
+    """A :class:`~agentforge.ports.TraceStore` view for one attempt that closes with it.
 
     Every method is the wrapped store's, except that :meth:`add_span` and :meth:`add_reward` raise
     :class:`~agentforge.errors.RolloutTimeout` once :meth:`close` was called (the attempt finished,

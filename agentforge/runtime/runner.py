@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from agentforge.errors import ConfigError, RunError, UserError
-from agentforge.open import open_store
+from agentforge.open import is_process_local, open_store
 from agentforge.runtime.agents import build_agent, load_object
 from agentforge.runtime.process import RECYCLE_EXIT_CODE, WorkerSpec, worker_main
 from agentforge.runtime.tasks import wait_for_rollouts
@@ -47,7 +47,7 @@ from agentforge.types import Rollout
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["Runner"]
 
@@ -336,17 +336,13 @@ class Runner:
 
 def _store_url(store: TraceStore) -> str:
     """The URL process workers open for ``store``."""
-    from agentforge.stores.engine import is_memory_url
-
     url = getattr(store, "url", None) or getattr(store, "base_url", None)
     if not isinstance(url, str):
         raise ConfigError(
             f"Runner(mode='process') cannot tell worker processes how to open {store!r}; pass its URL "
             "(a SQLite file, PostgreSQL or http(s) store server URL) as `store`"
         )
-    from sqlalchemy.engine import make_url
-
-    if not url.startswith(("http://", "https://")) and is_memory_url(make_url(url)):
+    if is_process_local(url):
         raise ConfigError(
             "Runner(mode='process') needs a store other processes can open; an in-memory SQLite store "
             "('sqlite://') lives in this process only. Use a file ('sqlite:///path/traces.db'), PostgreSQL, "

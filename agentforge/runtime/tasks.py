@@ -13,7 +13,7 @@ from agentforge.errors import ConfigError, RolloutTimeout, UserError
 from agentforge.types import Rollout, Task, new_id
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["enqueue_tasks", "wait_for_rollouts", "evaluate_tasks", "load_tasks"]
 

@@ -40,7 +40,7 @@ from agentforge.tracing import rollout_context
 from agentforge.types import Attempt, AttemptState, Reward, Rollout, RolloutState
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
 
 __all__ = ["Worker", "Heartbeat", "give_back", "describe_error", "worker_id_for"]
 

@@ -35,7 +35,7 @@ class _RequestError(Exception):
 
 
 class EmbeddedServer:
-    """A :class:`~agentforge.serving.base.PolicyServer` running transformers + peft in this process.
+    """A :class:`~agentforge.ports.PolicyServer` running transformers + peft in this process.
 
     Args:
         model: checkpoint directory (default: the prepared SmolLM2-135M-Instruct).

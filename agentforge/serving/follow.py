@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Self
 from agentforge.errors import AgentForgeError, NotFoundError
 
 if TYPE_CHECKING:
+    from agentforge.ports import TraceStore
     from agentforge.serving.hotswap import HotSwapper
-    from agentforge.stores.base import TraceStore
 
 __all__ = ["StoreFollower"]
 

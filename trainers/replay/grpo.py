@@ -18,7 +18,7 @@ rollouts of one task a fresh group id, :func:`agentforge.runtime.tasks.enqueue_t
    only correction for the data being off-policy — no staleness limit applies here;
 4. at the end the adapter is saved and published once (a new version, hot-swapped by the publisher).
 
-Every sample that does not train is counted per step in :class:`~agentforge.trainers.rollouts.BatchReport`
+Every sample that does not train is counted per step in :class:`~agentforge.ports.BatchReport`
 (``missing_reward``, ``missing_member``, ``no_trainable_tokens``); groups whose rewards are all equal are
 counted as ``zero_variance_groups`` (zero advantage).
 """
@@ -33,18 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from agentforge.errors import UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.publish import AdapterPublisher
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
-from agentforge.trainers.rollouts import BatchReport, masked_sample
+from agentforge.trainers.rollouts import masked_sample
 from agentforge.types import new_id
 
 __all__ = ["StoredGroupSource", "run_offline_grpo"]
 
 
 class StoredGroupSource:
-    """A :class:`~agentforge.trainers.rollouts.SampleSource` over stored GRPO groups (reads, never writes).
+    """A :class:`~agentforge.ports.SampleSource` over stored GRPO groups (reads, never writes).
 
     Args:
         groups: group id → its records, e.g. ``select_traces(...).groups()``.

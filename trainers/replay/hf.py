@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import MissingExtraError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import TraceStore
 from agentforge.trainers.replay.output import ExportReport, atomic_path
 from agentforge.trainers.replay.select import (
     EmptySelectionError,

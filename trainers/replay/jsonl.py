@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from agentforge.errors import AgentForgeError, StoreError, UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import TraceStore
 from agentforge.trainers.replay.output import ExportReport, atomic_path, progress_bar
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.types import Attempt, Reward, Rollout, Span

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from agentforge.errors import UserError
-from agentforge.stores.base import TraceStore
+from agentforge.ports import TraceStore
 from agentforge.trainers.samples import SampleValidationError, Trajectory, build_trajectories
 from agentforge.types import Rollout, RolloutState, Span, SpanKind
 

@@ -12,7 +12,7 @@ Mathematical Reasoning with Large Language Models"; the same idea as STaR, Zelik
    ``completion_only_loss=True``, so TRL sets ``labels = -100`` on every token the policy did not sample
    (prompt, tool results, user turns) and the loss covers sampled tokens only;
 4. save the adapter, publish it as a new version (``policy@vN``, hot-swapped into serving by a
-   :class:`~agentforge.trainers.publish.HotSwapPublisher`) and record the job in the store as one
+   :class:`~agentforge.serving.publisher.HotSwapPublisher`) and record the job in the store as one
    ``replay.sft`` span (filter, counts, loss, version).
 
 Every trace that is selected but not trained on is counted by reason in :attr:`ReplayResult.skipped`.
@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentforge.errors import ConfigError, MissingExtraError, UserError
-from agentforge.stores.base import TraceStore
-from agentforge.trainers.publish import AdapterPublisher
+from agentforge.ports import AdapterPublisher, TraceStore
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.types import Span, SpanKind, new_id
 
