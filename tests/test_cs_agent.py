@@ -96,7 +96,7 @@ def test_write_tool_changes_only_this_rollouts_db_and_scores_one(env, task0) -> 
     )
     assert mine.get("orders", "#W5442520")["status"] == "cancelled"
     assert other.get("orders", "#W5442520")["status"] == "pending" and other.db_hash() == env.data.base_hash
-    from agentforge.rewards import tau_reward
+    from agentforge.agents.customer_service.rewards import tau_reward
 
     assert tau_reward(mine, task0, state["messages"]) == 1.0
     assert tau_reward(other, task0, state["messages"]) == 0.0

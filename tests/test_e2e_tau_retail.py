@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from agentforge.agents.customer_service.episode import TauRetailAgent, policy_knowledge
+from agentforge.agents.customer_service.rewards.tau import gold_hash
 from agentforge.agents.customer_service.tau_retail import WRITE_TOOLS, load_tau_retail, load_tau_tasks
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
-from agentforge.rewards.tau import gold_hash
 from agentforge.runtime import Runner, enqueue_tasks
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.vllm import VLLMServer

@@ -17,11 +17,8 @@ from agentforge.agents.customer_service.datasets import (
     load_bitext,
     load_clinc150,
 )
-from agentforge.agents.customer_service.tau_retail import load_tau_retail
-from agentforge.errors import UserError
-from agentforge.rewards import (
+from agentforge.agents.customer_service.rewards import (
     TriagePrediction,
-    completion_text,
     entity_match,
     gold_of,
     intent_match,
@@ -38,6 +35,9 @@ from agentforge.rewards import (
     triage_reward,
     triage_reward_func,
 )
+from agentforge.agents.customer_service.tau_retail import load_tau_retail
+from agentforge.errors import UserError
+from agentforge.rewards import completion_text
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,10 @@ def test_triage_reward_funcs_have_trl_shape():
 
 
 def test_importing_rewards_loads_no_data_and_no_torch():
-    code = "import sys, agentforge.rewards; print('torch' in sys.modules, any('tau_retail' in m for m in sys.modules))"
+    code = (
+        "import sys, agentforge.rewards, agentforge.agents.customer_service.rewards;"
+        "print('torch' in sys.modules, any('tau_retail' in m for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

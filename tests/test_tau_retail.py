@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from prerequisites import load_data
 
+from agentforge.agents.customer_service.rewards import tau_reward, tau_reward_details
 from agentforge.agents.customer_service.tau_retail import (
     READ_TOOLS,
     TOOLS,
@@ -22,7 +23,6 @@ from agentforge.agents.customer_service.tau_retail import (
     tool_schemas,
 )
 from agentforge.errors import UserError
-from agentforge.rewards import tau_reward, tau_reward_details
 from agentforge.types import Task
 
 

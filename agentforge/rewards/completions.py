@@ -1,17 +1,21 @@
-"""Read the text out of what TRL calls a *completion*: a string, or a list of chat messages.
+"""TRL's reward-function shape, and reading the text out of what TRL calls a *completion*.
 
-TRL passes ``completions`` to reward functions in one of two shapes: plain strings (standard format) or,
-for conversational data, a list of OpenAI-style messages per completion
-(``[{"role": "assistant", "content": "..."}]``). Agent rollouts use the second shape for a whole
-episode, where tool results and user turns sit between the assistant turns.
+A reward function (:data:`RewardFunc`) is ``f(completions, **kwargs) -> list[float | None]``: one entry per
+completion, ``None`` for one that cannot be scored (masked and counted by the trainer, never 0). TRL passes
+``completions`` in one of two shapes: plain strings (standard format) or, for conversational data, a list of
+OpenAI-style messages per completion (``[{"role": "assistant", "content": "..."}]``). Agent rollouts use the
+second shape for a whole episode, where tool results and user turns sit between the assistant turns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["message_text", "agent_texts", "completion_text"]
+__all__ = ["RewardFunc", "message_text", "agent_texts", "completion_text"]
+
+#: TRL's reward-function shape: ``f(completions, **kwargs) -> list[float | None]`` (``None``: cannot be scored).
+RewardFunc = Callable[..., list[float | None]]
 
 
 def message_text(content: Any) -> str | None:

@@ -28,12 +28,12 @@ import logging
 import random
 import re
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import ConfigError, MissingExtraError, UserError
-from agentforge.rewards.completions import completion_text, message_text
+from agentforge.rewards.completions import RewardFunc, completion_text, message_text
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -322,9 +322,6 @@ def _api_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - depends on the environment
         return (httpx.HTTPError, OSError, TimeoutError)
     return (APIError, httpx.HTTPError, OSError, TimeoutError)
-
-
-RewardFunc = Callable[..., list[float | None]]
 
 
 def _prompt_text(prompt: Any) -> str | None:

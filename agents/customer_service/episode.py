@@ -1,7 +1,7 @@
 """τ-retail episodes: the customer-service graph talks with a simulated customer, then the τ scorer decides.
 
 * :func:`run_tau_episode` — one conversation on a fresh private database, scored with
-  :func:`agentforge.rewards.tau_reward_details` (database hash vs. the gold replay, required outputs).
+  :func:`agentforge.agents.customer_service.rewards.tau_reward_details` (database hash vs. the gold replay, required outputs).
 * :class:`TauRetailAgent` — the same as a runtime agent ``agent(task, ctx)``: reads the versioned system
   prompt at the start of the rollout, sends the policy's calls through the rollout's gateway URL, the
   customer's calls to a separate endpoint (see :mod:`.user_sim`), records a ``tau_episode`` span and the
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from agentforge.agents.customer_service.cs_graph import build_cs_graph
 from agentforge.agents.customer_service.prompts import CS_PROMPT_NAME, DEFAULT_CS_SYSTEM_PROMPT, load_prompt
+from agentforge.agents.customer_service.rewards.tau import tau_reward_details
 from agentforge.agents.customer_service.user_sim import DEFAULT_USER_GUIDELINES, UserSimulator
 from agentforge.errors import ConfigError, UserError
-from agentforge.rewards.tau import tau_reward_details
 from agentforge.runtime.context import bound_tool_output
 from agentforge.types import SpanKind, Task, ToolCall
 

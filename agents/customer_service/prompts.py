@@ -12,12 +12,12 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from agentforge.agents.customer_service.rewards.triage import parse_triage
 from agentforge.agents.customer_service.tau_retail import tool_schemas
 from agentforge.prompts import get_prompt
-from agentforge.rewards.triage import parse_triage
 
 if TYPE_CHECKING:
-    from agentforge.stores.base import TraceStore
+    from agentforge.ports import TraceStore
     from agentforge.types import ResourceVersion
 
 __all__ = [
@@ -163,7 +163,7 @@ def keyword_intent(text: str) -> str | None:
 
 
 def parse_retail_triage(text: str) -> tuple[str | None, str | None]:
-    """Parse the model's triage answer with the scorer's parser (:func:`agentforge.rewards.parse_triage`).
+    """Parse the model's triage answer with the scorer's parser (:func:`agentforge.agents.customer_service.rewards.parse_triage`).
 
     Returns:
         ``(intent, order_id)``: ``intent`` only if it is one of :data:`RETAIL_INTENTS`; ``order_id`` as

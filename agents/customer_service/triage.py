@@ -15,8 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from agentforge.agents.customer_service.rewards.triage import normalize_intent
 from agentforge.errors import MissingExtraError
-from agentforge.rewards.triage import normalize_intent
 
 if TYPE_CHECKING:
     from openai import OpenAI

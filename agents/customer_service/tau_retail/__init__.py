@@ -7,7 +7,7 @@ Typical use, one database view per rollout::
     out = db.call_tool("get_order_details", {"order_id": "#W2378156"})
     db.db_hash()                          # sha256 of json.dumps(data, sort_keys=True)
 
-Score a finished rollout with :func:`agentforge.rewards.tau_reward`.
+Score a finished rollout with :func:`agentforge.agents.customer_service.rewards.tau_reward`.
 """
 
 from agentforge.agents.customer_service.tau_retail.db import TABLES, RetailData, RetailDB, canonical_hash

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentforge.errors import UserError
-from agentforge.rewards.completions import agent_texts
+from agentforge.rewards.completions import RewardFunc, agent_texts
 from agentforge.types import Task
 
 __all__ = [
@@ -216,9 +216,6 @@ def tau_reward(
         UserError: see :func:`tau_reward_details`.
     """
     return tau_reward_details(db, task, agent_messages, env=env).reward
-
-
-RewardFunc = Callable[..., list[float | None]]
 
 
 def _column(kwargs: Mapping[str, Any], names: Sequence[str], n: int) -> list[Any] | None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentforge.errors import UserError
-from agentforge.rewards.completions import completion_text
+from agentforge.rewards.completions import RewardFunc, completion_text
 
 __all__ = [
     "ESCALATE",
@@ -197,9 +197,6 @@ def parse_triage(text: str | None, labels: Collection[str] | None = None) -> Tri
         if intent and _BARE_LABEL.match(intent) and allowed:
             return TriagePrediction(intent)
     return None
-
-
-RewardFunc = Callable[..., list[float | None]]
 
 
 def _gold_column(kwargs: Mapping[str, Any], name: str, n: int) -> list[Any]:
