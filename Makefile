@@ -22,6 +22,7 @@ test-fast: setup
 lint:
 	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks plugins
 	.venv/bin/ruff format --check agentforge agents stores trainers tests examples benchmarks plugins
+	.venv/bin/python scripts/lint_imports.py
 
 bench: setup
 	.venv/bin/python benchmarks/grpo_step_time.py
