@@ -8,7 +8,10 @@ reader thread polls ``list_spans`` throughout:
 * **baseline**: one transaction (SQL) or one ``POST /api/spans`` (HTTP) per span: the write path before
   the batched writer, still reachable as ``write_batch([span])`` and the single-span route;
 * **batched**: ``store.add_span`` as every caller uses it, i.e. through the store's group-commit writer
-  (and ``POST /api/batch`` for the HTTP client).
+  (and ``POST /api/batch`` for the HTTP client); each writer waits for each span's commit in turn;
+* **pipelined**: each writer hands all its spans to ``store.submit`` at once and then waits for every
+  acknowledgement (how a tracer that flushes at the end of a rollout writes); every span is still
+  acknowledged only once committed.
 
 Printed per row: spans/s, the ratio batched/baseline (same writers, same spans, same run), lost (sent but
 not stored), duplicates, errors and reader polls. Then the targets of issue 11: ≥ 20,000 spans/s on SQLite
@@ -84,15 +87,23 @@ def _rollouts(store: SQLStore | HTTPStore, n: int) -> list[str]:
 
 def measure(
     store: SQLStore | HTTPStore, backend: str, mode: str, writers: int, per_writer: int,
-    write: Callable[[Span], object],
+    write: Callable[[Span], object], pipelined: bool = False,
 ) -> Row:  # fmt: skip
-    """Run ``writers`` threads × ``per_writer`` spans through ``write`` with a polling reader."""
+    """Run ``writers`` threads × ``per_writer`` spans through ``write`` with a polling reader
+    (``pipelined``: ``store.submit`` all of a writer's spans, then wait for each acknowledgement)."""
     rollout_ids = _rollouts(store, writers)
     spans = [[llm_span(rid, i) for i in range(per_writer)] for rid in rollout_ids]
     errors: list[BaseException] = []
     polls, poll_errors, done = [0], [0], threading.Event()
 
     def writer(batch: list[Span]) -> None:
+        if pipelined:
+            for future in [store.submit(span) for span in batch]:
+                try:
+                    future.result()
+                except Exception as exc:  # counted and printed, never hidden
+                    errors.append(exc)
+            return
         for span in batch:
             try:
                 write(span)
@@ -162,6 +173,10 @@ def run_backend(
         rows.append(measure(store, backend, "baseline", baseline_writers, per_writer, single))
         for writers in sizes:
             rows.append(measure(store, backend, "batched", writers, per_writer, store.add_span))
+        for writers in sizes:
+            rows.append(
+                measure(store, backend, "pipelined", writers, per_writer, store.add_span, pipelined=True)
+            )
     finally:
         store.close()
         if server is not None:
@@ -190,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 url = f"sqlite:///{Path(tmp) / 'http.db'}" if "sqlite" in name else url
             rows += run_backend(name, url, args.writers, args.spans, baseline_writers=args.writers[0])
     base = {r.backend: r for r in rows if r.mode == "baseline"}
-    print(f"\n{'backend':<14}{'mode':<10}{'writers':>8}{'spans':>7}{'spans/s':>10}{'× base':>8}"
+    print(f"\n{'backend':<14}{'mode':<11}{'writers':>8}{'spans':>7}{'spans/s':>10}{'× base':>8}"
           f"{'lost':>6}{'dup':>5}{'err':>5}{'polls':>7}{'target':>9}")  # fmt: skip
     for r in rows:
         ratio = r.spans_per_s / base[r.backend].spans_per_s
         target = TARGETS.get(r.backend, 0)
         mark = "" if r.mode == "baseline" else ("met" if r.spans_per_s >= target and not r.lost else "MISSED")
-        print(f"{r.backend:<14}{r.mode:<10}{r.writers:>8}{r.spans:>7}{r.spans_per_s:>10,.0f}{ratio:>7.1f}×"
+        print(f"{r.backend:<14}{r.mode:<11}{r.writers:>8}{r.spans:>7}{r.spans_per_s:>10,.0f}{ratio:>7.1f}×"
               f"{r.lost:>6}{r.duplicates:>5}{r.errors:>5}{r.reader_polls:>7}{target:>8,} {mark}")  # fmt: skip
     if args.json:
         print(json.dumps([asdict(r) for r in rows]))

@@ -13,10 +13,12 @@ written. Database errors propagate, so the transaction runner retries the whole 
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
@@ -38,6 +40,7 @@ Result = Span | Reward | AgentForgeError
 
 _SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
+_SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
 _CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
 
@@ -106,17 +109,18 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
             values[i] = span_values(span, 0)
         except UserError as exc:
             results[i] = exc
-    conn = s.connection()  # driver-level SQL on the hot path: no ORM objects, no statement compilation
-    ph = "?" if conn.dialect.name == "sqlite" else "%s"
+    cur = _Cursor(s)  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
+    ph = cur.placeholder
 
     def rows_in(sql: str, ids: Sequence[str]) -> Iterable[Any]:
         for chunk in _chunks(ids):
-            yield from conn.exec_driver_sql(sql.format(ids=", ".join([ph] * len(chunk))), tuple(chunk))
+            yield from cur.query(sql.format(ids=", ".join([ph] * len(chunk))), tuple(chunk))
 
     ids = sorted({sp.span_id for sp, r in zip(spans, results, strict=True) if r is None})
     existing: dict[str, Span] = {}
     for row in rows_in(f"SELECT {_SPAN_COLUMNS} FROM af_spans WHERE span_id IN ({{ids}})", ids):
-        existing[row.span_id] = row_to_span(row)
+        record = _SpanRecord(*row)
+        existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
     attempt_ids = sorted({sp.attempt_id for sp in spans if sp.attempt_id is not None})
     attempts: dict[str, str] = {}  # attempt id -> rollout id
     for a, r in rows_in(
@@ -165,11 +169,40 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
             update = {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
             results[i] = spans[i].model_copy(update=update)
         marks = ", ".join([ph] * len(_SPAN_FIELDS))
-        conn.exec_driver_sql(f"INSERT INTO af_spans ({_SPAN_COLUMNS}) VALUES ({marks})", rows)
+        cur.execute_many(f"INSERT INTO af_spans ({_SPAN_COLUMNS}) VALUES ({marks})", rows)
     for i, span in enumerate(spans):
         if results[i] is None:  # duplicate id later in the batch
             results[i] = results[taken[span.span_id]]
     return results  # type: ignore[return-value]
+
+
+class _Cursor:
+    """The DBAPI cursor of the session's connection (same transaction); driver errors are raised as
+    SQLAlchemy's ``DBAPIError`` subclasses, so the transaction runner retries them as usual."""
+
+    def __init__(self, s: Session) -> None:
+        conn = s.connection()
+        self._dialect = conn.dialect
+        self.placeholder = "?" if conn.dialect.name == "sqlite" else "%s"
+        self._cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+
+    def _wrap(self, sql: str, params: Any, exc: Exception) -> Exception:
+        if isinstance(exc, self._dialect.loaded_dbapi.Error):
+            return DBAPIError.instance(sql, params, exc, self._dialect.loaded_dbapi.Error)
+        return exc
+
+    def query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            self._cursor.execute(sql, params)
+            return list(self._cursor.fetchall())
+        except Exception as exc:
+            raise self._wrap(sql, params, exc) from exc
+
+    def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        try:
+            self._cursor.executemany(sql, rows)
+        except Exception as exc:
+            raise self._wrap(sql, rows[:3], exc) from exc
 
 
 def _stamp(

@@ -26,7 +26,6 @@ never breaks the client's answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,13 +38,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentforge.errors import NotFoundError, UserError
-from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.capture import llm_call_from_response
+from agentforge.gateway.fastpath import GatewayApp
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
+from agentforge.gateway.upstream import (
+    UpstreamClient,
+    UpstreamResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    upstream_client,
+)
 from agentforge.gateway.wire import (
     Endpoint,
     client_ask,
+    decode_json,
     encode_json,
     error_body,
     shape_response,
@@ -113,7 +120,7 @@ class _Gateway:
     ) -> None:
         self.store, self.router = store, router
         self._transport, self._timeout_s = transport, timeout_s
-        self._client: httpx.AsyncClient | None = None
+        self._client: UpstreamClient | None = None
         self._orphan_warned = False
         self._pins: dict[str, dict[str, str]] = {}
         self.orphans = 0
@@ -126,11 +133,10 @@ class _Gateway:
             self._client = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The upstream client, created on first use (so nothing happens at app creation)."""
+    def client(self) -> UpstreamClient:
+        """The pooled upstream client (its connection pool opens on the first request)."""
         if self._client is None:
-            timeout = httpx.Timeout(self._timeout_s, connect=min(10.0, self._timeout_s))
-            self._client = httpx.AsyncClient(transport=self._transport, timeout=timeout)
+            self._client = upstream_client(self._transport, self._timeout_s)
         return self._client
 
     # --- recording ------------------------------------------------------------------------------
@@ -237,7 +243,7 @@ class _Gateway:
         rollout_id = request.path_params.get("rollout_id") or request.headers.get("x-rollout-id") or None
         attempt_id = request.headers.get("x-attempt-id") or None
         try:
-            body = json.loads(await request.body())
+            body = decode_json(await request.body())
         except (ValueError, UnicodeDecodeError) as exc:
             logger.warning("rejected a request with a malformed JSON body: %s", exc)
             return JSONResponse(
@@ -291,23 +297,22 @@ class _Gateway:
 
     async def _send(
         self, ctx: CallContext, upstream: Upstream, stream: bool
-    ) -> httpx.Response | JSONResponse:
+    ) -> UpstreamResponse | JSONResponse:
         """Send the request upstream; a transport failure becomes a recorded 502/504 error response."""
         headers = {"content-type": "application/json"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
         url = upstream.base_url.rstrip("/") + _PATHS[ctx.endpoint]
         content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
-        request = self.client.build_request("POST", url, content=content, headers=headers)
         try:
-            return await self.client.send(request, stream=stream)
-        except httpx.TimeoutException as exc:
-            msg = f"upstream {upstream.base_url} timed out after {self._timeout_s} s ({type(exc).__name__})"
+            return await self.client.post(url, content, headers, stream)
+        except UpstreamTimeout as exc:
+            msg = f"upstream {upstream.base_url} timed out after {self._timeout_s} s ({exc})"
             return await self.fail(
                 ctx, 504, error_body(msg, "upstream_timeout", "upstream_timeout"), "upstream_timeout"
             )
-        except httpx.HTTPError as exc:
-            msg = f"upstream {upstream.base_url} is unreachable: {type(exc).__name__}: {exc}"
+        except UpstreamUnreachable as exc:
+            msg = f"upstream {upstream.base_url} is unreachable: {exc}"
             return await self.fail(
                 ctx,
                 502,
@@ -332,7 +337,7 @@ class _Gateway:
             relay = StreamRelay(self, ctx, response, ask, release)
             return relay_response(relay)
         try:
-            data = json.loads(response.content)
+            data = decode_json(response.content or b"")
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
@@ -347,7 +352,7 @@ class _Gateway:
             latency_s=ctx.latency_s(),
         )  # fmt: skip
         await self.record(ctx, llm)
-        return JSONResponse(shape_response(data, ask, ctx.version))
+        return Response(encode_json(shape_response(data, ask, ctx.version)), media_type="application/json")
 
     async def models(self) -> JSONResponse:
         """``GET /v1/models`` in OpenAI's list shape."""
@@ -397,12 +402,12 @@ def create_gateway(
         The FastAPI app; ``app.state.gateway.orphans`` counts orphan spans written.
     """
     gateway = _Gateway(store, router, transport, timeout_s)
-    app = FastAPI(
+    gateway.client  # noqa: B018 - import the client library now, not inside the first request
+    app = GatewayApp(
         title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.gateway = gateway
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.serve_llm_routes(gateway.handle, api_key)  # the key check first, then LLM calls skip FastAPI's stack
 
     def handler(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:

@@ -80,7 +80,9 @@ class AppServer:
             sock.close()
             raise ServingError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
+            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{self.port}"

@@ -9,50 +9,73 @@ with ``status="error"``, ``attributes["client_disconnected"] = True`` and what a
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentforge.gateway.capture import StreamCapture, llm_call_from_response
-from agentforge.gateway.wire import ClientAsk, encode_json, error_body, normalise_empty_arguments, shape_chunk
+from agentforge.gateway.upstream import UpstreamResponse, UpstreamStreamError
+from agentforge.gateway.wire import (
+    ClientAsk,
+    decode_json,
+    encode_json,
+    error_body,
+    normalise_empty_arguments,
+    shape_chunk,
+)
 
 if TYPE_CHECKING:
     from agentforge.gateway.app import CallContext, _Gateway
 
-__all__ = ["sse_data", "StreamRelay", "relay_response"]
+__all__ = ["sse_batches", "sse_data", "StreamRelay", "relay_response"]
 
 _DONE = b"data: [DONE]\n\n"
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """Yield the ``data`` payload of each server-sent event of ``response`` (multi-line data joined)."""
-    lines: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-        elif line.startswith("data:"):
-            lines.append(line[5:].removeprefix(" "))
+async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[str]]:
+    """The ``data`` payloads of ``response``'s server-sent events (multi-line data joined), one list per
+    network read: events that arrived together are relayed together, in one write to the client."""
+    buf, lines = b"", []
+    async for block in response.aiter_bytes():
+        *complete, buf = (buf + block).split(b"\n")
+        batch: list[str] = []
+        for raw in complete:
+            line = raw.decode("utf-8", "replace").removesuffix("\r")
+            if not line:
+                if lines:
+                    batch.append("\n".join(lines))
+                    lines = []
+            elif line.startswith("data:"):
+                lines.append(line[5:].removeprefix(" "))
+        if batch:
+            yield batch
+    tail = buf.decode("utf-8", "replace").removesuffix("\r")
+    if tail.startswith("data:"):
+        lines.append(tail[5:].removeprefix(" "))
     if lines:
-        yield "\n".join(lines)
+        yield ["\n".join(lines)]
 
 
-async def _drain(events: AsyncIterator[str], limit: int = 64) -> None:
+async def sse_data(response: UpstreamResponse) -> AsyncIterator[str]:
+    """Yield the ``data`` payload of each server-sent event of ``response``, one by one."""
+    async for batch in sse_batches(response):
+        for data in batch:
+            yield data
+
+
+async def _drain(batches: AsyncIterator[list[str]], limit: int = 64) -> None:
     """Read what is left of a finished stream (the engine's last bytes after ``[DONE]``) so that the
-    keep-alive connection goes back to the pool instead of being closed; gives up after ``limit`` events."""
+    keep-alive connection goes back to the pool instead of being closed; gives up after ``limit`` reads."""
     try:
-        async for _ in events:
+        async for _ in batches:
             limit -= 1
             if limit <= 0:
                 return
-    except httpx.HTTPError:
+    except UpstreamStreamError:
         return
 
 
@@ -75,7 +98,7 @@ class StreamRelay:
         self,
         gateway: _Gateway,
         ctx: CallContext,
-        response: httpx.Response,
+        response: UpstreamResponse,
         ask: ClientAsk,
         release: Callable[[], None],
     ) -> None:
@@ -85,37 +108,54 @@ class StreamRelay:
         self._closed = False
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The SSE bytes for the client."""
+        """The SSE bytes for the client: the events of each upstream read in one piece."""
         error: str | None = None
-        events = sse_data(self.response)
+        batches = sse_batches(self.response)
         try:
-            async for data in events:
-                if data.strip() == "[DONE]":
+            async for batch in batches:
+                out: list[bytes] = []
+                finished = False
+                for data in batch:
+                    if data.strip() == "[DONE]":
+                        finished = True
+                        break
+                    error = self._relay(data, out)
+                    if error is not None:
+                        break
+                if out:
+                    yield b"".join(out)
+                if finished:
                     with anyio.CancelScope(shield=True):
-                        await _drain(events)
+                        await _drain(batches)
                     break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    error = f"upstream sent a stream event that is not JSON: {data[:200]!r}"
-                    yield _event(error_body(error, "upstream_error", "bad_upstream_response"))
+                if error is not None:
                     break
-                if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-                    error = str(chunk["error"].get("message") or chunk["error"])
-                    yield _event(chunk)
-                    break
-                if not isinstance(chunk, dict):
-                    continue
-                if self.capture.feed(chunk) and self.ctx.endpoint == "chat":
-                    normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
-                shaped = shape_chunk(chunk, self.ask, self.ctx.version)
-                if shaped is not None:
-                    yield _event(shaped)
-        except httpx.HTTPError as exc:
-            error = f"upstream stream broke: {type(exc).__name__}: {exc}"
+        except UpstreamStreamError as exc:
+            error = f"upstream stream broke: {exc}"
             yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         await self.finish(error)
         yield _DONE
+
+    def _relay(self, data: str, out: list[bytes]) -> str | None:
+        """Capture one upstream event and append what the client gets to ``out``; returns the error that
+        ends the stream (an event that is not JSON, or the engine's error event), else ``None``."""
+        try:
+            chunk = decode_json(data)
+        except ValueError:
+            error = f"upstream sent a stream event that is not JSON: {data[:200]!r}"
+            out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
+            return error
+        if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+            out.append(_event(chunk))
+            return str(chunk["error"].get("message") or chunk["error"])
+        if not isinstance(chunk, dict):
+            return None
+        if self.capture.feed(chunk) and self.ctx.endpoint == "chat":
+            normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
+        shaped = shape_chunk(chunk, self.ask, self.ctx.version)
+        if shaped is not None:
+            out.append(_event(shaped))
+        return None
 
     async def finish(self, error: str | None, **attributes: Any) -> None:
         """Release the version, close the upstream response and record the span (each at most once)."""

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic_core import PydanticSerializationError, from_json, to_json
+
 from agentforge.gateway.router import Upstream
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "error_body",
     "upstream_error_body",
     "encode_json",
+    "decode_json",
 ]
 
 Endpoint = Literal["chat", "completions"]
@@ -215,7 +218,7 @@ def upstream_error_body(status: int, content: bytes) -> dict[str, Any]:
         message quotes the first 500 characters of what the engine sent.
     """
     try:
-        data = json.loads(content)
+        data = decode_json(content)
     except (ValueError, UnicodeDecodeError):
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict) and data["error"].get("message"):
@@ -233,8 +236,27 @@ def upstream_error_body(status: int, content: bytes) -> dict[str, Any]:
 
 
 def encode_json(data: Any) -> bytes:
-    """UTF-8 JSON bytes (non-ASCII kept as is; lone surrogates fall back to ``\\u`` escapes)."""
+    """Compact UTF-8 JSON bytes (non-ASCII kept as is, ``NaN``/``Infinity`` as Python's ``json`` writes
+    them), by pydantic-core (several times faster than ``json``); text UTF-8 cannot carry (lone
+    surrogates) falls back to ``\\u`` escapes."""
     try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(data, separators=(",", ":")).encode("ascii")
+        return to_json(data, inf_nan_mode="constants")
+    except (PydanticSerializationError, UnicodeError, ValueError):
+        try:
+            return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(data, separators=(",", ":")).encode("ascii")
+
+
+def decode_json(data: bytes | str) -> Any:
+    """Parse JSON as Python's ``json.loads`` does (``NaN``/``Infinity``, big integers, lone surrogate
+    escapes), by pydantic-core where it can and ``json`` otherwise.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``).
+        UnicodeDecodeError: bytes that are not UTF-8.
+    """
+    try:
+        return from_json(data, allow_inf_nan=True)
+    except ValueError:
+        return json.loads(data)

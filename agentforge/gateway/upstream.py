@@ -1,0 +1,200 @@
+"""The gateway's client for the engines it forwards to: one pooled keep-alive client per gateway.
+
+Two interchangeable implementations behind :func:`upstream_client`:
+
+* **aiohttp** (default when ``aiohttp`` is installed): the engine is reached over real sockets. One
+  ``ClientSession`` with a connection pool is shared by every call, streamed ones included; a stream that
+  was read to its end hands its connection back to the pool. aiohttp's client costs about a fifth of
+  httpx's CPU per request and does not slow down with many open connections (httpcore's pool scans
+  every connection on every request), which is what bounds a gateway in front of a fast engine.
+* **httpx**, when an ``httpx`` transport is given (tests call an in-process fake engine through
+  ``httpx.ASGITransport``), or when aiohttp is not installed.
+
+Both map failures to the same three errors: :class:`UpstreamTimeout` (no answer within the timeout),
+:class:`UpstreamUnreachable` (no connection, or it broke before the answer's head) and, while reading a
+stream, :class:`UpstreamStreamError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+    "UpstreamStreamError",
+    "UpstreamResponse",
+    "UpstreamClient",
+    "upstream_client",
+]
+
+
+class UpstreamTimeout(Exception):
+    """The engine did not answer within the gateway's timeout."""
+
+
+class UpstreamUnreachable(Exception):
+    """The engine could not be reached, or the connection broke before the answer's head."""
+
+
+class UpstreamStreamError(Exception):
+    """A streamed answer broke off while it was being read."""
+
+
+async def _nothing() -> None:
+    return None
+
+
+class UpstreamResponse:
+    """An engine's answer: status, and either the whole body or its lines (streams).
+
+    Args:
+        status_code: the HTTP status.
+        content: the body, for non-streamed calls (``None`` for a stream).
+        blocks: the body's bytes as they arrive, for streams; iterating raises
+            :class:`UpstreamStreamError` when the stream breaks.
+        close: hands the connection back (to the pool when the body was read to its end).
+    """
+
+    def __init__(
+        self,
+        status_code: int,
+        content: bytes | None = None,
+        blocks: AsyncIterator[bytes] | None = None,
+        close: Callable[[], Awaitable[None]] = _nothing,
+    ) -> None:
+        self.status_code, self.content, self._blocks, self._close = status_code, content, blocks, close
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The streamed body, block by block as it arrives. Raises: ``RuntimeError`` if not streamed."""
+        if self._blocks is None:
+            raise RuntimeError("aiter_bytes() on a response that was not streamed")
+        return self._blocks
+
+    async def aread(self) -> bytes:
+        """The whole body (for a stream: what was not read yet)."""
+        if self.content is None:
+            self.content = b"".join([block async for block in self.aiter_bytes()])
+        return self.content
+
+    async def aclose(self) -> None:
+        """Release the connection. Safe to call twice."""
+        close, self._close = self._close, _nothing
+        await close()
+
+
+class UpstreamClient:
+    """What the gateway needs of an HTTP client (see the module docstring for the implementations)."""
+
+    async def post(self, url: str, content: bytes, headers: dict[str, str], stream: bool) -> UpstreamResponse:
+        """Send ``POST url``; a streamed answer is returned once its head arrived.
+
+        Raises:
+            UpstreamTimeout, UpstreamUnreachable: see the module docstring.
+        """
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        raise NotImplementedError
+
+
+class _HttpxClient(UpstreamClient):
+    def __init__(self, transport: httpx.AsyncBaseTransport | None, timeout_s: float) -> None:
+        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self._client = httpx.AsyncClient(transport=transport, timeout=timeout)
+
+    async def post(self, url: str, content: bytes, headers: dict[str, str], stream: bool) -> UpstreamResponse:
+        request = self._client.build_request("POST", url, content=content, headers=headers)
+        try:
+            response = await self._client.send(request, stream=stream)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(type(exc).__name__) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if not stream:
+            return UpstreamResponse(response.status_code, response.content)
+
+        async def blocks() -> AsyncIterator[bytes]:
+            try:
+                async for block in response.aiter_bytes():
+                    yield block
+            except httpx.HTTPError as exc:
+                raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
+
+        return UpstreamResponse(response.status_code, None, blocks(), response.aclose)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _AiohttpClient(UpstreamClient):
+    def __init__(self, timeout_s: float) -> None:
+        import aiohttp
+
+        self._aiohttp = aiohttp
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=min(10.0, timeout_s), sock_read=timeout_s
+        )
+        self._session: Any = None
+
+    def _open(self) -> Any:
+        if self._session is None:  # inside the running loop, as aiohttp requires
+            connector = self._aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+            self._session = self._aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def post(self, url: str, content: bytes, headers: dict[str, str], stream: bool) -> UpstreamResponse:
+        aiohttp = self._aiohttp
+        try:
+            response = await self._open().post(url, data=content, headers=headers)
+            if not stream:
+                try:
+                    body = await response.read()
+                finally:
+                    response.release()
+                return UpstreamResponse(response.status, body)
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout(type(exc).__name__) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+        async def blocks() -> AsyncIterator[bytes]:
+            try:
+                async for block in response.content.iter_any():
+                    yield block
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
+
+        async def close() -> None:
+            response.release()  # back to the pool when read to the end, else the connection is closed
+
+        return UpstreamResponse(response.status, None, blocks(), close)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def upstream_client(transport: httpx.AsyncBaseTransport | None, timeout_s: float) -> UpstreamClient:
+    """The gateway's upstream client (see the module docstring).
+
+    Args:
+        transport: an ``httpx`` transport (tests); forces the httpx implementation.
+        timeout_s: seconds to wait for the engine to send (the head, then each read); connect: at most 10 s.
+    """
+    if transport is None:
+        try:
+            return _AiohttpClient(timeout_s)
+        except ImportError:
+            pass
+    return _HttpxClient(transport, timeout_s)
