@@ -25,6 +25,7 @@ import httpx
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.stores.tables import dumps
+from agentforge.stores.wire import BatchItem, BatchRequest, BatchResults, json_bytes, parse
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -103,8 +104,11 @@ class HTTPStore:
         body: Any = None,
         params: dict[str, Any] | None = None,
         safe: bool = True,
+        content: bytes | None = None,
+        raw: bool = False,
     ) -> Any:
-        content = None if body is None else dumps(body).encode("ascii")
+        if content is None and body is not None:
+            content = dumps(body).encode("ascii")
         params = {k: v for k, v in (params or {}).items() if v is not None}
         url, delay = f"{self.base_url}{path}", self.backoff_s
         for attempt in range(self.retries + 1):
@@ -121,7 +125,7 @@ class HTTPStore:
             delay *= 2
         if resp.status_code >= 400:
             raise self._error(resp, method, url)
-        return json.loads(resp.content)
+        return resp.content if raw else json.loads(resp.content)
 
     @staticmethod
     def _error(resp: httpx.Response, method: str, url: str) -> Exception:
@@ -203,16 +207,19 @@ class HTTPStore:
     # --- spans and rewards ------------------------------------------------------------------------
     def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent)."""
-        body = {"items": [{"span" if isinstance(i, Span) else "reward": i.model_dump()} for i in items]}
+        request = BatchRequest(
+            items=[BatchItem(span=i) if isinstance(i, Span) else BatchItem(reward=i) for i in items]
+        )
+        answer = self._request("POST", "/api/batch", content=json_bytes(request), raw=True)
         out: list[Span | Reward | AgentForgeError] = []
-        for result in self._request("POST", "/api/batch", body)["results"]:
-            if "span" in result:
-                out.append(Span.model_validate(result["span"]))
-            elif "reward" in result:
-                out.append(Reward.model_validate(result["reward"]))
+        for result in parse(BatchResults, answer).results:
+            if result.span is not None:
+                out.append(result.span)
+            elif result.reward is not None:
+                out.append(result.reward)
             else:
-                cls = _ERRORS.get(result.get("error", ""), UserError)
-                out.append(cls(str(result.get("message"))))  # type: ignore[arg-type]
+                cls = _ERRORS.get(result.error or "", UserError)
+                out.append(cls(str(result.message)))  # type: ignore[arg-type]
         return out
 
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:

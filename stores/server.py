@@ -24,38 +24,26 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException
+import anyio
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import ValidationError
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.ports import TraceStore
 from agentforge.stores.tables import dumps
+from agentforge.stores.wire import BatchItem, BatchRequest, BatchResult, BatchResults, json_bytes, parse
 from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
 
-__all__ = ["store_router", "create_store_app", "BatchItem", "batch_results", "MAX_BATCH"]
-
-#: Most items one ``POST /api/batch`` may carry.
-MAX_BATCH = 4096
+__all__ = ["store_router", "create_store_app", "batch_results"]
 
 
-class BatchItem(BaseModel):
-    """One entry of ``POST /api/batch``: exactly one of ``span`` or ``reward``."""
-
-    span: Span | None = None
-    reward: Reward | None = None
-
-
-class _Batch(BaseModel):
-    items: list[BatchItem] = Field(max_length=MAX_BATCH)
-
-
-def batch_results(store: TraceStore, items: list[BatchItem]) -> list[dict[str, Any]]:
+def batch_results(store: TraceStore, items: list[BatchItem]) -> list[BatchResult]:
     """Write a batch through ``store.write_batch`` and shape one result per item.
 
     Returns:
-        ``{"span": {...}}`` / ``{"reward": {...}}`` for a stored item, ``{"error": <class name>,
-        "message": str}`` for an item the store rejected alone.
+        A result holding the stored ``span``/``reward``, or the ``error`` class name and ``message`` of
+        an item the store rejected alone.
 
     Raises:
         UserError: an entry with neither or both of ``span`` and ``reward``.
@@ -66,12 +54,14 @@ def batch_results(store: TraceStore, items: list[BatchItem]) -> list[dict[str, A
         if (item.span is None) == (item.reward is None):
             raise UserError(f"batch item {i} must hold exactly one of 'span' and 'reward'")
         objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
-    out: list[dict[str, Any]] = []
+    out: list[BatchResult] = []
     for result in store.write_batch(objs):
         if isinstance(result, Exception):
-            out.append({"error": type(result).__name__, "message": str(result)})
+            out.append(BatchResult(error=type(result).__name__, message=str(result)))
+        elif isinstance(result, Span):
+            out.append(BatchResult(span=result))
         else:
-            out.append({"span" if isinstance(result, Span) else "reward": result.model_dump()})
+            out.append(BatchResult(reward=result))
     return out
 
 
@@ -88,10 +78,10 @@ def _dump(obj: Any) -> Any:
     return obj.model_dump() if hasattr(obj, "model_dump") else obj
 
 
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _ASCIIJSONResponse:
-    """Run a store method and turn its result or error into a response."""
+def _checked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a store method; its ``AgentForgeError`` becomes the ``HTTPException`` of the wire format."""
     try:
-        return _ASCIIJSONResponse(_dump(fn(*args, **kwargs)))
+        return fn(*args, **kwargs)
     except NotFoundError as exc:
         status = 404
         error: Exception = exc
@@ -102,6 +92,11 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _ASCIIJSONRespon
     except StoreError as exc:
         status, error = 503, exc
     raise HTTPException(status, detail={"error": type(error).__name__, "message": str(error)})
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _ASCIIJSONResponse:
+    """Run a store method and turn its result or error into a response."""
+    return _ASCIIJSONResponse(_dump(_checked(fn, *args, **kwargs)))
 
 
 def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
@@ -187,8 +182,20 @@ def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
         return _call(store.add_span, span)
 
     @r.post("/batch")
-    def write_batch(batch: _Batch) -> Response:
-        return _call(lambda: {"results": batch_results(store, batch.items)})
+    async def write_batch(request: Request) -> Response:
+        try:
+            batch = parse(BatchRequest, await request.body())
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+            if not isinstance(exc, ValidationError):
+                raise HTTPException(422, detail=[{"type": "json_invalid", "msg": str(exc)}]) from None
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            raise HTTPException(422, detail=errors) from None
+
+        def write() -> Response:  # blocking: in a worker thread, like the synchronous routes
+            results = BatchResults(results=_checked(batch_results, store, batch.items))
+            return Response(json_bytes(results), media_type="application/json")
+
+        return await anyio.to_thread.run_sync(write)
 
     @r.get("/spans")
     def list_spans(

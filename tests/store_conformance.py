@@ -456,7 +456,12 @@ def test_write_batch_keeps_order_isolates_bad_items_and_dedupes(store: TraceStor
     rollout, attempt_id = _running(store)
     other = store.enqueue_rollout(Rollout())
     known = store.add_span(Span(rollout_id=rollout.rollout_id, name="before"))
-    first = Span(rollout_id=rollout.rollout_id, name="first", attributes={"x": math.inf, "t": "é\x00"})
+    first = Span(
+        rollout_id=rollout.rollout_id,
+        name="first",
+        attributes={"x": math.inf, "t": "é\x00"},
+        llm=LLMCall(logprobs=[-math.inf, -0.5], latency_s=math.nan, completion_token_ids=[1, 2]),
+    )
     items: list[Span | Reward] = [
         first,
         Span(rollout_id="nope", name="unknown rollout"),
@@ -481,6 +486,8 @@ def test_write_batch_keeps_order_isolates_bad_items_and_dedupes(store: TraceStor
     spans = store.list_spans(rollout_id=rollout.rollout_id)
     assert [s.name for s in spans] == ["before", "first", "rollout from attempt"]
     assert spans[1].attributes["x"] == math.inf and spans[1].attributes["t"] == "é\x00"
+    assert spans[1].llm is not None and spans[1].llm.logprobs == [-math.inf, -0.5]  # not null
+    assert math.isnan(spans[1].llm.latency_s)
     assert reward.sequence is not None and spans[1].sequence < reward.sequence < spans[2].sequence  # type: ignore[operator]
     assert store.list_spans(rollout_id=other.rollout_id) == []
 
