@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,3 +21,34 @@ def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
     assert result["tokens_per_s"] > 0 and result["matmul_peak_tflops"] > 0
     assert 0 < result["mfu"] < 1.5, result  # measured against a peak from the same run
     assert "MFU" in out.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "1", "4", "--seconds", "0.5", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    phases = json.loads(out.strip().splitlines()[-1])
+    assert len(phases) == 8  # direct and gateway, 1 and 4 clients, plain and streamed
+    for direct, gateway in zip(phases[::2], phases[1::2], strict=True):
+        assert direct["target"] == "direct" and gateway["target"] == "gateway"
+        assert direct["errors"] == gateway["errors"] == 0 and direct["req_per_s"] > 0 < gateway["req_per_s"]
+        assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
+        assert gateway["cpu_ms_per_req"] > 0
+    assert "streaming/non-streaming CPU cost" in out
+
+
+@pytest.mark.slow
+def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "store.py"), "--writers", "3", "--spans", "4", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert {(r["backend"], r["mode"]) for r in rows} >= {
+        (b, m) for b in ("sqlite", "http-sqlite") for m in ("baseline", "batched", "pipelined")
+    }
+    for r in rows:
+        assert r["spans"] == 12 and r["lost"] == r["duplicates"] == r["errors"] == 0, r
+        assert r["spans_per_s"] > 0
