@@ -7,7 +7,7 @@ Phases, one vLLM server (SmolLM2-135M, runtime LoRA) and one gateway for all of 
 
   - *raw vLLM*: ``POST /v1/load_lora_adapter`` of the directory, then one chat request to that adapter;
     clock from the start of the load to the answer.
-  - *agentforge*: :class:`~agentforge.trainers.publish.HotSwapPublisher.publish` of the same directory
+  - *agentforge*: :meth:`~agentforge.serving.publisher.HotSwapPublisher.publish` of the same directory
     (store record → checks → load under a new version name → canary → alias flip → store activation),
     then the same chat request through the gateway to the alias, served by the new version (checked in the
     recorded span). Clock from the start of ``publish`` to the answer.

@@ -80,6 +80,13 @@ class LLMGuard:
     def __init__(self, nodeid: str, markers: set[str]) -> None:
         self.nodeid, self.markers, self.allowed = nodeid, markers, allowed_kinds(markers)
         self.refused: list[str] = []
+        self._ports: list[int] = []
+
+    def forgive(self, port: int) -> None:
+        """Drop the refusals of ``port``: an engine whose start failed never listened there, so its own
+        readiness checks reached nothing."""
+        kept = [(p, m) for p, m in zip(self._ports, self.refused, strict=True) if p != port]
+        self._ports, self.refused = [p for p, _ in kept], [m for _, m in kept]
 
     def check(self, address: Any) -> None:
         """Raise :class:`ConnectionRefusedError` (and remember why) if ``address`` is off limits."""
@@ -88,7 +95,12 @@ class LLMGuard:
             need = "vllm" if "real embedded" not in why else "slow (or vllm)"
             message = f"{self.nodeid} tried to reach {why}; mark the test {need} or use a fake upstream"
             self.refused.append(message)
+            self._ports.append(int(address[1]))
             raise ConnectionRefusedError(message)
+
+
+#: The running test's guard (a list so that start wrappers made at session start can find it).
+_CURRENT: list[LLMGuard] = []
 
 
 def _register(port: int, kind: str) -> None:
@@ -112,6 +124,8 @@ def _tracking(
             return start(self, *args, **kwargs)
         except BaseException:
             _unregister(int(self.port))
+            for guard in _CURRENT:
+                guard.forgive(int(self.port))
             raise
 
     def tracked_stop(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -165,9 +179,13 @@ def llm_guard(request: pytest.FixtureRequest) -> Iterator[LLMGuard]:
         guard.check(address)
         return connect_ex(sock, address)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(socket.socket, "connect", guarded_connect)
-        mp.setattr(socket.socket, "connect_ex", guarded_connect_ex)
-        yield guard
+    _CURRENT.append(guard)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(socket.socket, "connect", guarded_connect)
+            mp.setattr(socket.socket, "connect_ex", guarded_connect_ex)
+            yield guard
+    finally:
+        _CURRENT.remove(guard)
     if guard.refused:
         pytest.fail("real LLM endpoint reached by accident:\n" + "\n".join(dict.fromkeys(guard.refused)))

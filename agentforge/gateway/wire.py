@@ -9,7 +9,7 @@ The gateway always asks the engine for token ids and logprobs (vLLM's ``return_t
 * ``stream_options.include_usage`` not requested → the final usage-only chunk is not forwarded.
 * ``model`` in the answer is the resolved version (``policy@v3``), so the client can see what served it.
 * A tool call whose arguments are empty (a tool without parameters) reaches the client as ``"{}"``;
-  the span keeps the engine's ``""`` verbatim (see :mod:`agentforge.gateway.toolcalls`).
+  the span keeps the engine's ``""`` verbatim (see :mod:`agentforge.toolcalls`).
 
 Hosted upstreams (``Upstream.token_ids=False``) get the request unchanged apart from ``model``.
 Every error the gateway returns has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
