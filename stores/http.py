@@ -25,7 +25,7 @@ import httpx
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.stores.tables import dumps
-from agentforge.stores.wire import BatchItem, BatchRequest, BatchResults, json_bytes, parse
+from agentforge.stores.wire import MAX_BATCH, BatchItem, BatchRequest, BatchResults, json_bytes, parse
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -207,6 +207,12 @@ class HTTPStore:
     # --- spans and rewards ------------------------------------------------------------------------
     def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent)."""
+        out: list[Span | Reward | AgentForgeError] = []
+        for start in range(0, len(items), MAX_BATCH):  # the server takes at most MAX_BATCH per request
+            out.extend(self._write_chunk(items[start : start + MAX_BATCH]))
+        return out
+
+    def _write_chunk(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         request = BatchRequest(
             items=[BatchItem(span=i) if isinstance(i, Span) else BatchItem(reward=i) for i in items]
         )

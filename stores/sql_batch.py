@@ -17,6 +17,7 @@ from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pydantic_core import PydanticSerializationError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
@@ -109,6 +110,8 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
             values[i] = span_values(span, 0)
         except UserError as exc:
             results[i] = exc
+        except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
+            results[i] = UserError(f"span {span.span_id!r} cannot be stored as JSON: {exc}")
     cur = _Cursor(s)  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
     ph = cur.placeholder
 
@@ -252,7 +255,10 @@ def insert_reward(s: Session, reward: Reward) -> Reward:
         NotFoundError: unknown rollout, attempt or span.
         UserError: the span/attempt belongs to another rollout; bad text in a scalar field.
     """
-    reward_to_row(reward, 0)  # scalar text checks before touching the database
+    try:
+        reward_to_row(reward, 0)  # scalar text and JSON checks before touching the database
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise UserError(f"reward {reward.reward_id!r} cannot be stored as JSON: {exc}") from None
     existing = s.exec(select(RewardRow).where(RewardRow.reward_id == reward.reward_id)).first()
     if existing is not None:
         return row_to_reward(existing)

@@ -80,4 +80,7 @@ def parse(model: type[M], data: bytes) -> M:
     except ValidationError as exc:
         if not any(e["type"] == "json_invalid" for e in exc.errors()):
             raise
-    return model.model_validate(json.loads(data))
+    try:
+        return model.model_validate(json.loads(data))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None

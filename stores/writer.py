@@ -13,7 +13,9 @@ batch that fails as a whole (the database stayed unreachable through the store's
 item of it with that error.
 
 After ``os.fork`` the child starts a writer thread of its own on first use (threads do not survive a
-fork); items queued in the parent stay the parent's.
+fork) and items queued in the parent stay the parent's. The store's database connections must not cross a
+fork, though (SQLite's own rule; PostgreSQL pools likewise): a forked child opens a new store, as the
+runner's spawned worker processes do (:func:`agentforge.open.open_store`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -123,6 +124,7 @@ class _Gateway:
         self._client: UpstreamClient | None = None
         self._orphan_warned = False
         self._pins: dict[str, dict[str, str]] = {}
+        self._pins_lock = threading.Lock()
         self.orphans = 0
 
     @asynccontextmanager
@@ -205,9 +207,10 @@ class _Gateway:
                 resources = self.store.get_rollout(rollout_id).resources
             except Exception:  # unknown or malformed id: the span becomes an orphan later
                 return model
-            if len(self._pins) >= 4096:
-                self._pins.pop(next(iter(self._pins)))
-            self._pins[rollout_id] = resources
+            with self._pins_lock:  # lookups run in worker threads
+                if len(self._pins) >= 4096:
+                    self._pins.pop(next(iter(self._pins)), None)
+                self._pins[rollout_id] = resources
         pinned = resources.get(model)
         if pinned is None:
             return model

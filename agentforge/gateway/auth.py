@@ -22,7 +22,9 @@ class ApiKeyMiddleware:
         self.app, self._key = app, api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
+        path, root = scope.get("path", ""), scope.get("root_path") or ""
+        if root and path.startswith(root):  # mounted in a parent app: judge the path inside the gateway
+            path = path[len(root) :]
         if scope["type"] == "http" and path != "/health" and not path.startswith("/api/"):
             headers = dict(scope.get("headers") or [])
             given = (

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["sse_batches", "sse_data", "StreamRelay", "relay_response"]
 
 _DONE = b"data: [DONE]\n\n"
+#: Longest wait for the engine's last bytes after ``[DONE]``, seconds; the connection is closed after it.
+_DRAIN_S = 0.25
 
 
 async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[str]]:
@@ -125,8 +127,8 @@ class StreamRelay:
                 if out:
                     yield b"".join(out)
                 if finished:
-                    with anyio.CancelScope(shield=True):
-                        await _drain(batches)
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_S):
+                        await _drain(batches)  # an engine that keeps the connection open loses it
                     break
                 if error is not None:
                     break

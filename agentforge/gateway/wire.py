@@ -259,4 +259,7 @@ def decode_json(data: bytes | str) -> Any:
     try:
         return from_json(data, allow_inf_nan=True)
     except ValueError:
-        return json.loads(data)
+        try:
+            return json.loads(data)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None

@@ -1,0 +1,108 @@
+"""Faults on the spine found by an adversarial review: each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from agentforge.gateway.app import create_gateway
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.gateway.server import AppServer, serve_gateway
+from agentforge.stores.sql import SQLStore
+from agentforge.testing import ScriptedUpstream, memory_store
+from agentforge.types import Reward, Rollout, Span
+
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class _Unserialisable:
+    pass
+
+
+def test_one_unserialisable_item_fails_alone_not_its_batch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with SQLStore(f"sqlite:///{tmp_path / 't.db'}") as store:
+        ro = store.enqueue_rollout(Rollout())
+        good = [Span(rollout_id=ro.rollout_id, name=f"g{i}") for i in range(50)]
+        bad_span = Span(rollout_id=ro.rollout_id, attributes={"obj": _Unserialisable()})
+        bad_reward = Reward(rollout_id=ro.rollout_id, value=1.0, metadata={"obj": _Unserialisable()})
+        results = store.write_batch([*good[:25], bad_span, bad_reward, *good[25:]])
+        assert [type(r).__name__ for r in results[25:27]] == ["UserError", "UserError"]
+        assert "cannot be stored as JSON" in str(results[25])
+        assert len(store.list_spans(rollout_id=ro.rollout_id)) == 50
+        futures = [store.submit(s) for s in [bad_span, *(Span(rollout_id=ro.rollout_id) for _ in range(20))]]
+        errors = [f.exception(timeout=30) for f in futures]
+        assert errors[0] is not None and all(e is None for e in errors[1:])
+
+
+def _engine_that_keeps_the_connection_open() -> tuple[socket.socket, threading.Event]:
+    """Sends one chunk and [DONE], then holds the connection open without ending the chunked body."""
+    server, stop = socket.socket(), threading.Event()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        chunk = {"id": "x", "object": "chat.completion.chunk", "model": "base",
+                 "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [5], "finish_reason": "stop"}]}  # fmt: skip
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        conn.sendall(head + f"{len(body):x}\r\n".encode() + body + b"\r\n")
+        stop.wait(30)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, stop
+
+
+def test_an_engine_that_holds_the_stream_open_after_done_does_not_hold_the_client() -> None:
+    server, stop = _engine_that_keeps_the_connection_open()
+    router = ModelRouter()
+    router.register("policy@v1", Upstream(f"http://127.0.0.1:{server.getsockname()[1]}/v1", "base"))
+    router.set_alias("policy", "policy@v1")
+    store = memory_store()
+    try:
+        with serve_gateway(store, router) as gw:
+            t0 = time.monotonic()
+            r = httpx.post(
+                f"{gw.openai_base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=20
+            )
+            waited = time.monotonic() - t0
+    finally:
+        stop.set()
+        server.close()
+    assert r.text.rstrip().endswith("data: [DONE]") and waited < 10  # not the engine's read timeout
+    (span,) = store.list_spans(orphans=True)
+    assert span.status == "ok" and router.inflight("policy@v1") == 0
+
+
+def test_a_mounted_gateway_still_checks_the_key_on_llm_routes_and_not_on_health() -> None:
+    upstream = ScriptedUpstream(["x"], cycle=True)
+    gateway = create_gateway(memory_store(), upstream.router(), api_key="k", transport=upstream.transport())
+    with AppServer(Starlette(routes=[Mount("/api", app=gateway), Mount("/gw", app=gateway)])) as parent:
+        for prefix in ("/api", "/gw"):
+            plain = httpx.post(f"{parent.url}{prefix}/v1/chat/completions", json=CHAT, timeout=10)
+            keyed = httpx.post(
+                f"{parent.url}{prefix}/v1/chat/completions",
+                json=CHAT,
+                timeout=10,
+                headers={"Authorization": "Bearer k"},
+            )
+            assert plain.status_code == 401 and keyed.status_code == 200, (prefix, plain.text)
+            assert httpx.get(f"{parent.url}{prefix}/health", timeout=10).status_code == 200
+    assert upstream.served == 2
+
+
+def test_deeply_nested_json_is_a_400_not_a_500() -> None:
+    upstream = ScriptedUpstream(["x"], cycle=True)
+    store = memory_store()
+    with upstream.serve() as engine, serve_gateway(store, upstream.router(base_url=f"{engine.url}/v1")) as gw:
+        body = b'{"model": "policy", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        r = httpx.post(f"{gw.openai_base_url}/chat/completions", content=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
