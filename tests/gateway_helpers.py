@@ -30,3 +30,63 @@ def streamed_arguments(chunks: list[dict[str, Any]]) -> dict[int, str]:
                     "arguments", ""
                 )
     return args
+
+
+class RawEngine:
+    """A one-request HTTP engine on a raw socket: it starts a chunked SSE answer holding ``events`` (``data``
+    payloads; dicts are JSON-encoded) in one chunk and never sends the terminating chunk. It then drops the
+    connection at once, or holds it open until :meth:`close` when ``hold`` is true.
+
+    Attributes:
+        router: a router whose alias ``policy`` → ``policy@v1`` is served by this engine.
+    """
+
+    def __init__(self, events: list[Any], hold: bool = False) -> None:
+        import socket
+        import threading
+
+        from agentforge.gateway.router import ModelRouter, Upstream
+
+        self._server, self._released = socket.socket(), threading.Event()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen()
+        self._events, self._hold = events, hold
+        self.router = ModelRouter()
+        self.router.register(
+            "policy@v1", Upstream(f"http://127.0.0.1:{self._server.getsockname()[1]}/v1", "base")
+        )
+        self.router.set_alias("policy", "policy@v1")
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._server.accept()
+        with conn:
+            conn.recv(65536)
+            body = "".join(
+                f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in self._events
+            ).encode()
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            conn.sendall(head + f"{len(body):x}\r\n".encode() + body + b"\r\n")
+            if self._hold:
+                self._released.wait(30)
+
+    def close(self) -> None:
+        """Release a held connection and stop listening."""
+        self._released.set()
+        self._thread.join(5)
+        self._server.close()
+
+    def __enter__(self) -> RawEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sse_chunk(
+    delta: dict[str, Any], token_ids: list[int], finish_reason: str | None = None
+) -> dict[str, Any]:
+    """A vLLM-shaped streamed chat chunk for :class:`RawEngine`."""
+    choice = {"index": 0, "delta": delta, "token_ids": token_ids, "finish_reason": finish_reason}
+    return {"id": "x", "object": "chat.completion.chunk", "model": "base", "choices": [choice]}

@@ -4,13 +4,11 @@ and a stream the engine breaks off is reported to the client and recorded, never
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from typing import Any
 
 import httpx
+from gateway_helpers import RawEngine, sse_chunk
 
-from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import AppServer, serve_gateway
 from agentforge.testing import ScriptedTurn, ScriptedUpstream, memory_store
 
@@ -50,44 +48,12 @@ def test_plain_and_streamed_calls_reuse_upstream_connections() -> None:
     assert len(recorder.peers) <= 2, recorder.peers  # one keep-alive connection (two at most on a race)
 
 
-def _breaking_engine() -> tuple[socket.socket, threading.Thread]:
-    """A raw HTTP server that starts a chunked SSE answer, sends one chunk and drops the connection."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            chunk = {
-                "id": "x", "object": "chat.completion.chunk", "model": "base",
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "par"}, "token_ids": [7]}],
-            }  # fmt: skip
-            event = f"data: {json.dumps(chunk)}\n\n".encode()
-            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            conn.sendall(head + f"{len(event):x}\r\n".encode() + event + b"\r\n")
-            # no terminating chunk: the connection closes mid-body
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return server, thread
-
-
 def test_a_stream_broken_by_the_engine_is_reported_and_recorded() -> None:
-    server, thread = _breaking_engine()
-    router = ModelRouter()
-    router.register("policy@v1", Upstream(f"http://127.0.0.1:{server.getsockname()[1]}/v1", "base"))
-    router.set_alias("policy", "policy@v1")
     store = memory_store()
-    try:
-        with serve_gateway(store, router) as gw:
-            r = httpx.post(
-                f"{gw.openai_base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=30
-            )
-            thread.join(5)
-    finally:
-        server.close()
+    chunk = sse_chunk({"role": "assistant", "content": "par"}, [7])
+    with RawEngine([chunk]) as engine, serve_gateway(store, engine.router) as gw:  # drops mid-body
+        r = httpx.post(f"{gw.openai_base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=30)
+    router = engine.router
     assert r.status_code == 200
     events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"

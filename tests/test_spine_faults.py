@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 import time
 
 import httpx
+from gateway_helpers import RawEngine, sse_chunk
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from agentforge.gateway.app import create_gateway
-from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import AppServer, serve_gateway
 from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedUpstream, memory_store
@@ -40,43 +37,14 @@ def test_one_unserialisable_item_fails_alone_not_its_batch(tmp_path) -> None:  #
         assert errors[0] is not None and all(e is None for e in errors[1:])
 
 
-def _engine_that_keeps_the_connection_open() -> tuple[socket.socket, threading.Event]:
-    """Sends one chunk and [DONE], then holds the connection open without ending the chunked body."""
-    server, stop = socket.socket(), threading.Event()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        conn.recv(65536)
-        chunk = {"id": "x", "object": "chat.completion.chunk", "model": "base",
-                 "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [5], "finish_reason": "stop"}]}  # fmt: skip
-        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        conn.sendall(head + f"{len(body):x}\r\n".encode() + body + b"\r\n")
-        stop.wait(30)
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, stop
-
-
 def test_an_engine_that_holds_the_stream_open_after_done_does_not_hold_the_client() -> None:
-    server, stop = _engine_that_keeps_the_connection_open()
-    router = ModelRouter()
-    router.register("policy@v1", Upstream(f"http://127.0.0.1:{server.getsockname()[1]}/v1", "base"))
-    router.set_alias("policy", "policy@v1")
     store = memory_store()
-    try:
-        with serve_gateway(store, router) as gw:
-            t0 = time.monotonic()
-            r = httpx.post(
-                f"{gw.openai_base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=20
-            )
-            waited = time.monotonic() - t0
-    finally:
-        stop.set()
-        server.close()
+    chunk = sse_chunk({"content": "hi"}, [5], finish_reason="stop")
+    with RawEngine([chunk, "[DONE]"], hold=True) as engine, serve_gateway(store, engine.router) as gw:
+        t0 = time.monotonic()
+        r = httpx.post(f"{gw.openai_base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=20)
+        waited = time.monotonic() - t0
+    router = engine.router
     assert r.text.rstrip().endswith("data: [DONE]") and waited < 10  # not the engine's read timeout
     (span,) = store.list_spans(orphans=True)
     assert span.status == "ok" and router.inflight("policy@v1") == 0
