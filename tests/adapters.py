@@ -157,3 +157,21 @@ def foreign_adapter() -> Path:
             (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
             tmp.rename(target)
     return target
+
+
+def assert_only_lora_moved(before: dict[str, Any], model: Any) -> None:
+    """Training changed some LoRA B matrix (zero at init) and left every base weight as it was and frozen.
+
+    Args:
+        before: ``{name: tensor.clone()}`` of ``model.named_parameters()`` taken before training.
+        model: the trained PEFT model (in memory, as the optimizer saw it).
+    """
+    import torch
+
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    lora_b = [k for k in after if "lora_B" in k]
+    assert lora_b and any(not torch.equal(before[k], after[k]) for k in lora_b)
+    base = [k for k in after if "lora_" not in k]
+    assert base and all(not after[k].requires_grad for k in base)
+    assert all(torch.equal(before[k], after[k]) for k in base)

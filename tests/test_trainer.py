@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from adapters import assert_only_lora_moved
 from trainer_process import letter_agent
 
 from agentforge.config import default_model_dir
@@ -88,13 +88,7 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
         "batch/zero_variance_share" in row for row in trainer.history
     )
     # LoRA weights moved (B starts at zero); the base weights in memory, which the optimizer saw, did not.
-    after = dict(trainer.trainer.model.named_parameters())
-    assert after.keys() == before.keys()
-    lora_b = [k for k in after if "lora_B" in k]
-    assert lora_b and any(not torch.equal(before[k], after[k]) for k in lora_b)
-    base = [k for k in after if "lora_" not in k]
-    assert base and all(not after[k].requires_grad for k in base)
-    assert all(torch.equal(before[k], after[k]) for k in base)
+    assert_only_lora_moved(before, trainer.trainer.model)
     # Every rollout the trainer enqueued was consumed by exactly one step, pinned to the serving version.
     rollouts = [r for r in store.list_rollouts() if r.metadata.get("trainer_run") == trainer.run_id]
     assert len(rollouts) == 3 * 2 * 4
