@@ -72,8 +72,7 @@ def next_seqs(s: Session, n: int) -> list[int]:
         return list(range(int(bumped) - n + 1, int(bumped) + 1))
     conn.execute(text("INSERT INTO af_sequence (seq, taken_at) VALUES (:seq, 0)"), {"seq": n})
     conn.execute(text("DELETE FROM af_sequence WHERE seq = :seq"), {"seq": n})
-    base = 0
-    return list(range(base + 1, base + n + 1))
+    return list(range(1, n + 1))
 
 
 def write_items(s: Session, items: Sequence[Item]) -> list[Result]:

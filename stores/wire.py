@@ -13,9 +13,8 @@ import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
-from pydantic_core import PydanticSerializationError, to_json
 
-from agentforge.stores.tables import dumps
+from agentforge.stores.tables import fast_json
 from agentforge.types import Reward, Span
 
 __all__ = ["MAX_BATCH", "BatchItem", "BatchRequest", "BatchResult", "BatchResults", "json_bytes", "parse"]
@@ -58,13 +57,7 @@ class BatchResults(BaseModel):
 def json_bytes(value: Any) -> bytes:
     """Compact JSON of ``value`` (models included), ``NaN``/``Infinity`` kept; ASCII-escaped JSON when the
     value holds text UTF-8 cannot carry."""
-    plain = (
-        value.model_dump() if isinstance(value, BaseModel) else value
-    )  # a model's own JSON writes NaN as null
-    try:
-        return to_json(plain, inf_nan_mode="constants")
-    except (PydanticSerializationError, UnicodeError):
-        return dumps(plain).encode("ascii")
+    return fast_json(value.model_dump() if isinstance(value, BaseModel) else value)
 
 
 def parse(model: type[M], data: bytes) -> M:

@@ -65,9 +65,6 @@ class GroupCommitWriter(Generic[T, R]):
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
-        #: batches written and items written (for benchmarks and metrics).
-        self.batches = 0
-        self.items = 0
 
     def submit(self, item: T) -> Future[R]:
         """Queue ``item``; the future resolves to the stored item once its batch is committed.
@@ -124,8 +121,6 @@ class GroupCommitWriter(Generic[T, R]):
                 for _, fut in live:
                     fut.set_exception(exc)
                 continue
-            self.batches += 1
-            self.items += len(live)
             for (_, fut), result in zip(live, results, strict=True):
                 if isinstance(result, BaseException):
                     fut.set_exception(result)

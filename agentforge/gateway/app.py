@@ -121,7 +121,7 @@ class _Gateway:
     ) -> None:
         self.store, self.router = store, router
         self._transport, self._timeout_s = transport, timeout_s
-        self._client: UpstreamClient | None = None
+        self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
         self._orphan_warned = False
         self._pins: dict[str, dict[str, str]] = {}
         self._pins_lock = threading.Lock()
@@ -405,7 +405,6 @@ def create_gateway(
         The FastAPI app; ``app.state.gateway.orphans`` counts orphan spans written.
     """
     gateway = _Gateway(store, router, transport, timeout_s)
-    gateway.client  # noqa: B018 - import the client library now, not inside the first request
     app = GatewayApp(
         title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )

@@ -31,7 +31,7 @@ from agentforge.gateway.wire import (
 if TYPE_CHECKING:
     from agentforge.gateway.app import CallContext, _Gateway
 
-__all__ = ["sse_batches", "sse_data", "StreamRelay", "relay_response"]
+__all__ = ["sse_batches", "StreamRelay", "relay_response"]
 
 _DONE = b"data: [DONE]\n\n"
 #: Longest wait for the engine's last bytes after ``[DONE]``, seconds; the connection is closed after it.
@@ -60,13 +60,6 @@ async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[str]]:
         lines.append(tail[5:].removeprefix(" "))
     if lines:
         yield ["\n".join(lines)]
-
-
-async def sse_data(response: UpstreamResponse) -> AsyncIterator[str]:
-    """Yield the ``data`` payload of each server-sent event of ``response``, one by one."""
-    async for batch in sse_batches(response):
-        for data in batch:
-            yield data
 
 
 async def _drain(batches: AsyncIterator[list[str]], limit: int = 64) -> None:
