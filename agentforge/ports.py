@@ -26,7 +26,7 @@ only the wiring rooms (:mod:`agentforge.cli`, :mod:`agentforge.commands`, :mod:`
   ``get_*``/``claim_*`` methods documented to return ``None``.
 * **Blocking.** Every method blocks until the write is durable (committed).
 
-The conformance suite in ``tests/store_conformance.py`` checks this for every backend.
+The conformance suite in ``tests/support/store_conformance.py`` checks this for every backend.
 
 **PolicyServer** contract:
 

@@ -50,7 +50,7 @@ from agentforge.types import AttemptState, Reward, RolloutState, SpanKind, Task
 if TYPE_CHECKING:
     from agentforge.stores.base import TraceStore
 
-#: The customer-service graph's budgets, as in ``tests/test_e2e_tau_retail.py``.
+#: The customer-service graph's budgets, as in ``tests/e2e/test_e2e_tau_retail.py``.
 GRAPH = {
     "max_tokens": 72,
     "max_turn_calls": 2,

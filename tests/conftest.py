@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # Tests never reach a real hosted LLM by accident.
 os.environ.pop("OPENAI_API_KEY", None)

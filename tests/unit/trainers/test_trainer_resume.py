@@ -16,7 +16,7 @@ import pytest
 from agentforge.stores.sql import SQLStore
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("trainer_process.py")
+SCRIPT = Path(__file__).resolve().parents[2] / "support" / "trainer_process.py"
 
 
 def _start(out: Path, steps: int) -> subprocess.Popen:

@@ -24,7 +24,7 @@ from agentforge.trainers.samples import build_trajectories
 from agentforge.types import Rollout, SpanKind
 
 pytestmark = pytest.mark.vllm
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openai_sdk_agent.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_sdk_agent.py"
 TURNS = ["Where is my order W1001?", "Where is my order W2002?", "Thank you, goodbye."]
 
 

@@ -29,7 +29,7 @@ from agentforge.agents.customer_service.tau_retail import load_tau_retail
 from agentforge.errors import MissingExtraError, UserError
 from agentforge.types import Rollout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 #: pytest's own marks and the plugins' (not declared in pyproject.toml).
 BUILTIN = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "asyncio"}
 

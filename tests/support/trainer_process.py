@@ -1,6 +1,6 @@
 """A whole self-improving stack in one process, for the kill -9 / resume test.
 
-    python tests/trainer_process.py OUT_DIR MAX_STEPS
+    python tests/support/trainer_process.py OUT_DIR MAX_STEPS
 
 Embedded policy server + gateway + runner threads + lightning trainer (checkpoint every step, hot-swap
 every step) on a SQLite store in OUT_DIR; always starts with ``resume_from_checkpoint=True``.

@@ -26,7 +26,7 @@ from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedError, ScriptedToolCall, ScriptedTurn, ScriptedUpstream
 from agentforge.types import Rollout, RolloutState, SpanKind
 
-SERVICE = Path(__file__).resolve().parents[1] / "examples" / "app" / "service.py"
+SERVICE = Path(__file__).resolve().parents[2] / "examples" / "app" / "service.py"
 W1001 = json.dumps({"order_id": "W1001"})
 
 

@@ -36,7 +36,7 @@ from agentforge.trainers.continual import (
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import SpanKind
 
-SERVICE = Path(__file__).resolve().parents[1] / "examples" / "app" / "service.py"
+SERVICE = Path(__file__).resolve().parents[2] / "examples" / "app" / "service.py"
 
 
 def _load_service():
@@ -175,6 +175,6 @@ def test_feedback_trains_a_step_and_the_running_app_gets_the_new_version(vllm_to
 def test_example_has_a_help() -> None:
     import subprocess
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "continual_app.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "continual_app.py"
     out = subprocess.run([sys.executable, str(example), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--group-size" in out.stdout and "ContinualTrainer" in out.stdout

@@ -32,7 +32,7 @@ from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream
 from agentforge.types import Rollout, Span, SpanKind
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

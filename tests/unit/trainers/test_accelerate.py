@@ -11,7 +11,7 @@ stored sample exactly once per epoch. ``test_publish_guard`` in ``test_trainer.p
 one process too.
 
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --mixed_precision no \
-        tests/test_accelerate.py OUT_DIR                                   # what the test runs
+        tests/unit/trainers/test_accelerate.py OUT_DIR                                   # what the test runs
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 AGENT = "ddp-smoke"
 
 

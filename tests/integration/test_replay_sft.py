@@ -25,7 +25,7 @@ from agentforge.trainers.replay.select import EmptySelectionError, TraceFilter, 
 from agentforge.trainers.replay.sft import ReplaySFTConfig, ReplaySFTTrainer, build_examples, run_replay_sft
 from agentforge.types import AttemptState, LLMCall, ResourceVersion, Reward, Rollout, Span, SpanKind, Task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

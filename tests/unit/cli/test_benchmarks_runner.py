@@ -22,7 +22,7 @@ from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedUpstream
 from agentforge.types import Task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_benchmark() -> ModuleType:
