@@ -15,7 +15,7 @@ import contextlib
 import inspect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,24 @@ class _RequestError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
         super().__init__(message)
         self.status, self.kind = status, kind
+
+
+def _close_generators(*generators: Iterator[Any], timeout_s: float = 30.0) -> None:
+    """Close generators that may be running one step in another thread (waits up to ``timeout_s``).
+
+    Raises:
+        ValueError: a generator was still executing after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    for gen in generators:
+        while True:
+            try:
+                gen.close()  # type: ignore[attr-defined]  # generators, typed as the iterators they are
+                break
+            except ValueError:  # "generator already executing": a step is finishing in a worker thread
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
 
 class EmbeddedServer:
@@ -187,7 +205,7 @@ class EmbeddedServer:
 
     def _generate(
         self, model: str, prompt_ids: list[int], body: dict[str, Any], stops: set[int], limit: int
-    ) -> Iterator[Step]:
+    ) -> Generator[Step, None, None]:
         """Yield one :data:`Step` per sampled token (at most ``limit``); holds the lock while it runs."""
         import torch
 
@@ -256,6 +274,28 @@ class EmbeddedServer:
             title="agentforge embedded policy server", docs_url=None, redoc_url=None, openapi_url=None
         )
 
+        class EngineStream(StreamingResponse):
+            """A streamed answer that frees the engine the moment it ends, however it ends.
+
+            Starlette stops iterating a stream whose client left (the disconnect cancels it, or a send
+            fails) but does not close the iterator, so a generator suspended inside ``_generate`` would
+            hold the engine lock until garbage collection and wedge every later request. This response
+            closes the event and token generators (releasing the lock) when it ends, normally or not.
+            """
+
+            def __init__(self, steps: Iterator[Step], events: Iterator[str]) -> None:
+                super().__init__(events, media_type="text/event-stream")
+                self._generators = (events, steps)
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                import anyio
+
+                try:
+                    await super().__call__(scope, receive, send)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(_close_generators, *self._generators)
+
         @app.exception_handler(_RequestError)
         async def _error(_: Request, exc: _RequestError) -> JSONResponse:
             body = {"error": {"message": str(exc), "type": exc.kind, "param": None, "code": exc.status}}
@@ -292,7 +332,7 @@ class EmbeddedServer:
             )
             steps = self._generate(body["model"], prompt_ids, body, stops, limit)
             if body.get("stream"):
-                return StreamingResponse(shaper.stream(steps), media_type="text/event-stream")
+                return EngineStream(steps, shaper.stream(steps))
             return shaper.full(list(steps))
 
         @app.post("/v1/chat/completions")  # sync handlers: FastAPI runs them in its thread pool

@@ -1,0 +1,81 @@
+"""The embedded backend under a hostile or broken client: abandoned streams must not wedge the engine."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from adapters import LETTER_MESSAGES
+
+from agentforge.serving.embedded import EmbeddedServer
+
+pytest.importorskip("peft")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def abandon_stream(server: EmbeddedServer, body: bytes) -> None:
+    """Send a streamed chat request on a raw socket, read its first SSE event, then close the socket."""
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+    )
+    head += "".join(f"{k}: {v}\r\n" for k, v in server_headers(server).items())
+    with socket.create_connection((server.host, server.port), timeout=60) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body)
+        seen = b""
+        while b"data: " not in seen:
+            chunk = sock.recv(4096)
+            assert chunk, f"the server closed the stream before its first event: {seen!r}"
+            seen += chunk
+        assert seen.startswith(b"HTTP/1.1 200"), seen[:200]
+
+
+def server_headers(server: EmbeddedServer) -> dict[str, str]:
+    key = getattr(server, "api_key", None)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def test_abandoned_stream_frees_the_engine(engine: EmbeddedServer) -> None:
+    import json
+
+    long_stream = {
+        "model": "base",
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    short = {
+        "model": "base",
+        "messages": LETTER_MESSAGES,
+        "max_tokens": 2,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    with httpx.Client(headers=server_headers(engine), timeout=60) as client:
+        t0 = time.monotonic()
+        assert client.post(f"{engine.base_url}/chat/completions", json=short).status_code == 200
+        normal_s = time.monotonic() - t0
+        for _ in range(2):  # twice: the first abandoned stream must not leave anything behind either
+            abandon_stream(engine, json.dumps(long_stream).encode())
+            t0 = time.monotonic()
+            # 400 tokens take far longer than this on 2 CPU cores; a wedged engine never answers (issue 16).
+            answer = client.post(f"{engine.base_url}/chat/completions", json=short, timeout=30)
+            waited_s = time.monotonic() - t0
+            assert answer.status_code == 200, answer.text
+            assert len(answer.json()["choices"][0]["token_ids"]) <= 2
+            assert waited_s < normal_s + 10, (
+                f"waited {waited_s:.1f}s after an abandoned stream (normal {normal_s:.1f}s)"
+            )
