@@ -22,7 +22,7 @@ from sqlmodel import Session, SQLModel, select
 from agentforge.config import default_store_url
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
-from agentforge.stores.sql_batch import next_seqs, write_items
+from agentforge.stores.sql_batch import is_late, next_seqs, write_items
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
     AttemptRow,
@@ -128,6 +128,12 @@ class SQLStore(RolloutQueue):
         it is stamped with the rollout's running attempt, if any, so ``valid_only`` can judge it.
         Concurrent callers of one store share transactions (group commit).
 
+        A **late** span — its rollout already finished (succeeded, failed, timed out, cancelled), the
+        attempt it names no longer runs, or it names none while the rollout has had attempts but runs none
+        — is stored quarantined: ``attributes["late"] = True`` and ``attributes["late_reason"]`` say so in
+        the returned and listed span, and ``list_spans(valid_only=True)`` never returns it, so a late call
+        cannot rewrite a finished rollout's training data (DESIGN fact 8).
+
         Returns:
             The stored span (the existing one if the id was already present).
 
@@ -153,7 +159,8 @@ class SQLStore(RolloutQueue):
             kind: only spans of this kind.
             orphans: only spans without a rollout (not combinable with ``rollout_id``/``attempt_id``).
             valid_only: per rollout, keep only spans of the succeeded attempt if there is one, else of
-                the latest attempt; spans without an attempt id are always kept.
+                the latest attempt; spans without an attempt id are kept too. Spans stored as late (see
+                :meth:`add_span`) are always left out.
 
         Raises:
             NotFoundError: unknown rollout or attempt.
@@ -195,9 +202,12 @@ class SQLStore(RolloutQueue):
         return [
             sp
             for sp in spans
-            if sp.rollout_id not in chosen
-            or sp.attempt_id is None
-            or sp.attempt_id == chosen[sp.rollout_id].attempt_id
+            if not is_late(sp)
+            and (
+                sp.rollout_id not in chosen
+                or sp.attempt_id is None
+                or sp.attempt_id == chosen[sp.rollout_id].attempt_id
+            )
         ]
 
     # --- rewards ----------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ from agentforge.stores.tables import (
     row_to_span,
     span_values,
 )
-from agentforge.types import AttemptState, Reward, Span
+from agentforge.types import AttemptState, Reward, RolloutState, Span
 
-__all__ = ["write_items", "next_seqs", "insert_reward"]
+__all__ = ["write_items", "next_seqs", "insert_reward", "late_marks", "is_late", "LATE"]
 
 Item = Span | Reward
 Result = Span | Reward | AgentForgeError
@@ -43,6 +43,8 @@ _SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defi
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
+#: The span attribute marking a span the store quarantined as late (see :func:`late_marks`).
+LATE = "late"
 _CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
 
 
@@ -125,22 +127,25 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
         existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
     attempt_ids = sorted({sp.attempt_id for sp in spans if sp.attempt_id is not None})
     attempts: dict[str, str] = {}  # attempt id -> rollout id
-    for a, r in rows_in(
-        "SELECT attempt_id, rollout_id FROM af_attempts WHERE attempt_id IN ({ids})", attempt_ids
+    attempt_states: dict[str, str] = {}  # attempt id -> its state
+    for a, r, state in rows_in(
+        "SELECT attempt_id, rollout_id, state FROM af_attempts WHERE attempt_id IN ({ids})", attempt_ids
     ):
-        attempts[a] = r
+        attempts[a], attempt_states[a] = r, state
     rollout_ids = sorted(
         {sp.rollout_id for sp in spans if sp.rollout_id is not None}
         | {attempts[a] for a in attempt_ids if a in attempts}
     )
-    rollouts: set[str] = set()
+    rollouts: dict[str, tuple[str, int]] = {}  # rollout id -> (state, attempts)
     running: dict[str, tuple[int, str]] = {}  # rollout id -> (number, attempt id) of its running attempt
     sql = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
-        "SELECT r.rollout_id, a.number, a.attempt_id, a.state FROM af_rollouts r "
+        "SELECT r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state FROM af_rollouts r "
         "LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id IN ({ids})"
     )
-    for rollout_id, number, attempt_id, state in rows_in(sql, rollout_ids):
-        rollouts.add(rollout_id)
+    if cur.postgres:  # a concurrent finish_attempt waits for this batch (or this batch sees it): see _late
+        sql += " FOR SHARE OF r"
+    for rollout_id, rollout_state, tries, number, attempt_id, state in rows_in(sql, rollout_ids):
+        rollouts[rollout_id] = (rollout_state, tries)
         if state == _RUNNING and (rollout_id not in running or number > running[rollout_id][0]):
             running[rollout_id] = (number, attempt_id)
 
@@ -159,6 +164,10 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
         except AgentForgeError as exc:
             results[i] = exc
             continue
+        why = _late(span, rollout_id, attempt_id, attempt_states, rollouts)
+        if why is not None:  # quarantined: stored and listed, never part of the rollout's valid spans
+            spans[i] = span = span.model_copy(update={"attributes": {**span.attributes, **late_marks(why)}})
+            values[i] = span_values(span, 0)
         taken[span.span_id] = i
         pending.append((i, rollout_id, attempt_id))
     if pending:
@@ -186,6 +195,7 @@ class _Cursor:
         conn = s.connection()
         self._dialect = conn.dialect
         self.placeholder = "?" if conn.dialect.name == "sqlite" else "%s"
+        self.postgres = conn.dialect.name == "postgresql"
         self._cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
     def _wrap(self, sql: str, params: Any, exc: Exception) -> Exception:
@@ -207,8 +217,49 @@ class _Cursor:
             raise self._wrap(sql, rows[:3], exc) from exc
 
 
+def late_marks(why: str) -> dict[str, Any]:
+    """The attributes that quarantine a late span: ``{"late": True, "late_reason": why}``."""
+    return {LATE: True, "late_reason": why}
+
+
+def is_late(span: Span) -> bool:
+    """Whether the store quarantined ``span`` as late (see :func:`_late`)."""
+    return span.attributes.get(LATE) is True
+
+
+def _late(
+    span: Span,
+    rollout_id: str | None,
+    attempt_id: str | None,
+    attempt_states: dict[str, str],
+    rollouts: dict[str, tuple[str, int]],
+) -> str | None:
+    """Why ``span`` arrives late for its rollout, or ``None`` when it does not.
+
+    A span is late when its rollout is finished (succeeded, failed, timed out, cancelled), when the
+    attempt it names is no longer running, or when it names no attempt while its rollout has had attempts
+    but runs none (a call of an ended attempt between retries). Such a span is stored with
+    :func:`late_marks` (visible, attributable) and ``list_spans(valid_only=True)`` leaves it out, so a late
+    call never rewrites a rollout's training data (DESIGN fact 8). On PostgreSQL the rollout rows are read
+    ``FOR SHARE``, so a ``finish_attempt`` committing meanwhile is ordered before or after the whole batch.
+    """
+    if rollout_id is None:
+        return None
+    state, tries = rollouts[rollout_id]
+    if RolloutState(state).finished:
+        return f"rollout {rollout_id!r} already {state}"
+    if span.attempt_id is not None and attempt_states.get(span.attempt_id) != _RUNNING:
+        return f"attempt {span.attempt_id!r} already {attempt_states.get(span.attempt_id)}"
+    if attempt_id is None and tries > 0:
+        return f"rollout {rollout_id!r} is {state} with no running attempt"
+    return None
+
+
 def _stamp(
-    span: Span, attempts: dict[str, str], rollouts: set[str], running: dict[str, tuple[int, str]]
+    span: Span,
+    attempts: dict[str, str],
+    rollouts: dict[str, tuple[str, int]],
+    running: dict[str, tuple[int, str]],
 ) -> tuple[str | None, str | None]:
     """``(rollout_id, attempt_id)`` as stored: rollout found from its attempt, attempt defaulted to the
     running one.

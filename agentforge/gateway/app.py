@@ -60,7 +60,15 @@ from agentforge.gateway.wire import (
     upstream_body,
     upstream_error_body,
 )
-from agentforge.types import LLMCall, Span, SpanKind, now
+from agentforge.types import (
+    ATTEMPT_ID_HEADER,
+    ROLLOUT_ID_HEADER,
+    ROLLOUT_PATH_PREFIX,
+    LLMCall,
+    Span,
+    SpanKind,
+    now,
+)
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
@@ -181,7 +189,13 @@ class _Gateway:
         rollout is kept as an orphan with ``claimed_rollout_id``."""
         try:
             try:
-                await asyncio.wrap_future(self.store.submit(span))
+                stored = await asyncio.wrap_future(self.store.submit(span))
+                if stored.attributes.get("late") is True:  # quarantined by the store (DESIGN fact 8)
+                    logger.warning(
+                        "late call stored as a late span %s (not training data): %s",
+                        span.span_id,
+                        stored.attributes.get("late_reason"),
+                    )
             except (NotFoundError, UserError) as exc:
                 if span.rollout_id is None:
                     raise
@@ -243,8 +257,8 @@ class _Gateway:
     # --- handlers -------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Validate, resolve, forward and record one call."""
-        rollout_id = request.path_params.get("rollout_id") or request.headers.get("x-rollout-id") or None
-        attempt_id = request.headers.get("x-attempt-id") or None
+        rollout_id = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_ID_HEADER) or None
+        attempt_id = request.headers.get(ATTEMPT_ID_HEADER) or None
         try:
             body = decode_json(await request.body())
         except (ValueError, UnicodeDecodeError) as exc:
@@ -417,7 +431,7 @@ def create_gateway(
 
         return route
 
-    for prefix in ("", "/rollouts/{rollout_id}"):
+    for prefix in ("", ROLLOUT_PATH_PREFIX + "{rollout_id}"):
         app.add_api_route(prefix + "/v1/chat/completions", handler("chat"), methods=["POST"])
         app.add_api_route(prefix + "/v1/completions", handler("completions"), methods=["POST"])
         app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])

@@ -305,6 +305,56 @@ def test_valid_only_keeps_the_counted_attempt(store: TraceStore) -> None:
     assert [s.name for s in store.list_spans(rollout_id=failed.rollout_id, valid_only=True)] == ["try-2"]
 
 
+def test_late_spans_are_quarantined_and_never_valid(store: TraceStore) -> None:
+    ro, a1 = _running(store)
+    live = store.add_span(Span(rollout_id=ro.rollout_id, attempt_id=a1, name="live", kind=SpanKind.llm))
+    scored = store.add_reward(Reward(rollout_id=ro.rollout_id, value=1.0, final=True))
+    store.finish_attempt(a1, AttemptState.succeeded)
+    # a late call of the finished attempt, once with and once without the attempt header, and in a batch
+    late = store.add_span(Span(rollout_id=ro.rollout_id, name="late", kind=SpanKind.llm, attributes={"k": 1}))
+    late_att = store.add_span(Span(rollout_id=ro.rollout_id, attempt_id=a1, name="late-att"))
+    (late_batch,) = store.write_batch(
+        [Span(rollout_id=ro.rollout_id, name="late-batch", attributes={"late": 0})]
+    )
+    for sp in (late, late_att, late_batch):
+        assert isinstance(sp, Span) and sp.attributes["late"] is True
+        assert "succeeded" in sp.attributes["late_reason"] and ro.rollout_id in sp.attributes["late_reason"]
+    assert late.attributes["k"] == 1  # the caller's attributes are kept beside the marks
+    assert [s.name for s in store.list_spans(rollout_id=ro.rollout_id)] == [
+        "live",
+        "late",
+        "late-att",
+        "late-batch",
+    ]
+    assert store.list_spans(rollout_id=ro.rollout_id, valid_only=True) == [live]
+    assert [s.name for s in store.list_spans(valid_only=True)] == ["live"]
+    assert store.list_spans(rollout_id=ro.rollout_id)[1] == late  # stored as returned
+    assert store.add_span(live) == live  # a retried write of a span stored in time stays valid
+    final = store.final_reward(ro.rollout_id)
+    assert final is not None and final.reward_id == scored.reward_id
+    feedback = store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.2, final=True, source="user"))
+    assert feedback.valid  # a reward hours later still attaches (DESIGN fact 4); only spans are late
+
+    retried, b1 = _running(store, max_attempts=2)
+    store.finish_attempt(b1, AttemptState.failed, "boom")  # back to queued, no attempt running
+    between = store.add_span(Span(rollout_id=retried.rollout_id, name="between"))
+    dead = store.add_span(Span(rollout_id=retried.rollout_id, attempt_id=b1, name="dead"))
+    assert "no running attempt" in between.attributes["late_reason"]
+    assert b1 in dead.attributes["late_reason"] and "failed" in dead.attributes["late_reason"]
+    _, b2 = _claim(store)
+    fresh = store.add_span(Span(rollout_id=retried.rollout_id, name="fresh"))
+    assert "late" not in fresh.attributes and fresh.attempt_id == b2
+    assert store.list_spans(rollout_id=retried.rollout_id, valid_only=True) == [fresh]
+
+    session = store.enqueue_rollout(Rollout())  # an app's session: running without a claimed attempt
+    store.update_rollout(session.rollout_id, state=RolloutState.running)
+    turn = store.add_span(Span(rollout_id=session.rollout_id, name="turn"))
+    store.update_rollout(session.rollout_id, state=RolloutState.succeeded)
+    after = store.add_span(Span(rollout_id=session.rollout_id, name="after"))
+    assert "late" not in turn.attributes and after.attributes["late"] is True
+    assert store.list_spans(rollout_id=session.rollout_id, valid_only=True) == [turn]
+
+
 # --- rewards --------------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_happy_path_and_invalid_transitions,
     test_huge_mixed_unicode_payloads_round_trip_exactly,
     test_implements_protocol,
+    test_late_spans_are_quarantined_and_never_valid,
     test_leaving_running_by_update_closes_the_attempt,
     test_list_rollouts_filters,
     test_none_and_nan_rewards_are_stored_invalid,
