@@ -21,7 +21,7 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentforge.errors import InvalidTransitionError, UserError
 
@@ -198,7 +198,13 @@ class LLMCall(BaseModel):
         request: the request body as the client sent it (messages, tools, sampling parameters).
         response_text: the assistant text returned.
         latency_s: seconds from receiving the request to the last byte of the answer.
+
+    Its JSON keeps ``NaN`` and ``±Infinity`` as JSON's non-standard constants (``-Infinity`` is a real
+    log-probability: a token the policy gives no chance), as Python's :mod:`json` does, instead of
+    pydantic's default ``null``: a stored record reads back as it was written.
     """
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     model: str = ""
     version: str = ""

@@ -164,11 +164,15 @@ class SequenceTicket(SQLModel, table=True):
 
 
 class SpanRow(SQLModel, table=True):
-    """One span; ``seq`` is the store-wide sequence number assigned on insert."""
+    """One span; ``seq`` is the store-wide sequence number assigned on insert.
+
+    On SQLite ``seq`` is the rowid (``INTEGER PRIMARY KEY``), so rows lie in sequence order and an insert
+    touches one B-tree fewer; files made before this keep a ``BIGINT`` key with its own index, which works
+    the same, only slower."""
 
     __tablename__ = "af_spans"
 
-    seq: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs={"autoincrement": False})
+    seq: int = Field(primary_key=True, sa_type=_BIGINT, sa_column_kwargs={"autoincrement": False})
     span_id: str = Field(unique=True, index=True, max_length=200)
     rollout_id: str | None = Field(default=None, index=True, max_length=200)
     attempt_id: str | None = Field(default=None, index=True, max_length=200)
@@ -183,11 +187,11 @@ class SpanRow(SQLModel, table=True):
 
 
 class RewardRow(SQLModel, table=True):
-    """One reward; ``value`` is ``NULL`` (and ``valid`` false) for a missing/NaN reward."""
+    """One reward (``seq`` as in :class:`SpanRow`); ``value`` is ``NULL`` (and ``valid`` false) for a missing/NaN reward."""
 
     __tablename__ = "af_rewards"
 
-    seq: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs={"autoincrement": False})
+    seq: int = Field(primary_key=True, sa_type=_BIGINT, sa_column_kwargs={"autoincrement": False})
     reward_id: str = Field(unique=True, index=True, max_length=200)
     rollout_id: str = Field(index=True, max_length=200)
     attempt_id: str | None = Field(default=None, max_length=200)
@@ -285,6 +289,15 @@ def row_to_attempt(row: AttemptRow) -> Attempt:
     )
 
 
+def _llm_json(llm: LLMCall) -> str:
+    """The ``llm_json`` column: the model's own JSON (NaN kept, see :class:`LLMCall`), straight from
+    pydantic-core without an intermediate dict; lone surrogates fall back to :func:`dumps`."""
+    try:
+        return to_json(llm).decode("utf-8")
+    except (PydanticSerializationError, UnicodeError):
+        return dumps(llm.model_dump())
+
+
 def span_values(s: Span, seq: int) -> dict[str, Any]:
     """Span → the column values of its row (for bulk inserts), with sequence number ``seq``.
 
@@ -300,7 +313,7 @@ def span_values(s: Span, seq: int) -> dict[str, Any]:
         "name": plain("span name", s.name),
         "status": s.status,
         "error": plain("span error", s.error),
-        "llm_json": None if s.llm is None else fast_dumps(s.llm.model_dump()),  # NaN stays NaN (not null)
+        "llm_json": None if s.llm is None else _llm_json(s.llm),
         "attributes_json": fast_dumps(s.attributes),
         "started_at": s.started_at,
         "ended_at": s.ended_at,
