@@ -97,17 +97,25 @@ def chat_body(model: str, max_tokens: int) -> dict[str, Any]:
 
 
 def raw_swap(http: httpx.Client, server: VLLMServer, adapter: Path, max_tokens: int) -> float:
-    """Raw vLLM: load ``adapter`` under a fresh name and get one answer from it; returns seconds."""
+    """Raw vLLM: load ``adapter`` under a fresh name and get one answer from it; returns seconds.
+
+    It calls vLLM's admin route itself, so it borrows the serving layer's admin header (``_admin``).
+    """
     name = f"raw-{uuid.uuid4().hex[:8]}"
+    admin = server._admin()  # noqa: SLF001 - the baseline measures vLLM's own route
     t0 = time.perf_counter()
     http.post(
-        f"{server.base_url}/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter)}
+        f"{server.base_url}/load_lora_adapter",
+        json={"lora_name": name, "lora_path": str(adapter)},
+        headers=admin,
     ).raise_for_status()
-    answer = http.post(f"{server.base_url}/chat/completions", json=chat_body(name, max_tokens))
+    answer = http.post(f"{server.base_url}/chat/completions", json=chat_body(name, max_tokens), headers=admin)
     seconds = time.perf_counter() - t0
     answer.raise_for_status()
     assert answer.json()["choices"][0]["token_ids"], answer.text
-    http.post(f"{server.base_url}/unload_lora_adapter", json={"lora_name": name}).raise_for_status()
+    http.post(
+        f"{server.base_url}/unload_lora_adapter", json={"lora_name": name}, headers=admin
+    ).raise_for_status()
     return seconds
 
 

@@ -315,11 +315,12 @@ def main(argv: Sequence[str] | None = None) -> OverheadReport:
             root = server.base_url.removesuffix("/v1")
 
             def reset_prefix_cache(phase: str) -> None:
-                httpx.post(f"{root}/reset_prefix_cache", timeout=60).raise_for_status()
+                admin = server._admin()  # noqa: SLF001 - a dev-mode route: only the admin key opens it
+                httpx.post(f"{root}/reset_prefix_cache", headers=admin, timeout=60).raise_for_status()
 
             agent = TauRetailAgent(
                 server.base_url, server.base_model_name, max_user_turns=args.max_user_turns,
-                user_max_tokens=32, graph_options=GRAPH,
+                user_max_tokens=32, graph_options=GRAPH, user_api_key=server.api_key or "agentforge-no-key",
             )  # fmt: skip
             with GatewayServer(store, router) as gateway:
                 report = compare(

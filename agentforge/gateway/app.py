@@ -323,13 +323,16 @@ class _Gateway:
         content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
         try:
             return await self.client.post(url, content, headers, stream)
-        except UpstreamTimeout as exc:
-            msg = f"upstream {upstream.base_url} timed out after {self._timeout_s} s ({exc})"
+        except UpstreamTimeout as exc:  # the client's message never names the engine's address; the log does
+            logger.warning("upstream %s for %s timed out: %s", upstream.base_url, ctx.version, exc)
+            msg = f"the engine serving {ctx.version} timed out after {self._timeout_s} s"
             return await self.fail(
                 ctx, 504, error_body(msg, "upstream_timeout", "upstream_timeout"), "upstream_timeout"
             )
         except UpstreamUnreachable as exc:
-            msg = f"upstream {upstream.base_url} is unreachable: {exc}"
+            logger.warning("upstream %s for %s is unreachable: %s", upstream.base_url, ctx.version, exc)
+            cause = type(exc.__cause__ or exc).__name__
+            msg = f"the engine serving {ctx.version} is unreachable ({cause})"
             return await self.fail(
                 ctx,
                 502,

@@ -9,6 +9,7 @@ with ``status="error"``, ``attributes["client_disconnected"] = True`` and what a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ from agentforge.gateway.wire import (
     normalise_empty_arguments,
     shape_chunk,
 )
+
+logger = logging.getLogger("agentforge.gateway")
 
 if TYPE_CHECKING:
     from agentforge.gateway.app import CallContext, _Gateway
@@ -125,8 +128,9 @@ class StreamRelay:
                     break
                 if error is not None:
                     break
-        except UpstreamStreamError as exc:
-            error = f"upstream stream broke: {exc}"
+        except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
+            logger.warning("upstream stream for %s broke: %s", self.ctx.version, exc)
+            error = f"upstream stream broke ({type(exc.__cause__ or exc).__name__})"
             yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         await self.finish(error)
         yield _DONE

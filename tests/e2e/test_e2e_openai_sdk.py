@@ -74,7 +74,12 @@ def test_three_turn_tool_conversation_is_recorded_token_exactly(
         assert len(llm.logprobs) == len(llm.completion_token_ids) == llm.usage["completion_tokens"]
         # The engine, asked the same thing directly (greedy), returns exactly the ids we stored.
         body = {**llm.request, "model": vllm_tool_server.base_model_name, "return_token_ids": True}
-        direct = httpx.post(f"{vllm_tool_server.base_url}/chat/completions", json=body, timeout=120).json()
+        direct = httpx.post(
+            f"{vllm_tool_server.base_url}/chat/completions",
+            json=body,
+            headers=vllm_tool_server.auth_headers(),
+            timeout=120,
+        ).json()
         assert direct["prompt_token_ids"] == llm.prompt_token_ids
         assert direct["choices"][0]["token_ids"] == llm.completion_token_ids
 

@@ -48,7 +48,7 @@ def test_twenty_tau_retail_tasks_run_end_to_end(vllm_tool_server: VLLMServer, tm
     HotSwapper(vllm_tool_server, router, alias="policy").register_base()
     agent = TauRetailAgent(
         vllm_tool_server.base_url, vllm_tool_server.base_model_name, max_user_turns=3, user_max_tokens=32,
-        graph_options=GRAPH,
+        graph_options=GRAPH, user_api_key=vllm_tool_server.api_key or "agentforge-no-key",
     )  # fmt: skip
     with GatewayServer(store, router) as gateway:
         rollouts = enqueue_tasks(store, tasks, max_attempts=1, timeout_s=300)

@@ -209,6 +209,11 @@ def test_framework_agent_on_vllm_is_token_exact(
     # The engine, asked the same thing directly (greedy), returns exactly the ids the gateway stored.
     llm = spans[0].llm
     body = {**llm.request, "model": vllm_tool_server.base_model_name, "return_token_ids": True}
-    direct = httpx.post(f"{vllm_tool_server.base_url}/chat/completions", json=body, timeout=300).json()
+    direct = httpx.post(
+        f"{vllm_tool_server.base_url}/chat/completions",
+        json=body,
+        headers=vllm_tool_server.auth_headers(),
+        timeout=300,
+    ).json()
     assert direct["prompt_token_ids"] == llm.prompt_token_ids
     assert direct["choices"][0]["token_ids"] == llm.completion_token_ids

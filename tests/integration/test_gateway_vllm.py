@@ -21,10 +21,12 @@ SAMPLING = {"max_tokens": 8, "temperature": 0.0, "seed": 7}
 
 
 @pytest.fixture
-def vllm_gateway(vllm_base_url: str, vllm_model: str) -> Iterator[tuple[GatewayServer, SQLStore, str]]:
+def vllm_gateway(
+    vllm_server, vllm_base_url: str, vllm_model: str
+) -> Iterator[tuple[GatewayServer, SQLStore, str]]:
     store = memory_store()
     router = ModelRouter()
-    router.register("policy@base", Upstream(vllm_base_url, vllm_model))
+    router.register("policy@base", Upstream(vllm_base_url, vllm_model, api_key=vllm_server.api_key))
     router.set_alias("policy", "policy@base")
     rollout_id = store.enqueue_rollout(Rollout()).rollout_id
     with GatewayServer(store, router, timeout_s=120) as server:
@@ -32,10 +34,11 @@ def vllm_gateway(vllm_base_url: str, vllm_model: str) -> Iterator[tuple[GatewayS
     store.close()
 
 
-def test_stored_ids_are_the_engines(vllm_gateway, vllm_base_url, vllm_model) -> None:
+def test_stored_ids_are_the_engines(vllm_gateway, vllm_server, vllm_base_url, vllm_model) -> None:
     server, store, rid = vllm_gateway
     direct = httpx.post(
         f"{vllm_base_url}/chat/completions",
+        headers=vllm_server.auth_headers(),
         json={
             "model": vllm_model,
             "messages": MESSAGES,

@@ -232,7 +232,12 @@ def test_small_real_run_on_vllm(vllm_server, tmp_path: Path) -> None:
         for t in rows
     ]
     router = ModelRouter()
-    router.register("policy@v0", Upstream(base_url=vllm_server.base_url, model=vllm_server.base_model_name))
+    router.register(
+        "policy@v0",
+        Upstream(
+            base_url=vllm_server.base_url, model=vllm_server.base_model_name, api_key=vllm_server.api_key
+        ),
+    )
     router.set_alias("policy", "policy@v0")
     store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
     with (

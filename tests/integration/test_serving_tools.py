@@ -63,7 +63,12 @@ def test_few_shot_tool_conversation(vllm_tool_server: VLLMServer) -> None:
             "logprobs": True,
             "return_token_ids": True,
         }
-        response = httpx.post(f"{vllm_tool_server.base_url}/chat/completions", json=body, timeout=120).json()
+        response = httpx.post(
+            f"{vllm_tool_server.base_url}/chat/completions",
+            json=body,
+            headers=vllm_tool_server.auth_headers(),
+            timeout=120,
+        ).json()
         choice = response["choices"][0]
         assert (
             response["prompt_token_ids"][: len(previous)] == previous

@@ -42,7 +42,7 @@ def test_server_protocol(
     name = f"{unique_alias}@v1"
     vllm_server.load_adapter(name, str(letter_adapters["A"]))
     assert name in vllm_server.adapters()
-    assert ask_letter(vllm_server.base_url, name) == "A"
+    assert ask_letter(vllm_server.base_url, name, api_key=vllm_server.api_key) == "A"
     with pytest.raises(UserError, match="new name"):
         vllm_server.load_adapter(name, str(letter_adapters["B"]))
     vllm_server.unload_adapter(name)
@@ -95,7 +95,7 @@ def test_handed_case_7_refused_before_loading(
     assert swapper.server.adapters() == loaded
     assert swapper.router.alias(swapper.alias) == v1
     upstream = swapper.router.resolve(swapper.alias)[1]
-    assert ask_letter(upstream.base_url, upstream.model) == "A"
+    assert ask_letter(upstream.base_url, upstream.model, api_key=upstream.api_key) == "A"
 
 
 def test_failed_canary_keeps_old_version(swapper: HotSwapper, letter_adapters: dict[str, Path]) -> None:
@@ -121,7 +121,7 @@ def test_canary_refuses_a_version_the_engine_does_not_serve(
         swapper.swap(letter_adapters["B"])
     assert swapper.router.alias(swapper.alias) == v1 and swapper.live_versions() == [v1]
     upstream = swapper.router.resolve(swapper.alias)[1]
-    assert ask_letter(upstream.base_url, upstream.model) == "A"
+    assert ask_letter(upstream.base_url, upstream.model, api_key=upstream.api_key) == "A"
 
 
 def test_canary_refuses_a_version_that_answers_like_the_old_one(

@@ -4,8 +4,10 @@ backend, and a gateway in front of a router.
 ``vllm_server`` starts ONE :class:`~agentforge.serving.vllm.VLLMServer` (default model, tool template) for
 the whole session; tests load adapters into it under unique names rather than restarting it. Without the
 vLLM virtual environment it skips, unless ``AGENTFORGE_REQUIRE_VLLM`` is set (CI, ``make test``): then it
-fails. ``AGENTFORGE_TEST_VLLM_URL`` reuses a running server instead (dev speed); tests that need the tool
-template (``vllm_tool_server``) skip when that server does not render tools.
+fails. ``AGENTFORGE_TEST_VLLM_URL`` reuses a running server instead (dev speed; with its keys in
+``AGENTFORGE_TEST_VLLM_KEY`` and ``AGENTFORGE_TEST_VLLM_ADMIN_KEY`` when agentforge started it); tests that
+need the tool template (``vllm_tool_server``) skip when that server does not render tools. Requests straight
+to the engine send ``vllm_server.auth_headers()``: every route but ``/health`` needs its key.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def vllm_server() -> Iterator[VLLMServer]:
     """The session's vLLM server (started once, stopped at the end; or the one at AGENTFORGE_TEST_VLLM_URL)."""
     url = os.environ.get("AGENTFORGE_TEST_VLLM_URL")
     if url:
-        yield VLLMServer.connect(url)
+        yield VLLMServer.connect(
+            url,
+            api_key=os.environ.get("AGENTFORGE_TEST_VLLM_KEY"),
+            admin_key=os.environ.get("AGENTFORGE_TEST_VLLM_ADMIN_KEY"),
+        )
         return
     if vllm_python() is None:
         reason = "no vLLM virtual environment (.venv-vllm or AGENTFORGE_VLLM_PYTHON); run `make setup`"
@@ -66,21 +72,20 @@ def vllm_model(vllm_server: VLLMServer) -> str:
     return vllm_server.base_model_name
 
 
-def renders_tools(base_url: str, model: str) -> bool:
+def renders_tools(base_url: str, model: str, headers: dict[str, str] | None = None) -> bool:
     """Whether the server's chat template lists tool schemas (probed through ``/tokenize``)."""
     root = base_url.removesuffix("/v1")
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL]}
-    tokens = httpx.post(f"{root}/tokenize", json=body, timeout=30).json()["tokens"]
-    text = httpx.post(f"{root}/detokenize", json={"model": model, "tokens": tokens}, timeout=30).json()[
-        "prompt"
-    ]
+    tokens = httpx.post(f"{root}/tokenize", json=body, headers=headers, timeout=30).json()["tokens"]
+    detokenize = {"model": model, "tokens": tokens}
+    text = httpx.post(f"{root}/detokenize", json=detokenize, headers=headers, timeout=30).json()["prompt"]
     return "get_weather" in text
 
 
 @pytest.fixture(scope="session")
 def vllm_tool_server(vllm_server: VLLMServer) -> VLLMServer:
     """The session's vLLM server, if it renders tools (a reused AGENTFORGE_TEST_VLLM_URL server may not)."""
-    if not renders_tools(vllm_server.base_url, vllm_server.base_model_name):
+    if not renders_tools(vllm_server.base_url, vllm_server.base_model_name, vllm_server.auth_headers()):
         pytest.skip("the vLLM server at AGENTFORGE_TEST_VLLM_URL has no tool chat template; unset it")
     return vllm_server
 

@@ -15,9 +15,15 @@ from agentforge.types import Rollout, Span
 
 
 def ask_letter(
-    base_url: str, model: str, *, client: httpx.Client | None = None, timeout_s: float = 120.0
+    base_url: str,
+    model: str,
+    *,
+    client: httpx.Client | None = None,
+    timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> str:
-    """Greedy answer of ``model`` to the letter prompt (asserts token ids came back)."""
+    """Greedy answer of ``model`` to the letter prompt (asserts token ids came back); ``api_key``: the
+    engine's key when ``base_url`` is an engine (not the gateway)."""
     body = {
         "model": model,
         "messages": LETTER_MESSAGES,
@@ -27,7 +33,8 @@ def ask_letter(
         "return_token_ids": True,
     }
     post = client.post if client is not None else httpx.post
-    response = post(f"{base_url}/chat/completions", json=body, timeout=timeout_s)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = post(f"{base_url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     assert choice["token_ids"], choice

@@ -43,7 +43,9 @@ def chat(server: EmbeddedServer, **body: object) -> dict:
         "return_token_ids": True,
         **body,
     }
-    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+    response = httpx.post(
+        f"{server.base_url}/chat/completions", json=body, headers=server.auth_headers(), timeout=60
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -51,10 +53,11 @@ def chat(server: EmbeddedServer, **body: object) -> dict:
 def test_protocol_and_two_adapters(embedded: EmbeddedServer) -> None:
     assert isinstance(embedded, PolicyServer)
     assert embedded.adapters() == ["emb@v1", "emb@v2"]
-    assert ask_letter(embedded.base_url, "emb@v1") == "A"
-    assert ask_letter(embedded.base_url, "emb@v2") == "B"
-    assert ask_letter(embedded.base_url, "base") not in ("A", "B")
-    cards = httpx.get(f"{embedded.base_url}/models").json()["data"]
+    key = embedded.api_key
+    assert ask_letter(embedded.base_url, "emb@v1", api_key=key) == "A"
+    assert ask_letter(embedded.base_url, "emb@v2", api_key=key) == "B"
+    assert ask_letter(embedded.base_url, "base", api_key=key) not in ("A", "B")
+    cards = httpx.get(f"{embedded.base_url}/models", headers=embedded.auth_headers()).json()["data"]
     assert [(c["id"], c["parent"]) for c in cards] == [("base", None), ("emb@v1", "base"), ("emb@v2", "base")]
     with pytest.raises(UserError, match="new name"):
         embedded.load_adapter("emb@v1", rank_adapter(8))
@@ -63,7 +66,9 @@ def test_protocol_and_two_adapters(embedded: EmbeddedServer) -> None:
     with pytest.raises(NotFoundError):
         embedded.unload_adapter("emb@v9")
     missing = httpx.post(
-        f"{embedded.base_url}/chat/completions", json={"model": "nope", "messages": LETTER_MESSAGES}
+        f"{embedded.base_url}/chat/completions",
+        json={"model": "nope", "messages": LETTER_MESSAGES},
+        headers=embedded.auth_headers(),
     )
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
 
@@ -89,6 +94,7 @@ def test_token_ids_and_logprobs_consistent(embedded: EmbeddedServer) -> None:
 
     stream = httpx.post(
         f"{embedded.base_url}/chat/completions",
+        headers=embedded.auth_headers(),
         timeout=60,
         json={
             "model": "emb@v1",
@@ -132,6 +138,7 @@ def test_sampling_seed_and_completions(embedded: EmbeddedServer) -> None:
     assert len(first["choices"][0]["token_ids"]) <= 12
     out = httpx.post(
         f"{embedded.base_url}/completions",
+        headers=embedded.auth_headers(),
         timeout=60,
         json={
             "model": "base",

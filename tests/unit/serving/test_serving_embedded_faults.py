@@ -30,7 +30,7 @@ def abandon_stream(server: EmbeddedServer, body: bytes) -> None:
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n"
     )
-    head += "".join(f"{k}: {v}\r\n" for k, v in server_headers(server).items())
+    head += "".join(f"{k}: {v}\r\n" for k, v in server.auth_headers().items())
     with socket.create_connection((server.host, server.port), timeout=60) as sock:
         sock.sendall(head.encode() + b"\r\n" + body)
         seen = b""
@@ -39,11 +39,6 @@ def abandon_stream(server: EmbeddedServer, body: bytes) -> None:
             assert chunk, f"the server closed the stream before its first event: {seen!r}"
             seen += chunk
         assert seen.startswith(b"HTTP/1.1 200"), seen[:200]
-
-
-def server_headers(server: EmbeddedServer) -> dict[str, str]:
-    key = getattr(server, "api_key", None)
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def test_abandoned_stream_frees_the_engine(engine: EmbeddedServer) -> None:
@@ -64,7 +59,7 @@ def test_abandoned_stream_frees_the_engine(engine: EmbeddedServer) -> None:
         "temperature": 0,
         "return_token_ids": True,
     }
-    with httpx.Client(headers=server_headers(engine), timeout=60) as client:
+    with httpx.Client(headers=engine.auth_headers(), timeout=60) as client:
         t0 = time.monotonic()
         assert client.post(f"{engine.base_url}/chat/completions", json=short).status_code == 200
         normal_s = time.monotonic() - t0
@@ -79,3 +74,18 @@ def test_abandoned_stream_frees_the_engine(engine: EmbeddedServer) -> None:
             assert waited_s < normal_s + 10, (
                 f"waited {waited_s:.1f}s after an abandoned stream (normal {normal_s:.1f}s)"
             )
+
+
+def test_engine_port_needs_the_serving_key(engine: EmbeddedServer) -> None:
+    body = {"model": "base", "messages": LETTER_MESSAGES, "max_tokens": 1}
+    url = f"{engine.base_url}/chat/completions"
+    assert engine.api_key and len(engine.api_key) >= 32
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": engine.api_key}):
+        refused = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert refused.status_code == 401, (headers, refused.text)
+        assert refused.json()["error"]["code"] == 401
+    assert httpx.get(f"{engine.base_url}/models", timeout=10).status_code == 401
+    assert httpx.post(f"{engine.base_url}/completions", json=body, timeout=10).status_code == 401
+    assert httpx.get(f"http://{engine.host}:{engine.port}/health", timeout=10).status_code == 200
+    answer = httpx.post(url, json=body, headers=engine.auth_headers(), timeout=60)
+    assert answer.status_code == 200, answer.text
