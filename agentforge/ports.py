@@ -138,7 +138,7 @@ class TraceStore(Protocol):
     def add_span(self, span: Span) -> Span:
         """Store a span (idempotent by ``span_id``); assigns ``sequence``. Orphans (no rollout) allowed.
 
-        A span arriving after its rollout finished (or after the attempt it names ended) is stored as
+        An LLM span arriving after its rollout finished (or after the attempt it names ended) is stored as
         *late*: ``attributes["late"] = True`` plus ``attributes["late_reason"]``, and ``list_spans(valid_only=
         True)`` never returns it, so it cannot rewrite a finished rollout's training data."""
         ...

@@ -53,7 +53,10 @@ class HTTPStore:
 
     Args:
         base_url: the server root, e.g. ``http://127.0.0.1:8000`` (routes are under ``/api``).
-        api_key: sent as ``Authorization: Bearer <api_key>``.
+        api_key: the store key, sent as ``Authorization: Bearer <api_key>``.
+        admin_key: the admin key, sent instead of ``api_key`` by :meth:`publish_resource` and
+            :meth:`activate_resource` (the server's admin routes refuse the store key; see
+            :mod:`agentforge.stores.admin`).
         timeout_s: per-request timeout, seconds.
         retries: extra tries after a connection error (only for requests safe to repeat once the server
             may have seen them: everything except ``claim_rollout`` and ``publish_resource``, which are
@@ -71,6 +74,7 @@ class HTTPStore:
         base_url: str,
         api_key: str | None = None,
         *,
+        admin_key: str | None = None,
         timeout_s: float = 30.0,
         retries: int = 3,
         backoff_s: float = 0.2,
@@ -78,6 +82,7 @@ class HTTPStore:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries, self.backoff_s = retries, backoff_s
+        self._admin_headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else None
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -106,6 +111,7 @@ class HTTPStore:
         safe: bool = True,
         content: bytes | None = None,
         raw: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         if content is None and body is not None:
             content = dumps(body).encode("ascii")
@@ -113,7 +119,7 @@ class HTTPStore:
         url, delay = f"{self.base_url}{path}", self.backoff_s
         for attempt in range(self.retries + 1):
             try:
-                resp = self._client.request(method, path, content=content, params=params)
+                resp = self._client.request(method, path, content=content, params=params, headers=headers)
                 break
             except httpx.TransportError as exc:
                 repeatable = safe or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
@@ -137,9 +143,10 @@ class HTTPStore:
             name, message = str(detail.get("error")), str(detail["message"])
         else:
             name, message = "", f"{method} {url} → HTTP {resp.status_code}: {detail or resp.text[:500]}"
-        if resp.status_code == 401:
+        if resp.status_code in (401, 403):
+            which = "admin_key" if "/api/resources" in url and method == "POST" else "api_key"
             return UserError(
-                f"store server {url} rejected the request ({message}); check HTTPStore(api_key=...)"
+                f"store server {url} rejected the request ({message}); check HTTPStore({which}=...)"
             )
         cls = _ERRORS.get(name)
         if cls is None:
@@ -273,7 +280,12 @@ class HTTPStore:
     def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:
         """See :meth:`TraceStore.publish_resource`."""
         data = self._request(
-            "POST", "/api/resources", resource.model_dump(), {"activate": activate}, safe=False
+            "POST",
+            "/api/resources",
+            resource.model_dump(),
+            {"activate": activate},
+            safe=False,
+            headers=self._admin_headers,
         )
         return ResourceVersion.model_validate(data)
 
@@ -284,7 +296,8 @@ class HTTPStore:
 
     def activate_resource(self, name: str, version: int) -> ResourceVersion:
         """See :meth:`TraceStore.activate_resource`."""
-        data = self._request("POST", "/api/resources/activate", {"name": name, "version": version})
+        body = {"name": name, "version": version}
+        data = self._request("POST", "/api/resources/activate", body, headers=self._admin_headers)
         return ResourceVersion.model_validate(data)
 
     def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:

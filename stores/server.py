@@ -6,8 +6,13 @@ Used by :func:`create_store_app` (a store-only app) and by the gateway (``includ
 Wire format: JSON bodies, **ASCII-escaped** both ways (``\\uXXXX``), so every string the store can hold
 (lone surrogates included) and non-finite floats inside attributes cross the wire unchanged. Errors
 come back as ``{"detail": {"error": <class name>, "message": str}}`` with status 404 (``NotFoundError``),
-409 (``InvalidTransitionError``), 400 (other ``UserError``), 401 (bad API key) or 503 (``StoreError``);
-request bodies that do not validate get FastAPI's 422.
+409 (``InvalidTransitionError``), 400 (other ``UserError``), 401 (bad API key), 403 (the store key, or
+no admin key configured, on an admin route) or 503 (``StoreError``); request bodies that do not validate
+get FastAPI's 422.
+
+Two keys (:mod:`agentforge.stores.auth`): the store key for every route, and a distinct admin key for the
+admin routes ``POST /api/resources`` and ``POST /api/resources/activate``, which also check adapter paths
+against the server's adapter root and log every call (:mod:`agentforge.stores.admin`).
 
 Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET|PATCH /api/rollouts/{id}``,
 ``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
@@ -20,8 +25,8 @@ unauthenticated ``GET /api/store/health``.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,9 +36,11 @@ from pydantic import ValidationError
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.ports import TraceStore
+from agentforge.stores.admin import admin_router
+from agentforge.stores.auth import check_keys, key_matches, presented_key
 from agentforge.stores.tables import dumps
 from agentforge.stores.wire import BatchItem, BatchRequest, BatchResult, BatchResults, json_bytes, parse
-from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
+from agentforge.types import AttemptState, Reward, Rollout, RolloutState, Span, SpanKind
 
 __all__ = ["store_router", "create_store_app", "batch_results"]
 
@@ -99,23 +106,42 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _ASCIIJSONRespon
     return _ASCIIJSONResponse(_dump(_checked(fn, *args, **kwargs)))
 
 
-def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
+def store_router(
+    store: TraceStore,
+    api_key: str | None = None,
+    *,
+    admin_key: str | None = None,
+    adapter_root: str | Path | None = None,
+) -> APIRouter:
     """JSON routes under ``/api`` serving ``store`` (see the module docstring for the list).
 
     Args:
         store: any ``TraceStore`` (usually a :class:`~agentforge.stores.sql.SQLStore`).
-        api_key: when set, every route but ``/api/store/health`` needs ``Authorization: Bearer <api_key>``.
+        api_key: the store key: when set, every route but ``/api/store/health`` and the admin routes needs
+            ``Authorization: Bearer <api_key>`` (scheme in any case) or ``X-Api-Key: <api_key>``.
+        admin_key: the admin key the admin routes (publish/activate resources) need, distinct from
+            ``api_key``; ``None`` closes them (403). See :mod:`agentforge.stores.admin`.
+        adapter_root: the directory adapters may be published from (paths are checked to resolve inside
+            it); ``None``: no resource naming an adapter path can be published or activated here.
 
     Returns:
         A router to ``include_router`` into a FastAPI app. Route functions are synchronous, so FastAPI
         runs the blocking store calls in its thread pool.
+
+    Raises:
+        UserError: a key shorter than 16 characters, or ``admin_key == api_key``
+            (:func:`agentforge.stores.auth.check_keys`).
     """
 
-    def check_key(authorization: str | None = Header(default=None)) -> None:
+    check_keys(api_key, admin_key)
+    root = None if adapter_root is None else Path(adapter_root)
+
+    def check_key(
+        authorization: str | None = Header(default=None), x_api_key: str | None = Header(default=None)
+    ) -> None:
         if api_key is None:
             return
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
+        if not key_matches(presented_key(authorization, x_api_key), api_key):
             raise HTTPException(
                 401, detail={"error": "UserError", "message": "missing or wrong store API key"}
             )
@@ -219,10 +245,6 @@ def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
     def final_reward(rollout_id: str) -> Response:
         return _call(store.final_reward, rollout_id)
 
-    @r.post("/resources")
-    def publish(resource: ResourceVersion, activate: bool = True) -> Response:
-        return _call(store.publish_resource, resource, activate)
-
     @r.get("/resources")
     def list_resources(name: str | None = None) -> Response:
         return _call(store.list_resources, name)
@@ -231,16 +253,32 @@ def store_router(store: TraceStore, api_key: str | None = None) -> APIRouter:
     def get_resource(name: str, version: int | None = None) -> Response:
         return _call(store.get_resource, name, version)
 
-    @r.post("/resources/activate")
-    def activate(name: str = Body(), version: int = Body()) -> Response:
-        return _call(store.activate_resource, name, version)
-
     open_r.include_router(r)
+    open_r.include_router(
+        admin_router(store, api_key=api_key, admin_key=admin_key, adapter_root=root, call=_call)
+    )
     return open_r
 
 
-def create_store_app(store: TraceStore, api_key: str | None = None) -> FastAPI:
-    """A FastAPI app serving only :func:`store_router` (run it with uvicorn)."""
+def create_store_app(
+    store: TraceStore,
+    api_key: str | None = None,
+    *,
+    admin_key: str | None = None,
+    adapter_root: str | Path | None = None,
+) -> FastAPI:
+    """A FastAPI app serving only :func:`store_router` (run it with uvicorn).
+
+
+    Args:
+        store, api_key, admin_key, adapter_root: as for :func:`store_router`.
+
+    Returns:
+        The app.
+
+    Raises:
+        UserError: as :func:`store_router` (weak or shared keys).
+    """
     app = FastAPI(title="agentforge trace store")
-    app.include_router(store_router(store, api_key=api_key))
+    app.include_router(store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root))
     return app

@@ -128,7 +128,7 @@ class SQLStore(RolloutQueue):
         it is stamped with the rollout's running attempt, if any, so ``valid_only`` can judge it.
         Concurrent callers of one store share transactions (group commit).
 
-        A **late** span — its rollout already finished (succeeded, failed, timed out, cancelled), the
+        A **late** LLM span — its rollout already finished (succeeded, failed, timed out, cancelled), the
         attempt it names no longer runs, or it names none while the rollout has had attempts but runs none
         — is stored quarantined: ``attributes["late"] = True`` and ``attributes["late_reason"]`` say so in
         the returned and listed span, and ``list_spans(valid_only=True)`` never returns it, so a late call

@@ -32,7 +32,7 @@ from agentforge.stores.tables import (
     row_to_span,
     span_values,
 )
-from agentforge.types import AttemptState, Reward, RolloutState, Span
+from agentforge.types import AttemptState, Reward, RolloutState, Span, SpanKind
 
 __all__ = ["write_items", "next_seqs", "insert_reward", "late_marks", "is_late", "LATE"]
 
@@ -236,14 +236,15 @@ def _late(
 ) -> str | None:
     """Why ``span`` arrives late for its rollout, or ``None`` when it does not.
 
-    A span is late when its rollout is finished (succeeded, failed, timed out, cancelled), when the
+    An LLM span is late when its rollout is finished (succeeded, failed, timed out, cancelled), when the
     attempt it names is no longer running, or when it names no attempt while its rollout has had attempts
     but runs none (a call of an ended attempt between retries). Such a span is stored with
     :func:`late_marks` (visible, attributable) and ``list_spans(valid_only=True)`` leaves it out, so a late
     call never rewrites a rollout's training data (DESIGN fact 8). On PostgreSQL the rollout rows are read
     ``FOR SHARE``, so a ``finish_attempt`` committing meanwhile is ordered before or after the whole batch.
+    Tool and custom spans are never late: an annotation after the end (a feedback form) is not a call.
     """
-    if rollout_id is None:
+    if rollout_id is None or span.kind != SpanKind.llm:
         return None
     state, tries = rollouts[rollout_id]
     if RolloutState(state).finished:

@@ -5,7 +5,8 @@ Backends (``store`` is parameterised over them, so every conformance test runs o
 * ``sqlite``: a WAL SQLite file in ``tmp_path``;
 * ``memory``: ``SQLStore("sqlite://")``;
 * ``http``: ``HTTPStore`` against ``create_store_app`` served by uvicorn in a background thread on a free
-  port, backed by a SQLite file;
+  port, backed by a SQLite file, with a store key and an admin key (:data:`HTTP_KEYS`) and the adapter
+  root :func:`adapter_root`;
 * ``postgres``: ``SQLStore`` on a fresh database created for this test session from
   ``AGENTFORGE_TEST_PG_URL`` (tables emptied before each test); skipped when the variable is unset.
 """
@@ -125,6 +126,15 @@ def pg_url(request: pytest.FixtureRequest) -> str:
 
 
 BACKENDS = ["sqlite", "memory", "http", pytest.param("postgres", marks=pytest.mark.postgres)]
+#: The keys of the ``http`` backend's server and client (16+ characters, as servers require).
+HTTP_KEYS = {"api_key": "conformance-store-key", "admin_key": "conformance-admin-key"}
+
+
+def adapter_root(tmp_path: Path) -> Path:
+    """The adapter root of a test's ``http`` store server: ``tmp_path / "adapters"`` (created)."""
+    root = tmp_path / "adapters"
+    root.mkdir(exist_ok=True)
+    return root
 
 
 @pytest.fixture(params=BACKENDS)
@@ -142,11 +152,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TraceStore
         with SQLStore("sqlite://") as s:
             yield s
     elif backend == "http":
-        with (
-            SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as backing,
-            serve_app(create_store_app(backing)) as url,
-        ):
-            with HTTPStore(url) as s:
+        with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as backing:
+            app = create_store_app(backing, **HTTP_KEYS, adapter_root=adapter_root(tmp_path))
+            with serve_app(app) as url, HTTPStore(url, **HTTP_KEYS) as s:
                 yield s
     else:
         if not os.environ.get(PG_ENV):

@@ -7,11 +7,14 @@ Modelled on langgraph's ``checkpoint-conformance``.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from fixtures_store import adapter_root
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
 from agentforge.stores.base import TraceStore
@@ -312,10 +315,14 @@ def test_late_spans_are_quarantined_and_never_valid(store: TraceStore) -> None:
     store.finish_attempt(a1, AttemptState.succeeded)
     # a late call of the finished attempt, once with and once without the attempt header, and in a batch
     late = store.add_span(Span(rollout_id=ro.rollout_id, name="late", kind=SpanKind.llm, attributes={"k": 1}))
-    late_att = store.add_span(Span(rollout_id=ro.rollout_id, attempt_id=a1, name="late-att"))
-    (late_batch,) = store.write_batch(
-        [Span(rollout_id=ro.rollout_id, name="late-batch", attributes={"late": 0})]
+    late_att = store.add_span(
+        Span(rollout_id=ro.rollout_id, attempt_id=a1, name="late-att", kind=SpanKind.llm)
     )
+    (late_batch,) = store.write_batch(
+        [Span(rollout_id=ro.rollout_id, name="late-batch", kind=SpanKind.llm, attributes={"late": 0})]
+    )
+    note = store.add_span(Span(rollout_id=ro.rollout_id, name="feedback-form", kind=SpanKind.custom))
+    assert "late" not in note.attributes  # an annotation after the end is not a call: not late
     for sp in (late, late_att, late_batch):
         assert isinstance(sp, Span) and sp.attributes["late"] is True
         assert "succeeded" in sp.attributes["late_reason"] and ro.rollout_id in sp.attributes["late_reason"]
@@ -325,9 +332,10 @@ def test_late_spans_are_quarantined_and_never_valid(store: TraceStore) -> None:
         "late",
         "late-att",
         "late-batch",
+        "feedback-form",
     ]
-    assert store.list_spans(rollout_id=ro.rollout_id, valid_only=True) == [live]
-    assert [s.name for s in store.list_spans(valid_only=True)] == ["live"]
+    assert store.list_spans(rollout_id=ro.rollout_id, kind=SpanKind.llm, valid_only=True) == [live]
+    assert [s.name for s in store.list_spans(valid_only=True)] == ["live", "feedback-form"]
     assert store.list_spans(rollout_id=ro.rollout_id)[1] == late  # stored as returned
     assert store.add_span(live) == live  # a retried write of a span stored in time stays valid
     final = store.final_reward(ro.rollout_id)
@@ -337,20 +345,20 @@ def test_late_spans_are_quarantined_and_never_valid(store: TraceStore) -> None:
 
     retried, b1 = _running(store, max_attempts=2)
     store.finish_attempt(b1, AttemptState.failed, "boom")  # back to queued, no attempt running
-    between = store.add_span(Span(rollout_id=retried.rollout_id, name="between"))
-    dead = store.add_span(Span(rollout_id=retried.rollout_id, attempt_id=b1, name="dead"))
+    between = store.add_span(Span(rollout_id=retried.rollout_id, name="between", kind=SpanKind.llm))
+    dead = store.add_span(Span(rollout_id=retried.rollout_id, attempt_id=b1, name="dead", kind=SpanKind.llm))
     assert "no running attempt" in between.attributes["late_reason"]
     assert b1 in dead.attributes["late_reason"] and "failed" in dead.attributes["late_reason"]
     _, b2 = _claim(store)
-    fresh = store.add_span(Span(rollout_id=retried.rollout_id, name="fresh"))
+    fresh = store.add_span(Span(rollout_id=retried.rollout_id, name="fresh", kind=SpanKind.llm))
     assert "late" not in fresh.attributes and fresh.attempt_id == b2
     assert store.list_spans(rollout_id=retried.rollout_id, valid_only=True) == [fresh]
 
     session = store.enqueue_rollout(Rollout())  # an app's session: running without a claimed attempt
     store.update_rollout(session.rollout_id, state=RolloutState.running)
-    turn = store.add_span(Span(rollout_id=session.rollout_id, name="turn"))
+    turn = store.add_span(Span(rollout_id=session.rollout_id, name="turn", kind=SpanKind.llm))
     store.update_rollout(session.rollout_id, state=RolloutState.succeeded)
-    after = store.add_span(Span(rollout_id=session.rollout_id, name="after"))
+    after = store.add_span(Span(rollout_id=session.rollout_id, name="after", kind=SpanKind.llm))
     assert "late" not in turn.attributes and after.attributes["late"] is True
     assert store.list_spans(rollout_id=session.rollout_id, valid_only=True) == [turn]
 
@@ -413,7 +421,7 @@ def test_none_and_nan_rewards_are_stored_invalid(store: TraceStore) -> None:
 # --- resources ------------------------------------------------------------------------------------
 
 
-def test_resource_versions_publish_activate_rollback(store: TraceStore) -> None:
+def test_resource_versions_publish_activate_rollback(store: TraceStore, tmp_path: Path) -> None:
     v1 = store.publish_resource(ResourceVersion(name="prompt:sys", kind="prompt", payload={"template": "A"}))
     v2 = store.publish_resource(ResourceVersion(name="prompt:sys", kind="prompt", payload={"template": "B"}))
     assert (v1.version, v2.version, v2.ref) == (1, 2, "prompt:sys@v2")
@@ -423,7 +431,12 @@ def test_resource_versions_publish_activate_rollback(store: TraceStore) -> None:
     rolled_back = store.activate_resource("prompt:sys", 1)
     assert rolled_back.active and store.get_resource("prompt:sys").payload == {"template": "A"}
     assert store.get_resource("prompt:sys", version=3).payload == {"template": "C"}
-    store.publish_resource(ResourceVersion(name="policy", kind="adapter", payload={"path": "/a", "rank": 8}))
+    adapter = adapter_root(tmp_path) / "a"  # the store server takes adapters from its adapter root only
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8}')
+    path = os.path.realpath(adapter)
+    stored = store.publish_resource(ResourceVersion(name="policy", kind="adapter", payload={"path": path}))
+    assert stored.payload == {"path": path} and store.get_resource("policy").payload == {"path": path}
     listed = store.list_resources()
     assert [(r.name, r.version, r.active) for r in listed] == [
         ("policy", 1, True),

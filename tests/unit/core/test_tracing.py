@@ -134,7 +134,7 @@ def test_explicit_store_without_context(mem_store: SQLStore) -> None:
 def test_over_http_from_another_process(tmp_path: Path) -> None:
     with (
         SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store,
-        serve_app(create_store_app(store, api_key="s3cret")) as url,
+        serve_app(create_store_app(store, api_key="s3cret-store-key-0123")) as url,
     ):
         rollout_id, _ = _claimed(store)
         store.finish_attempt(store.list_attempts(rollout_id)[0].attempt_id, "succeeded")
@@ -142,9 +142,9 @@ def test_over_http_from_another_process(tmp_path: Path) -> None:
             from agentforge.errors import UserError
             from agentforge.tracing import emit_reward, emit_span
             span = emit_span("feedback-form", {{"text": "great 👍 “thanks”"}}, rollout_id={rollout_id!r},
-                             url={url!r}, api_key="s3cret")
+                             url={url!r}, api_key="s3cret-store-key-0123")
             r = emit_reward(1.0, name="thumbs", final=True, rollout_id={rollout_id!r}, url={url!r},
-                            api_key="s3cret", source="user", comment="👩‍👩‍👧")
+                            api_key="s3cret-store-key-0123", source="user", comment="👩‍👩‍👧")
             assert r.span_id == span.span_id, (r, span)
             try:
                 emit_reward(0.0, rollout_id={rollout_id!r}, url={url!r}, api_key="wrong")
