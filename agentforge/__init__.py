@@ -5,7 +5,8 @@ The front door: everything a user needs is importable from here::
     from agentforge import LocalStack, LightningTrainer, TrainConfig, HotSwapPublisher, open_store
 
 * the objects that cross boundaries (:class:`Task`, :class:`Rollout`, :class:`Span`, :class:`Reward`,
-  :class:`ResourceVersion`, …) and the error tree (:class:`AgentForgeError` → :class:`UserError` /
+  :class:`ResourceVersion`, :class:`Version` with its one ``parse``/``str``, …), :func:`rollout_base_url`
+  (``{gateway}/rollouts/{rollout_id}/v1``) and the error tree (:class:`AgentForgeError` → :class:`UserError` /
   :class:`RunError`);
 * agent-side recording: :func:`emit_reward`, :func:`emit_span`;
 * running agents: :class:`Runner`, :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks`;
@@ -50,6 +51,8 @@ from agentforge.types import (
     SpanKind,
     Task,
     ToolCall,
+    Version,
+    rollout_base_url,
 )
 
 if _typing.TYPE_CHECKING:
@@ -129,6 +132,8 @@ __all__ = [
     "ToolCall",
     "Reward",
     "ResourceVersion",
+    "Version",
+    "rollout_base_url",
     # recording, running, storing, serving
     "emit_reward",
     "emit_span",

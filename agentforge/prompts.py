@@ -29,18 +29,8 @@ __all__ = [
     "get_prompt",
     "rollback_prompt",
     "list_prompts",
-    "parse_prompt_version",
     "rollouts_with_prompt",
 ]
-
-
-def parse_prompt_version(value: int | str) -> int:
-    """A pinned version as an int: ``2``, ``"2"``, ``"v2"`` and ``"prompt:triage@v2"`` are all 2.
-
-    Raises:
-        UserError: ``value`` names no version number.
-    """
-    return parse_version_number(value)
 
 
 def publish_prompt(
@@ -105,7 +95,7 @@ def get_prompt(
         UserError: ``version`` is not a version number.
     """
     if version is not None:
-        number = parse_prompt_version(version)
+        number = parse_version_number(version, name=name)
         try:
             return store.get_resource(name, number)
         except NotFoundError:
@@ -139,7 +129,7 @@ def rollback_prompt(store: TraceStore, name: str, version: int | str) -> Resourc
     Raises:
         NotFoundError: ``name`` has no such version.
     """
-    number = parse_prompt_version(version)
+    number = parse_version_number(version, name=name)
     try:
         return store.activate_resource(name, number)
     except NotFoundError:
@@ -168,13 +158,13 @@ def rollouts_with_prompt(
     Args:
         store: the trace store.
         name: the prompt's resource name.
-        version: the version (any form :func:`parse_prompt_version` accepts).
+        version: the version (any form :func:`agentforge.types.parse_version_number` reads).
         state, agent, since: filters passed to ``store.list_rollouts``.
 
     Returns:
         Matching rollouts, oldest first.
     """
-    number = parse_prompt_version(version)
+    number = parse_version_number(version, name=name)
     out = []
     for rollout in store.list_rollouts(state=state, agent=agent, since=since):
         try:

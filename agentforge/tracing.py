@@ -29,19 +29,23 @@ from agentforge.types import Reward, Span, SpanKind, now
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
 
-__all__ = ["RolloutContext", "rollout_context", "current_context", "emit_reward", "emit_span"]
+__all__ = ["TraceContext", "rollout_context", "current_context", "emit_reward", "emit_span"]
 
 
 @dataclass(frozen=True)
-class RolloutContext:
-    """Where agent code is running: the store and the rollout (and attempt) to record into."""
+class TraceContext:
+    """Where ``emit_*`` writes: the store and the rollout (and attempt) to record into.
+
+    The runner hands agents the richer :class:`agentforge.runtime.RolloutContext` (a subclass that adds the
+    gateway URL, pinned versions and OpenAI clients); this base is what :func:`rollout_context` sets.
+    """
 
     store: TraceStore
     rollout_id: str
     attempt_id: str | None = None
 
 
-_CURRENT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
+_CURRENT: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar(
     "agentforge_rollout_context", default=None
 )
 
@@ -61,17 +65,17 @@ class rollout_context:  # noqa: N801 - used like a function: ``with rollout_cont
     def __init__(self, store: TraceStore, rollout_id: str, attempt_id: str | None = None) -> None:
         if not rollout_id:
             raise UserError("rollout_context() needs a rollout_id")
-        self.context = RolloutContext(store, rollout_id, attempt_id)
-        self._tokens: list[contextvars.Token[RolloutContext | None]] = []
+        self.context = TraceContext(store, rollout_id, attempt_id)
+        self._tokens: list[contextvars.Token[TraceContext | None]] = []
 
-    def __enter__(self) -> RolloutContext:
+    def __enter__(self) -> TraceContext:
         self._tokens.append(_CURRENT.set(self.context))
         return self.context
 
     def __exit__(self, *exc: object) -> None:
         _CURRENT.reset(self._tokens.pop())
 
-    async def __aenter__(self) -> RolloutContext:
+    async def __aenter__(self) -> TraceContext:
         return self.__enter__()
 
     async def __aexit__(
@@ -80,8 +84,8 @@ class rollout_context:  # noqa: N801 - used like a function: ``with rollout_cont
         self.__exit__(exc_type, exc, tb)
 
 
-def current_context() -> RolloutContext | None:
-    """The active :class:`RolloutContext`, or ``None`` outside any."""
+def current_context() -> TraceContext | None:
+    """The active :class:`TraceContext`, or ``None`` outside any."""
     return _CURRENT.get()
 
 

@@ -18,6 +18,7 @@ import math
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -39,10 +40,36 @@ __all__ = [
     "ToolCall",
     "Reward",
     "ResourceVersion",
+    "Version",
     "new_id",
     "parse_version_number",
     "now",
+    "ROLLOUT_PATH_PREFIX",
+    "ROLLOUT_ID_HEADER",
+    "ATTEMPT_ID_HEADER",
+    "rollout_base_url",
 ]
+
+#: The gateway path prefix that attributes a call to a rollout: ``{gateway}/rollouts/{rollout_id}/v1/...``.
+ROLLOUT_PATH_PREFIX = "/rollouts/"
+#: The header that attributes a call to a rollout when the URL carries no prefix (the prefix wins).
+ROLLOUT_ID_HEADER = "X-Rollout-Id"
+#: The header naming the attempt a call belongs to (the runner sends it; the store otherwise stamps the
+#: rollout's running attempt).
+ATTEMPT_ID_HEADER = "X-Attempt-Id"
+
+
+def rollout_base_url(gateway_url: str, rollout_id: str) -> str:
+    """The OpenAI base URL that attributes every call to ``rollout_id``.
+
+    Args:
+        gateway_url: the gateway root, e.g. ``http://127.0.0.1:8000`` (a trailing ``/`` is ignored).
+        rollout_id: the rollout the calls belong to.
+
+    Returns:
+        ``{gateway_url}/rollouts/{rollout_id}/v1``.
+    """
+    return f"{gateway_url.rstrip('/')}{ROLLOUT_PATH_PREFIX}{rollout_id}/v1"
 
 
 def new_id(prefix: str) -> str:
@@ -299,33 +326,100 @@ class ResourceVersion(BaseModel):
 
     @property
     def ref(self) -> str:
-        """``name@vN``, the versioned name used by serving and the gateway."""
-        return f"{self.name}@v{self.version}"
+        """``name@vN``, the versioned name used by serving and the gateway (``str`` of :class:`Version`)."""
+        return str(Version(self.name, self.version))
 
 
 _VERSION_NUMBER = re.compile(r"(?:(?P<name>.+)@)?v?(?P<number>[0-9]{1,9})")
 
 
-def parse_version_number(value: int | str, name: str | None = None) -> int:
+class _NotAVersion(UserError):
+    """The value holds no version number at all (``parse_version_number(default=...)`` catches only this)."""
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """One version of a named resource: ``name`` plus an integer ``number``, spelled ``name@vN``.
+
+    The one version type of records, pins, the CLI and the registry: :class:`ResourceVersion` holds its two
+    parts (``ref`` is its ``str``), spans and rollout pins store its ``str`` (``"policy@v3"``), and
+    :meth:`parse` reads every spelling a user or a record gives. Number 0 of an adapter alias is the base
+    model (``policy@v0``).
+
+    Attributes:
+        name: the resource, e.g. ``policy`` or ``prompt:cs-system``.
+        number: the version number, ``0, 1, 2, …``.
+    """
+
+    name: str
+    number: int
+
+    def __str__(self) -> str:
+        return f"{self.name}@v{self.number}"
+
+    @classmethod
+    def parse(cls, value: int | str | Version, name: str | None = None) -> Version:
+        """Read a version: ``Version.parse("policy@v3")``, ``Version.parse("v3", name="policy")``.
+
+        Args:
+            value: ``3``, ``"3"``, ``"v3"``, ``"name@v3"`` or a :class:`Version` (ASCII digits, at most 9).
+            name: the resource the version must belong to; required when ``value`` names none.
+
+        Returns:
+            The version, e.g. ``Version("policy", 3)``.
+
+        Raises:
+            UserError: ``value`` is not a version, is negative, names another resource than ``name``, or
+                names none while ``name`` is ``None``.
+        """
+        found, number = _split_version(value, name)
+        if found is None and name is None:
+            raise UserError(f"version {value!r} names no resource; write it as name@v{number}")
+        return cls(found or name or "", number)
+
+
+def _split_version(value: int | str | Version, name: str | None) -> tuple[str | None, int]:
+    """``(the name it spells or None, number)``: the one parser behind :class:`Version`.
+
+    Raises:
+        UserError: ``value`` is not a version (``_NotAVersion``), is negative, or names another resource.
+    """
+    if isinstance(value, Version):
+        found, number = value.name, value.number
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise UserError(f"version {value} is negative; versions are 0, 1, 2, …")
+        found, number = None, value
+    elif (match := _VERSION_NUMBER.fullmatch(str(value).strip())) is None:
+        raise _NotAVersion(f"{value!r} is not a version number; use e.g. 3, 'v3' or 'name@v3'")
+    else:
+        found, number = match.group("name"), int(match.group("number"))
+    if name is not None and found not in (None, name):
+        raise UserError(f"version {value!r} names {found!r}, not {name!r}")
+    return found, number
+
+
+def parse_version_number(
+    value: int | str | Version, name: str | None = None, *, default: int | None = None
+) -> int:
     """The number of a resource version: ``3``, ``"3"``, ``"v3"`` and ``"policy@v3"`` are all 3.
 
     Args:
-        value: the version as typed or stored (ASCII digits, at most 9 of them).
+        value: the version as typed or stored (any spelling :meth:`Version.parse` reads).
         name: when given, a ``"name@v3"`` spelling must name this resource.
+        default: returned instead of raising when ``value`` holds no version number at all, e.g. ``0`` for
+            the bare alias ``"policy"`` (the base model); a version of another resource still raises.
 
     Returns:
         The version number (``0`` is the base model for adapter aliases).
 
     Raises:
-        UserError: ``value`` is not a version number, is negative, or names another resource.
+        UserError: ``value`` is not a version number (without ``default``), is negative, or names another
+            resource.
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise UserError(f"version {value} is negative; versions are 0, 1, 2, …")
-        return value
-    match = _VERSION_NUMBER.fullmatch(str(value).strip())
-    if match is None:
-        raise UserError(f"{value!r} is not a version number; use e.g. 3, 'v3' or 'name@v3'")
-    if name is not None and match.group("name") not in (None, name):
-        raise UserError(f"version {value!r} names {match.group('name')!r}, not {name!r}")
-    return int(match.group("number"))
+    try:
+        return _split_version(value, name)[1]
+    except _NotAVersion:
+        if default is None:
+            raise
+        return default

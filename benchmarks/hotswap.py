@@ -47,7 +47,7 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stores.sql import SQLStore
-from agentforge.types import Rollout
+from agentforge.types import Rollout, rollout_base_url
 
 MESSAGES = [{"role": "user", "content": "Answer with one letter."}]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -153,7 +153,7 @@ def under_load(
             while not stop.is_set():
                 try:
                     response = http.post(
-                        f"{gateway.url}/rollouts/{rollout}/v1/chat/completions",
+                        f"{rollout_base_url(gateway.url, rollout)}/chat/completions",
                         json=chat_body(alias, max_tokens),
                     )
                     ok = response.status_code == 200 and bool(response.json()["choices"][0]["token_ids"])
@@ -220,7 +220,7 @@ def main() -> None:
             swapper.register_base()
             publisher = HotSwapPublisher(swapper, store)
             rollout = store.enqueue_rollout(Rollout()).rollout_id
-            url = f"{gateway.url}/rollouts/{rollout}/v1"
+            url = rollout_base_url(gateway.url, rollout)
             raw_s, af_s, canary_s, versions = [], [], [], []
             for rep in range(args.reps + 1):  # rep 0: warm-up, not counted
                 pair = adapters[2 * rep : 2 * rep + 2]

@@ -42,10 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 from agentforge.runtime import Runner, enqueue_tasks
 from agentforge.runtime.agents import reward_from_output
-from agentforge.runtime.context import ATTEMPT_HEADER, RolloutContext, SharedHttpClient
+from agentforge.runtime.context import RolloutContext, SharedHttpClient
 from agentforge.runtime.worker import describe_error
 from agentforge.tracing import rollout_context
-from agentforge.types import AttemptState, Reward, RolloutState, SpanKind, Task
+from agentforge.types import (
+    ATTEMPT_ID_HEADER,
+    AttemptState,
+    Reward,
+    RolloutState,
+    SpanKind,
+    Task,
+    rollout_base_url,
+)
 
 if TYPE_CHECKING:
     from agentforge.stores.base import TraceStore
@@ -168,8 +176,8 @@ def run_direct(
         rid, aid = rollout.rollout_id, attempt.attempt_id
         rollout_ids.append(rid)
         ctx = RolloutContext(
-            store=store, rollout_id=rid, attempt_id=aid, base_url=f"{gateway_url.rstrip('/')}/rollouts/{rid}/v1",
-            resources=dict(rollout.resources), default_headers={ATTEMPT_HEADER: aid}, rollout=rollout,
+            store=store, rollout_id=rid, attempt_id=aid, base_url=rollout_base_url(gateway_url, rid),
+            resources=dict(rollout.resources), default_headers={ATTEMPT_ID_HEADER: aid}, rollout=rollout,
             worker_id=worker_id, timeout_s=timeout_s, http_client=http.get(),
         )  # fmt: skip
         try:

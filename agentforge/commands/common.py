@@ -75,18 +75,18 @@ def progress() -> Any:
 def _normalise_version(name: str, value: str, option: str) -> str:
     """The stored spelling of a version: ``policy=v3`` → ``policy@v3``; ``prompt:x=v2`` / ``prompt:x@v2`` → ``2``."""
     from agentforge.errors import UserError
-    from agentforge.types import parse_version_number
+    from agentforge.types import Version
 
     if name != "policy" and not name.startswith("prompt"):
         return value  # another resource kind: kept as written
     try:
-        number = parse_version_number(value, name=name)
+        version = Version.parse(value, name=name)
     except UserError as exc:
         raise typer.BadParameter(
             f"{name}={value!r}: {exc}; the version must be a number such as 3, v3 or {name}@v3",
             param_hint=option,
         ) from None
-    return f"{name}@v{number}" if name == "policy" else str(number)
+    return str(version) if name == "policy" else str(version.number)
 
 
 def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | None = None) -> Any:

@@ -164,11 +164,12 @@ def _check_pins(store, pins: dict[str, str]) -> None:  # type: ignore[no-untyped
         NotFoundError: naming the versions that exist.
     """
     from agentforge.errors import NotFoundError
+    from agentforge.types import parse_version_number
 
     for name, value in pins.items():
         if name != "policy" and not name.startswith("prompt"):
             continue
-        number = int(value.rsplit("@v", 1)[-1])
+        number = parse_version_number(value, name=name)
         if name == "policy" and number == 0:
             continue
         have = sorted(r.version for r in store.list_resources(name))

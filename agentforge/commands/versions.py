@@ -67,7 +67,7 @@ def rollback(
 
     Example: `agentforge rollback prompt:triage 2` or `agentforge rollback policy 3`.
     """
-    from agentforge.prompts import parse_prompt_version, rollback_prompt
+    from agentforge.prompts import rollback_prompt
     from agentforge.trainers.publish import rollback_adapter
 
     with reported():
@@ -80,7 +80,7 @@ def rollback(
         if "adapter" in kinds:
             resource = rollback_adapter(store, version, alias=name)
         else:
-            resource = rollback_prompt(store, name, parse_prompt_version(version))
+            resource = rollback_prompt(store, name, version)
     from rich.markup import escape
 
     console.print(f"[bold green]{escape(resource.name)}[/] active version is now {resource.version}")

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentforge.gateway.wire import Endpoint, error_body
+from agentforge.types import ROLLOUT_PATH_PREFIX
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,7 +33,7 @@ _SUFFIXES: tuple[tuple[str, Endpoint], ...] = (
     ("/v1/chat/completions", "chat"),
     ("/v1/completions", "completions"),
 )
-_PREFIX = "/rollouts/"
+_PREFIX = ROLLOUT_PATH_PREFIX
 
 
 def match_llm_route(path: str) -> tuple[Endpoint, str | None] | None:

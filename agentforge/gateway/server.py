@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Self
 import uvicorn
 
 from agentforge.errors import ServingError, UserError
+from agentforge.types import rollout_base_url
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -159,7 +160,7 @@ class GatewayServer(AppServer):
 
     def rollout_base_url(self, rollout_id: str) -> str:
         """Base URL that attributes every call to ``rollout_id``: ``http://host:port/rollouts/<id>/v1``."""
-        return f"{self.url}/rollouts/{rollout_id}/v1"
+        return rollout_base_url(self.url, rollout_id)
 
 
 def serve_gateway(

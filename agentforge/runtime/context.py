@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import RolloutTimeout, UserError
-from agentforge.tracing import RolloutContext as TracingContext
-from agentforge.tracing import emit_reward, emit_span
+from agentforge.tracing import TraceContext, emit_reward, emit_span
 from agentforge.types import Reward, Rollout, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -29,10 +28,7 @@ if TYPE_CHECKING:
 
     from agentforge.ports import TraceStore
 
-__all__ = ["RolloutContext", "AttemptStore", "SharedHttpClient", "bound_tool_output", "ATTEMPT_HEADER"]
-
-#: The header that attributes a gateway call to an attempt.
-ATTEMPT_HEADER = "X-Attempt-Id"
+__all__ = ["RolloutContext", "AttemptStore", "SharedHttpClient", "bound_tool_output"]
 
 #: Placeholder API key for OpenAI clients pointed at a gateway that needs none.
 _NO_KEY = "agentforge-no-key"
@@ -91,8 +87,8 @@ class AttemptStore:
 
 
 @dataclass(frozen=True)
-class RolloutContext(TracingContext):
-    """Everything an agent needs for one attempt (a richer :class:`agentforge.tracing.RolloutContext`).
+class RolloutContext(TraceContext):
+    """Everything an agent needs for one attempt (a richer :class:`agentforge.tracing.TraceContext`).
 
     Attributes:
         store: the trace store, as an :class:`AttemptStore` that refuses writes after the attempt.

@@ -35,9 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.runtime.agents import reward_from_output
-from agentforge.runtime.context import ATTEMPT_HEADER, AttemptStore, RolloutContext, SharedHttpClient
+from agentforge.runtime.context import AttemptStore, RolloutContext, SharedHttpClient
 from agentforge.tracing import rollout_context
-from agentforge.types import Attempt, AttemptState, Reward, Rollout, RolloutState
+from agentforge.types import (
+    ATTEMPT_ID_HEADER,
+    Attempt,
+    AttemptState,
+    Reward,
+    Rollout,
+    RolloutState,
+    rollout_base_url,
+)
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
@@ -256,9 +264,9 @@ class Worker:
             store=guard,  # type: ignore[arg-type]
             rollout_id=rid,
             attempt_id=aid,
-            base_url=f"{self.gateway_url}/rollouts/{rid}/v1",
+            base_url=rollout_base_url(self.gateway_url, rid),
             resources=dict(rollout.resources),
-            default_headers={ATTEMPT_HEADER: aid},
+            default_headers={ATTEMPT_ID_HEADER: aid},
             api_key=self.gateway_api_key or "agentforge-no-key",
             rollout=rollout,
             worker_id=self.worker_id,

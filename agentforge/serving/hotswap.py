@@ -19,7 +19,6 @@ canary, or sent just before); otherwise the engine did not apply the adapter and
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.adapters import AdapterWeights, adapter_weights, check_adapter
 from agentforge.serving.base import PolicyServer
 from agentforge.serving.canary import Canary, CanaryResult, ChatCanary, PromptCanary, fingerprint_change
+from agentforge.types import Version
 
 __all__ = ["Canary", "CanaryResult", "ChatCanary", "HotSwapper", "PromptCanary", "fingerprint_change"]
 
@@ -81,7 +81,7 @@ class HotSwapper:
     @property
     def base_version(self) -> str:
         """The version name serving the base model (``{alias}@v0``)."""
-        return f"{self.alias}@v0"
+        return str(Version(self.alias, 0))
 
     def register_base(self) -> str:
         """Register ``{alias}@v0`` → the base model and point the alias at it if it points nowhere.
@@ -238,12 +238,8 @@ class HotSwapper:
         with self._state:
             used = self._used | taken
             if version is None:
-                numbers = [
-                    int(m.group(1))
-                    for v in used
-                    if (m := re.fullmatch(rf"{re.escape(self.alias)}@v(\d+)", v))
-                ]
-                return f"{self.alias}@v{max(numbers, default=0) + 1}"
+                numbers = [v.number for v in map(_version_or_none, used) if v and v.name == self.alias]
+                return str(Version(self.alias, max(numbers, default=0) + 1))
         if not version.startswith(f"{self.alias}@"):
             raise UserError(f"version {version!r} must be named {self.alias}@<version>, e.g. {self.alias}@v8")
         if version in used:
@@ -278,3 +274,11 @@ class HotSwapper:
                 self._live.discard(version)
                 self._weights.pop(version, None)
                 self._probes.pop(version, None)
+
+
+def _version_or_none(name: str) -> Version | None:
+    """``Version.parse(name)``, or ``None`` for an engine name that is no ``name@vN`` version."""
+    try:
+        return Version.parse(name)
+    except UserError:
+        return None

@@ -47,7 +47,17 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from agentforge import NotFoundError, Rollout, RolloutState, Task, TraceStore, emit_reward, get_prompt
+from agentforge import (
+    NotFoundError,
+    Rollout,
+    RolloutState,
+    Task,
+    TraceStore,
+    emit_reward,
+    get_prompt,
+    open_store,
+    rollout_base_url,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits next to this file
 
@@ -182,7 +192,7 @@ def create_app(
                 detail=f"session {session_id!r} is not open (its rollout is {rollout.state.value}); "
                 "start a new one with POST /sessions",
             )
-        agent_client = client.with_options(base_url=f"{root}/rollouts/{conv.rollout_id}/v1")
+        agent_client = client.with_options(base_url=rollout_base_url(root, conv.rollout_id))
         if body.stream:
             return StreamingResponse(
                 _stream_turn(conv, agent_client, model, body.content, max_tokens),
@@ -246,8 +256,6 @@ def main() -> None:
     """Command line: serve the app with uvicorn (flags default to ``AGENTFORGE_*`` environment variables)."""
     import uvicorn
 
-    from agentforge.stores.http import HTTPStore
-
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -261,7 +269,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
-    store = HTTPStore(args.store_url or args.gateway_url, api_key=args.api_key)
+    store = open_store(args.store_url or args.gateway_url, api_key=args.api_key)
     try:
         app = create_app(args.gateway_url, store, model=args.model, api_key=args.api_key)
         uvicorn.run(app, host=args.host, port=args.port)

@@ -24,7 +24,6 @@ from agentforge.errors import NotFoundError, UserError
 from agentforge.prompts import (
     get_prompt,
     list_prompts,
-    parse_prompt_version,
     publish_prompt,
     rollback_prompt,
     rollouts_with_prompt,
@@ -68,9 +67,11 @@ def test_publish_get_rollback_and_list() -> None:
         ("prompt:x", 2),
         ("prompt:x", 3),
     ]
-    assert [parse_prompt_version(v) for v in (2, "2", "v2", "prompt:x@v2", " 2 ")] == [2] * 5
+    assert rollback_prompt(store, "prompt:x", "prompt:x@v2").version == 2
     with pytest.raises(UserError, match="not a version number"):
-        parse_prompt_version("latest")
+        rollback_prompt(store, "prompt:x", "latest")
+    with pytest.raises(UserError, match="names 'prompt:y'"):
+        get_prompt(store, "prompt:x", version="prompt:y@v2")
     with pytest.raises(UserError, match="must be a str"):
         publish_prompt(store, "prompt:x", None)  # type: ignore[arg-type]
 
