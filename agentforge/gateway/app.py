@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.gateway.capture import llm_call_from_response
-from agentforge.gateway.fastpath import GatewayApp
+from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
 from agentforge.gateway.upstream import (
@@ -60,6 +60,7 @@ from agentforge.gateway.wire import (
     upstream_body,
     upstream_error_body,
 )
+from agentforge.loopback import check_key
 from agentforge.types import (
     ATTEMPT_ID_HEADER,
     ROLLOUT_ID_HEADER,
@@ -188,8 +189,8 @@ class _Gateway:
         is never blocked; concurrent calls share one transaction). A span the store rejects for its
         rollout is kept as an orphan with ``claimed_rollout_id``."""
         try:
-            try:
-                stored = await asyncio.wrap_future(self.store.submit(span))
+            try:  # shielded: a caller that leaves must not cancel the queued write
+                stored = await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
                 if stored.attributes.get("late") is True:  # quarantined by the store (DESIGN fact 8)
                     logger.warning(
                         "late call stored as a late span %s (not training data): %s",
@@ -203,7 +204,7 @@ class _Gateway:
                 span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
                 span.attributes = {**span.attributes, "claimed_rollout_id": _clean(claimed)}
                 self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
-                await asyncio.wrap_future(self.store.submit(span))
+                await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
 
@@ -323,6 +324,12 @@ class _Gateway:
         content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
         try:
             return await self.client.post(url, content, headers, stream)
+        except asyncio.CancelledError:  # the client left (fastpath): close the upstream call, record it
+            await self.record(
+                ctx, self.failed_call(ctx, flags=["client_disconnected"]),
+                error="client disconnected before the engine answered", client_disconnected=True,
+            )  # fmt: skip
+            raise
         except UpstreamTimeout as exc:  # the client's message never names the engine's address; the log does
             logger.warning("upstream %s for %s timed out: %s", upstream.base_url, ctx.version, exc)
             msg = f"the engine serving {ctx.version} timed out after {self._timeout_s} s"
@@ -394,6 +401,11 @@ def _validate(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | Non
             return "messages", "every item of 'messages' must be an object"
     elif "prompt" not in body:
         return "prompt", "'prompt' is required"
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        return "stream", "'stream' must be true or false"
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return "stream_options", "'stream_options' must be an object"
     return None
 
 
@@ -405,6 +417,7 @@ def create_gateway(
     transport: httpx.AsyncBaseTransport | None = None,
     timeout_s: float = 600.0,
     include_store_api: bool = True,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """Build the gateway app (see the module docstring for routes, attribution and errors).
 
@@ -417,16 +430,25 @@ def create_gateway(
         transport: httpx transport for upstream requests (tests pass ``ScriptedUpstream.transport()``).
         timeout_s: per-request upstream timeout, seconds (connect: at most 10 s).
         include_store_api: mount ``agentforge.stores.server.store_router(store)`` when that module exists.
+        max_request_bytes: the largest LLM request body taken (bytes); larger ones get a 413, unstored.
+
+    Without ``api_key`` the app serves only requests that arrived on a loopback interface, whichever
+    ASGI server runs it (:class:`~agentforge.loopback.LoopbackGuard`).
 
     Returns:
         The FastAPI app; ``app.state.gateway.orphans`` counts orphan spans written.
+
+    Raises:
+        UserError: ``api_key`` is shorter than :data:`~agentforge.loopback.MIN_KEY_LENGTH` characters.
     """
+    check_key(api_key, "gateway")
     gateway = _Gateway(store, router, transport, timeout_s)
     app = GatewayApp(
         title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.gateway = gateway
-    app.serve_llm_routes(gateway.handle, api_key)  # the key check first, then LLM calls skip FastAPI's stack
+    # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
+    app.serve_llm_routes(gateway.handle, api_key, max_request_bytes)
 
     def handler(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:

@@ -7,10 +7,18 @@ Starlette ``Request`` to the same handler the FastAPI routes use (they stay regi
 introspection, ``app.routes`` and every other route work as before). :class:`GatewayApp` puts it, and
 the API key check before it, in front of FastAPI's own middleware stack (error pages, body limits,
 telemetry), which the LLM routes do not need. A handler error becomes an OpenAI-style 500.
+
+On the LLM routes the middleware also reads the body itself, refusing one over ``max_request_bytes`` with a
+413 before anything is forwarded or stored, and watches the connection while the handler waits for the
+engine: a client that leaves cancels its call (the upstream request is closed, the version's in-flight
+count released, the span recorded with ``client_disconnected``), so clients that give up on a hung engine
+never pile up on the connection pool and starve the others.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -20,12 +28,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentforge.gateway.wire import Endpoint, error_body
+from agentforge.loopback import LoopbackGuard
 from agentforge.types import ROLLOUT_PATH_PREFIX
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["FastPathMiddleware", "GatewayApp", "match_llm_route"]
+__all__ = ["FastPathMiddleware", "GatewayApp", "match_llm_route", "DEFAULT_MAX_REQUEST_BYTES"]
+
+#: The largest request body the gateway takes by default (bytes): far above any context window's worth
+#: of text, far below what would let one client fill the trace store.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 logger = logging.getLogger("agentforge.gateway")
 
@@ -59,10 +72,16 @@ class FastPathMiddleware:
     Args:
         app: the rest of the application.
         handle: the gateway's handler; ``request.path_params["rollout_id"]`` is set for rollout routes.
+        max_request_bytes: the largest body taken; larger ones get a 413 (OpenAI error shape).
     """
 
-    def __init__(self, app: ASGIApp, handle: Callable[[Request, Endpoint], Awaitable[Response]]) -> None:
-        self.app, self._handle = app, handle
+    def __init__(
+        self,
+        app: ASGIApp,
+        handle: Callable[[Request, Endpoint], Awaitable[Response]],
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ) -> None:
+        self.app, self._handle, self._max = app, handle, max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -78,13 +97,85 @@ class FastPathMiddleware:
             return
         endpoint, rollout_id = route
         scope["path_params"] = {} if rollout_id is None else {"rollout_id": rollout_id}
-        request = Request(scope, receive)
+        body = await _read_body(scope, receive, self._max)
+        if body is None:
+            logger.warning("refused a request body over %d bytes on %s", self._max, path)
+            await _too_large(self._max)(scope, receive, send)
+            return
+        request = Request(scope, _replay(body, receive))
+        task = asyncio.current_task()
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task)) if task is not None else None
         try:
             response = await self._handle(request, endpoint)
+        except asyncio.CancelledError:
+            if watcher is None or not watcher.done() or watcher.cancelled() or not watcher.result():
+                raise  # cancelled from outside (server shutdown): not ours to swallow
+            task.uncancel()  # type: ignore[union-attr]  # the client left: nothing to answer
+            return
         except Exception as exc:  # never a bare 500 page: the client gets OpenAI's error shape
             logger.exception("gateway handler failed on %s", path)
             response = _internal_error(exc)
+        finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
         await response(scope, receive, send)
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or ``None`` once it is known to exceed ``limit`` bytes (from
+    ``Content-Length`` before reading, else while reading)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            with contextlib.suppress(ValueError):
+                if int(value) > limit:
+                    return None
+            break
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client left while sending: the handler sees a truncated body and answers 400
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already-read body once, then the connection's own messages."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bool:
+    """Wait for the client to leave, then cancel ``task``; returns whether it did."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return True
+
+
+def _too_large(limit: int) -> Response:
+    body = error_body(
+        f"request body is larger than this gateway's limit of {limit} bytes",
+        "invalid_request_error",
+        "request_too_large",
+    )
+    return JSONResponse(body, status_code=413)
 
 
 class GatewayApp(FastAPI):
@@ -96,14 +187,19 @@ class GatewayApp(FastAPI):
     _entry: Any = None
 
     def serve_llm_routes(
-        self, handle: Callable[[Request, Endpoint], Awaitable[Response]], api_key: str | None
+        self,
+        handle: Callable[[Request, Endpoint], Awaitable[Response]],
+        api_key: str | None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         """Route LLM calls to ``handle``; with ``api_key``, every request is checked first (see
-        :class:`~agentforge.gateway.auth.ApiKeyMiddleware`), whichever route serves it."""
+        :class:`~agentforge.gateway.auth.ApiKeyMiddleware`), whichever route serves it; without one, only
+        requests that arrived on a loopback interface are served (:class:`~agentforge.loopback.LoopbackGuard`),
+        however the app is run."""
         from agentforge.gateway.auth import ApiKeyMiddleware
 
-        entry: Any = FastPathMiddleware(super().__call__, handle)
-        self._entry = ApiKeyMiddleware(entry, api_key) if api_key else entry
+        entry: Any = FastPathMiddleware(super().__call__, handle, max_request_bytes)
+        self._entry = ApiKeyMiddleware(entry, api_key) if api_key else LoopbackGuard(entry, "gateway")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._entry is None:

@@ -6,7 +6,6 @@ Binding rule: the gateway listens on loopback (``127.0.0.1``) by default; bindin
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -15,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import uvicorn
 
-from agentforge.errors import ServingError, UserError
+from agentforge.errors import ServingError
+from agentforge.loopback import check_bind, is_loopback
 from agentforge.types import rollout_base_url
 
 if TYPE_CHECKING:
@@ -25,16 +25,6 @@ if TYPE_CHECKING:
     from agentforge.ports import TraceStore
 
 __all__ = ["is_loopback", "AppServer", "GatewayServer", "serve_gateway"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1`` or ``localhost``)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class AppServer:
@@ -131,7 +121,8 @@ class GatewayServer(AppServer):
         router: the model router.
 
     Raises:
-        UserError: ``host`` is not loopback and no ``api_key`` is given.
+        UserError: ``host`` is not loopback and no ``api_key`` is given, or the key is shorter than
+            :data:`~agentforge.loopback.MIN_KEY_LENGTH`.
     """
 
     def __init__(
@@ -143,11 +134,7 @@ class GatewayServer(AppServer):
         api_key: str | None = None,
         **gateway_kwargs: Any,
     ) -> None:
-        if not is_loopback(host) and not api_key:
-            raise UserError(
-                f"refusing to bind the gateway to non-loopback interface {host!r} without an api_key; "
-                "pass api_key=... (clients then send 'Authorization: Bearer <key>') or bind 127.0.0.1"
-            )
+        check_bind(host, api_key, "gateway")
         from agentforge.gateway.app import create_gateway
 
         self.store, self.router = store, router

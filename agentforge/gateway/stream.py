@@ -128,6 +128,9 @@ class StreamRelay:
                     break
                 if error is not None:
                     break
+            else:  # the engine closed the stream without [DONE]: the client must not take it as whole
+                error = "upstream stream ended before [DONE]"
+                yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
             logger.warning("upstream stream for %s broke: %s", self.ctx.version, exc)
             error = f"upstream stream broke ({type(exc.__cause__ or exc).__name__})"
@@ -156,8 +159,9 @@ class StreamRelay:
             out.append(_event(shaped))
         return None
 
-    async def finish(self, error: str | None, **attributes: Any) -> None:
-        """Release the version, close the upstream response and record the span (each at most once)."""
+    async def finish(self, error: str | None, flag: str = "upstream_error", **attributes: Any) -> None:
+        """Release the version, close the upstream response and record the span (each at most once);
+        a failed stream's span gets ``flag`` (``upstream_error``, or ``client_disconnected``)."""
         if not self._closed:
             self._closed = True
             self._release()
@@ -172,7 +176,7 @@ class StreamRelay:
             version=self.ctx.version, stream=True, latency_s=self.ctx.latency_s(), extra_flags=flags,
         )  # fmt: skip
         if error is not None:
-            llm.flags.append("upstream_error")
+            llm.flags.append(flag)
             llm.trainable = False
         await self.gateway.record(self.ctx, llm, error=error, **attributes)
 
@@ -180,7 +184,11 @@ class StreamRelay:
         """Finish after the client went away (no-op when the stream already finished)."""
         if self._recorded and self._closed:
             return
-        await self.finish("client disconnected before the stream ended", client_disconnected=True)
+        await self.finish(
+            "client disconnected before the stream ended",
+            flag="client_disconnected",
+            client_disconnected=True,
+        )
 
 
 class _RelayResponse(StreamingResponse):

@@ -3,7 +3,7 @@
 While a test runs, each TCP connection that any thread of this process opens (``socket.socket.connect``, which
 httpx/httpcore, the OpenAI SDK, asyncio and psycopg all go through) is checked against the test's markers:
 
-* **off this machine** (not loopback): refused unless the test is marked ``vllm`` (``AGENTFORGE_TEST_VLLM_URL``
+* **off this machine** (not loopback, nor an address of one of this machine's interfaces): refused unless the test is marked ``vllm`` (``AGENTFORGE_TEST_VLLM_URL``
   may name another machine) — hosted LLM APIs, and the network in general, are never reached;
 * **a vLLM engine** (a :class:`~agentforge.serving.vllm.VLLMServer` from its ``start`` until its ``stop``, one
   attached with ``VLLMServer.connect``, or the server at ``AGENTFORGE_TEST_VLLM_URL``): refused unless ``vllm``;
@@ -44,6 +44,23 @@ def allowed_kinds(markers: set[str]) -> set[str]:
     return set().union(*(_MARKER_KINDS.get(m, set()) for m in markers))
 
 
+def _own_addresses() -> frozenset[str]:
+    """The addresses of this machine's own interfaces (a connection to one never leaves the machine)."""
+    try:
+        import psutil
+    except ImportError:
+        return frozenset()
+    return frozenset(
+        a.address.split("%", 1)[0]
+        for addresses in psutil.net_if_addrs().values()
+        for a in addresses
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    )
+
+
+_OWN = _own_addresses()
+
+
 def _is_local(host: str) -> bool:
     try:
         ip = ipaddress.ip_address(host.split("%", 1)[0])
@@ -51,7 +68,7 @@ def _is_local(host: str) -> bool:
         return host == "localhost" or host.endswith(".localhost")
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_unspecified
+    return ip.is_loopback or ip.is_unspecified or str(ip) in _OWN
 
 
 def refusal(address: Any, allowed: set[str], engines: dict[int, str] | None = None) -> str | None:

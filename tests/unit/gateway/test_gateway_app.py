@@ -388,7 +388,7 @@ async def test_store_api_is_mounted_on_the_gateway_port(make_gateway, gw_client_
 
 
 async def test_api_key_is_enforced_when_set(make_gateway, gw_client_for) -> None:
-    app, _ = make_gateway(["hi"], api_key="s3cret")
+    app, _ = make_gateway(["hi"], api_key="s3cret-key-0123456789")
     client = gw_client_for(app)
     r = await client.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -397,16 +397,18 @@ async def test_api_key_is_enforced_when_set(make_gateway, gw_client_for) -> None
     ).status_code == 401
     assert (await client.get("/health")).status_code == 200
     assert (await client.get("/api/rollouts")).status_code == 401  # the store routes check the same key
-    ok = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer s3cret"})
+    ok = await client.post(
+        "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer s3cret-key-0123456789"}
+    )
     assert ok.status_code == 200
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "gateway.example.com"])
 def test_non_loopback_bind_needs_an_api_key(gw_store, host) -> None:
     router = ModelRouter()
-    with pytest.raises(UserError, match="api_key"):
+    with pytest.raises(UserError, match="without an API key"):
         GatewayServer(gw_store, router, host=host)
-    GatewayServer(gw_store, router, host=host, api_key="k")  # builds; binding happens only in start()
+    GatewayServer(gw_store, router, host=host, api_key="k" * 16)  # builds; binding happens only in start()
 
 
 def test_gateway_server_serves_on_a_free_loopback_port(gw_store) -> None:

@@ -118,6 +118,7 @@ def test_client_disconnect_mid_stream_releases_and_records() -> None:
             (span,) = store.list_spans(orphans=True)
             assert span.status == "error" and span.attributes["client_disconnected"] is True
             assert not span.llm.trainable and router.inflight("policy@v1") == 0
+            assert "client_disconnected" in span.llm.flags and "upstream_error" not in span.llm.flags
     store.close()
 
 

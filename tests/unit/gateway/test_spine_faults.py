@@ -16,6 +16,7 @@ from agentforge.testing import ScriptedUpstream, memory_store
 from agentforge.types import Reward, Rollout, Span
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+KEY = "gateway-key-0123456789"  # at least MIN_KEY_LENGTH characters
 
 
 class _Unserialisable:
@@ -52,7 +53,7 @@ def test_an_engine_that_holds_the_stream_open_after_done_does_not_hold_the_clien
 
 def test_a_mounted_gateway_still_checks_the_key_on_llm_routes_and_not_on_health() -> None:
     upstream = ScriptedUpstream(["x"], cycle=True)
-    gateway = create_gateway(memory_store(), upstream.router(), api_key="k", transport=upstream.transport())
+    gateway = create_gateway(memory_store(), upstream.router(), api_key=KEY, transport=upstream.transport())
     with AppServer(Starlette(routes=[Mount("/api", app=gateway), Mount("/gw", app=gateway)])) as parent:
         for prefix in ("/api", "/gw"):
             plain = httpx.post(f"{parent.url}{prefix}/v1/chat/completions", json=CHAT, timeout=10)
@@ -60,7 +61,7 @@ def test_a_mounted_gateway_still_checks_the_key_on_llm_routes_and_not_on_health(
                 f"{parent.url}{prefix}/v1/chat/completions",
                 json=CHAT,
                 timeout=10,
-                headers={"Authorization": "Bearer k"},
+                headers={"Authorization": f"Bearer {KEY}"},
             )
             assert plain.status_code == 401 and keyed.status_code == 200, (prefix, plain.text)
             assert httpx.get(f"{parent.url}{prefix}/health", timeout=10).status_code == 200

@@ -1,0 +1,107 @@
+"""The bind rule of every agentforge server: loopback by default, any other interface only with a key.
+
+A server wrapper checks the rule before it binds (:func:`check_bind`); an app that may be run by someone
+else's ASGI server (``uvicorn agentforge...:app --host 0.0.0.0``) checks it again on every request with
+:class:`LoopbackGuard`, from the address the request arrived on (ASGI's ``scope["server"]``), so the rule
+holds wherever the app is served, not only in agentforge's own wrappers. A Unix socket (no address) counts
+as local, and so does a host *name* there: network servers (uvicorn, hypercorn) put the socket's own IP
+address in ``scope["server"]``, while in-process transports (httpx's ``ASGITransport``, Starlette's
+``TestClient``) put the URL's host name, and no socket is open to anyone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import TYPE_CHECKING
+
+from agentforge.errors import UserError
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "LoopbackGuard"]
+
+#: The shortest API key a server accepts (a key an attacker can guess is no key).
+MIN_KEY_LENGTH = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1`` or ``localhost``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_key(key: str | None, what: str) -> None:
+    """Refuse an API key shorter than :data:`MIN_KEY_LENGTH` characters (``None``: no key, allowed).
+
+    Raises:
+        UserError: the key is too short or only whitespace.
+    """
+    if key is not None and len(key.strip()) < MIN_KEY_LENGTH:
+        raise UserError(
+            f"the {what} API key must be at least {MIN_KEY_LENGTH} characters (got {len(key)}); "
+            "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+def check_bind(host: str, key: str | None, what: str) -> None:
+    """The rule before binding: a non-loopback ``host`` needs a key; any key must be long enough.
+
+    Args:
+        host: the interface to bind (``127.0.0.1``, ``0.0.0.0``, ``::``, a name).
+        key: the API key clients will send, or ``None``.
+        what: the server's name for the message (``"gateway"``, ``"store"``).
+
+    Raises:
+        UserError: non-loopback without a key, or a key shorter than :data:`MIN_KEY_LENGTH`.
+    """
+    check_key(key, what)
+    if not is_loopback(host) and not key:
+        raise UserError(
+            f"refusing to bind the {what} to non-loopback interface {host!r} without an API key; "
+            "pass an API key (clients then send 'Authorization: Bearer <key>') or bind 127.0.0.1"
+        )
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+class LoopbackGuard:
+    """ASGI middleware for an app without a key: a request that arrived on a non-loopback interface gets
+    a 403 with a JSON error body and never reaches the app.
+
+    Args:
+        app: the app to guard.
+        what: the server's name for the message.
+    """
+
+    def __init__(self, app: ASGIApp, what: str) -> None:
+        self.app, self._what = app, what
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server") if scope["type"] in ("http", "websocket") else None
+        if server is None or not _is_ip(str(server[0])) or is_loopback(str(server[0])):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            f"this agentforge {self._what} has no API key, so it only serves requests on a loopback "
+            f"interface; this one arrived on {server[0]}. Start it with an API key to serve other interfaces"
+        )
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps({"error": {"message": message, "type": "permission_error", "param": None,
+                                     "code": "non_loopback_without_key"}}).encode()  # fmt: skip
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
