@@ -262,7 +262,9 @@ CHUNK = (
 @pytest.mark.parametrize(
     "body", [CHUNK, b"<html>502 Bad Gateway</html>", b""], ids=["no-done", "garbage", "empty"]
 )
-async def test_a_stream_that_ends_without_done_is_an_error_for_the_client_and_the_span(body, gw_store) -> None:
+async def test_a_stream_that_ends_without_done_is_an_error_for_the_client_and_the_span(
+    body, gw_store
+) -> None:
     router = _engine_answering(body)
     app = create_gateway(gw_store, router, transport=router.transport)  # type: ignore[attr-defined]
     transport = httpx.ASGITransport(app=app)
