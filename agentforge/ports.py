@@ -334,5 +334,5 @@ class SampleSource(Protocol):
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
         """One generation batch: ``len(prompts)`` samples in TRL's ``rollout_func`` layout (see
         :func:`~agentforge.trainers.samples.to_rollout_func_output`); may block. A sample that must not train
-        keeps its slot as :func:`~agentforge.trainers.rollouts.masked_sample`. Raises whatever ends training (e.g. ``RolloutTimeout``)."""
+        keeps its slot as :func:`~agentforge.trainers.samples.masked_sample`. Raises whatever ends training (e.g. ``RolloutTimeout``)."""
         ...

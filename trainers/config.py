@@ -9,20 +9,20 @@ optimizer steps, and samples older than ``max_staleness`` versions are dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentforge.errors import ConfigError, MissingExtraError
+from agentforge.trainers.lora import LoraFields
 
 try:
     from trl import GRPOConfig
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("trl", "train", "the lightning trainer") from exc
 
-__all__ = ["TrainConfig", "policy_lora_config"]
+__all__ = ["TrainConfig"]
 
 
 @dataclass
-class TrainConfig(GRPOConfig):
+class TrainConfig(LoraFields, GRPOConfig):
     """GRPO hyper-parameters (TRL) plus the decoupled-loop settings of agentforge.
 
     Attributes:
@@ -37,8 +37,9 @@ class TrainConfig(GRPOConfig):
         rollout_timeout_s: per-attempt limit given to each enqueued rollout, seconds.
         wait_timeout_s: how long one step waits for its rollouts to finish, seconds.
         rollout_max_attempts: attempts per rollout (first try + retries).
-        lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``
-            (Hu et al. 2021, "LoRA"); rank must not exceed the server's ``--max-lora-rank``.
+        lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``, the field set
+            every trainer config shares (:class:`~agentforge.trainers.lora.LoraFields`); rank must not
+            exceed the server's ``--max-lora-rank``.
         share_prompt_prefix: compute log-probabilities with one prompt pass per group and the KV cache
             repeated over its ``G`` completions (:mod:`agentforge.trainers.prefix`); same values and
             gradients as TRL's per-row pass up to rounding. ``False`` uses TRL's own pass. Under
@@ -54,10 +55,6 @@ class TrainConfig(GRPOConfig):
     rollout_timeout_s: float = field(default=300.0, metadata={"help": "Per-attempt rollout time limit (s)."})
     wait_timeout_s: float = field(default=1800.0, metadata={"help": "Max wait for a step's rollouts (s)."})
     rollout_max_attempts: int = field(default=2, metadata={"help": "Attempts per rollout."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: str = field(default="all-linear", metadata={"help": "LoRA target modules."})
     share_prompt_prefix: bool = field(
         default=True,
         metadata={"help": "Run each group's prompt once per log-prob pass (shared-prefix forward)."},
@@ -77,29 +74,10 @@ class TrainConfig(GRPOConfig):
             problems.append(f"swap_every={self.swap_every} (must be >= 1)")
         if self.max_staleness < 0:
             problems.append(f"max_staleness={self.max_staleness} (must be >= 0)")
-        if self.lora_r < 1:
-            problems.append(f"lora_r={self.lora_r} (must be >= 1)")
+        problems += self.lora_problems()
         if self.rollout_timeout_s <= 0 or self.wait_timeout_s <= 0:
             problems.append(
                 f"timeouts must be > 0 (rollout {self.rollout_timeout_s}s, wait {self.wait_timeout_s}s)"
             )
         if problems:
             raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
-
-    def lora_config(self):  # type: ignore[no-untyped-def]
-        """The ``peft.LoraConfig`` for the policy adapter (causal LM task)."""
-        return policy_lora_config(self)
-
-
-def policy_lora_config(config: Any):  # type: ignore[no-untyped-def]
-    """The ``peft.LoraConfig`` (causal LM) from a config's ``lora_r``/``lora_alpha``/``lora_dropout``/
-    ``lora_target_modules`` fields (Hu et al. 2021, "LoRA"); shared by every trainer's config."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=config.lora_target_modules,
-        task_type="CAUSAL_LM",
-    )

@@ -12,9 +12,12 @@ Loop (one optimizer step):
 4. Every ``swap_every`` steps the adapter is saved, published as a new version in the store and
    hot-swapped into serving (canary first) by the :class:`AdapterPublisher`.
 
-TRL only knows how to sync weights into its own vLLM; here the serving engine is ours, so the trainer
-plugs a small object into TRL's generation-backend slot whose ``sync_weights()`` is the publish step. TRL
-calls it exactly when it would sync vLLM: before the first generation after an optimizer step.
+Publishing goes through TRL's documented hook, a ``transformers.TrainerCallback``: at the beginning of
+every optimizer step that samples fresh rollouts (every step unless ``num_iterations`` > 1), after the
+previous step's update, which is where TRL would sync its own vLLM. The step's logged row therefore names
+the version that produced its samples. The one piece TRL offers no public way to do, importance
+sampling against an engine TRL did not start, is in :mod:`agentforge.trainers.trl_private`, guarded by
+the tested TRL version.
 
 **Sample sources.** Anything that follows :class:`~agentforge.ports.SampleSource` can feed the
 trainer: :class:`RolloutSource` (live rollouts, the default), ``StoredGroupSource`` (offline GRPO on groups
@@ -52,9 +55,9 @@ from typing import Any
 from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.publish import version_number
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
-from agentforge.types import Span, SpanKind, Task
+from agentforge.trainers.trl_private import log_step_metrics, use_engine_logprobs
+from agentforge.types import Span, SpanKind, Task, parse_version_number
 
 try:
     from transformers import TrainerCallback
@@ -66,14 +69,26 @@ __all__ = ["LightningTrainer"]
 logger = logging.getLogger("agentforge.trainer")
 
 
-class _ServingSync:
-    """Occupies TRL's generation-backend slot; TRL calls ``sync_weights`` after optimizer steps."""
+class _PublishCallback(TrainerCallback):
+    """Publishes the adapter after optimizer steps (:meth:`LightningTrainer.maybe_publish` decides whether).
+
+    Runs at the beginning of each optimizer step that generates (TRL generates every
+    ``steps_per_generation × num_iterations`` micro-batches, i.e. every ``num_iterations`` optimizer steps,
+    since :class:`TrainConfig` sets ``steps_per_generation`` to ``gradient_accumulation_steps``), so the
+    previous step's update serves before the new rollouts are enqueued, the first step after a resume
+    serves the checkpoint's adapter, and the last step's adapter is published by :meth:`train` itself.
+    """
 
     def __init__(self, owner: LightningTrainer) -> None:
         self.owner = owner
+        self.first_step = 0  # global step at which this ``train()`` call began (non-zero after a resume)
 
-    def sync_weights(self) -> None:
-        self.owner.maybe_publish()
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.first_step = int(state.global_step)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if (int(state.global_step) - self.first_step) % max(1, int(args.num_iterations)) == 0:
+            self.owner.maybe_publish()
 
 
 class _MetricsCallback(TrainerCallback):
@@ -186,13 +201,10 @@ class LightningTrainer:
             processing_class=tokenizer,
             peft_config=config.lora_config(),
             rollout_func=self._rollouts,
-            callbacks=[_MetricsCallback(self)],
+            callbacks=[_MetricsCallback(self), _PublishCallback(self)],  # metrics first: step_s has publish
         )
         self.source.run_id = self._stable_run_id()
-        # Route TRL's "sync weights into vLLM" and its importance-sampling correction to our serving.
-        self.trainer.use_vllm = True
-        self.trainer.vllm_generation = _ServingSync(self)
-        self.trainer._last_loaded_step = 0
+        use_engine_logprobs(self.trainer)  # TRL's importance-sampling correction against the served engine
 
     @property
     def is_main_process(self) -> bool:
@@ -261,10 +273,8 @@ class LightningTrainer:
             resume_from_checkpoint = None  # nothing to resume yet: a fresh start
         if resume_from_checkpoint and hasattr(self.publisher, "restore"):
             self.publisher.restore()  # serve the store's latest version again before sampling
-        self.trainer._last_loaded_step = 0
         self._resuming = bool(resume_from_checkpoint)
         self.trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-        self.trainer._last_loaded_step = self.trainer.state.global_step
         self.maybe_publish(force=True)
         return {
             "steps": self.trainer.state.global_step,
@@ -323,9 +333,8 @@ class LightningTrainer:
         if reports:
             out.update(reports[-1].metrics())
             out["train/tokens_per_s"] = sum(r.sampled_tokens for r in reports) / max(step_s, 1e-9)
-        out["policy/version"] = float(version_number(self.publisher.current()))
-        for key, value in out.items():
-            self.trainer._metrics["train"][key].append(value)
+        out["policy/version"] = float(parse_version_number(self.publisher.current(), default=0))
+        log_step_metrics(self.trainer, out)
         return out
 
     def record_metrics(self, step: int, logs: dict[str, float]) -> None:

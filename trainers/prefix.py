@@ -171,8 +171,18 @@ def shared_prefix_logps(
 
 
 def _grpo_trainer_base() -> type:
+    """``trl.GRPOTrainer``, once the installed TRL is the one whose private method is overridden below.
+
+    Raises:
+        UserError: another TRL release (:func:`agentforge.trainers.trl_private.check_trl_version`).
+    """
     from trl import GRPOTrainer
 
+    from agentforge.trainers.trl_private import check_trl_version
+
+    check_trl_version(
+        "GRPOTrainer._get_per_token_logps_and_entropies (overridden by SharedPrefixGRPOTrainer)"
+    )
     return GRPOTrainer
 
 

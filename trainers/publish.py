@@ -21,15 +21,9 @@ from pathlib import Path
 from agentforge.errors import NotFoundError
 from agentforge.ports import TraceStore
 from agentforge.serving.adapters import read_adapter
-from agentforge.types import ResourceVersion, parse_version_number
+from agentforge.types import ResourceVersion, Version, parse_version_number
 
-__all__ = ["StorePublisher", "rollback_adapter", "version_number"]
-
-
-def version_number(version: str) -> int:
-    """``"policy@v7"`` → 7; ``"policy"`` or anything without ``@vN`` → 0 (the base model)."""
-    _, _, tail = version.rpartition("@v")
-    return int(tail) if tail.isdigit() else 0
+__all__ = ["StorePublisher", "rollback_adapter"]
 
 
 def _adapter_record(adapter_dir: Path, alias: str, step: int, **extra: object) -> ResourceVersion:
@@ -62,7 +56,7 @@ class StorePublisher:
         try:
             return self.store.get_resource(self.alias).ref
         except NotFoundError:
-            return f"{self.alias}@v0"
+            return str(Version(self.alias, 0))
 
     def publish(self, adapter_dir: Path, step: int) -> str:
         return self.store.publish_resource(_adapter_record(adapter_dir, self.alias, step), activate=True).ref

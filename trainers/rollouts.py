@@ -27,24 +27,16 @@ from typing import Any
 from agentforge.errors import RolloutTimeout, UserError
 from agentforge.ports import BatchReport, SampleSource, TraceStore
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
-from agentforge.trainers.publish import version_number
-from agentforge.trainers.samples import SampleValidationError, build_trajectories
-from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id
+from agentforge.trainers.samples import (
+    SAMPLE_COLUMNS,
+    SampleValidationError,
+    build_trajectories,
+    masked_sample,
+    trajectory_sample,
+)
+from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id, parse_version_number
 
-__all__ = ["BatchReport", "RolloutSource", "SampleSource", "masked_sample", "stored_reward"]
-
-
-def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:
-    """A slot-keeping sample with no gradient: one placeholder token, ``env_mask`` 0, reward ``None``."""
-    return {
-        "prompt_ids": [placeholder_token_id],
-        "completion_ids": [placeholder_token_id],
-        "logprobs": [0.0],
-        "env_mask": [0],
-        "reward": None,
-        "rollout_id": rollout_id,
-        "version": "",
-    }
+__all__ = ["BatchReport", "RolloutSource", "SampleSource", "stored_reward"]
 
 
 class RolloutSource:
@@ -162,19 +154,8 @@ class RolloutSource:
     # --- samples ----------------------------------------------------------------------------------
     def samples(self, rollouts: Sequence[Rollout], report: BatchReport) -> dict[str, list[Any]]:
         """One sample per rollout by the module's rules; fills ``report``."""
-        current = version_number(self.current_version())
-        out: dict[str, list[Any]] = {
-            k: []
-            for k in (
-                "prompt_ids",
-                "completion_ids",
-                "logprobs",
-                "env_mask",
-                "reward",
-                "rollout_id",
-                "version",
-            )
-        }
+        current = parse_version_number(self.current_version(), default=0)
+        out: dict[str, list[Any]] = {k: [] for k in SAMPLE_COLUMNS}
         for rollout in rollouts:
             sample, reason = self._sample(rollout, current, report)
             if reason is not None:
@@ -203,7 +184,7 @@ class RolloutSource:
             return {}, "no_trainable_tokens"
         traj = trajectories[-1]
         report.extra_trajectories += len(trajectories) - 1
-        oldest = min(version_number(v) for v in traj.versions)
+        oldest = min(parse_version_number(v, default=0) for v in traj.versions)
         if current - oldest > self.max_staleness:
             return {}, "stale"
         reward = self.store.final_reward(rollout.rollout_id)
@@ -211,16 +192,7 @@ class RolloutSource:
             return {}, "missing_reward"
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
-        sample = {
-            "prompt_ids": traj.prompt_ids,
-            "completion_ids": traj.completion_ids,
-            "logprobs": traj.logprobs,
-            "env_mask": traj.env_mask,
-            "reward": float(reward.value),
-            "rollout_id": rollout.rollout_id,
-            "version": traj.versions[-1],
-        }
-        return sample, None
+        return trajectory_sample(traj, float(reward.value), rollout.rollout_id), None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return masked_sample(rollout.rollout_id, self.placeholder)

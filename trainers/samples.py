@@ -11,7 +11,10 @@ then the sampled ids with ``env_mask`` 1 and the engine's logprobs. A call that 
 (the chat template rewrote history, e.g. stripped earlier reasoning) **starts a new trajectory**; it is
 never re-wrapped. Every trajectory of a rollout carries that rollout's reward.
 
-The output of :func:`to_rollout_func_output` is TRL's ``rollout_func`` dict (``trl.GRPOTrainer``).
+One sample is one trajectory laid out as the :data:`SAMPLE_COLUMNS` of TRL's ``rollout_func`` dict
+(``trl.GRPOTrainer``): :func:`trajectory_sample` builds it, :func:`masked_sample` builds the slot-keeping
+sample that trains nothing, and :func:`to_rollout_func_output` lays out a batch. Every sample source (live
+rollouts, stored groups) and the dataset export use these, so the columns are written once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,20 @@ from typing import Any
 from agentforge.errors import UserError
 from agentforge.types import Span, SpanKind
 
-__all__ = ["SampleValidationError", "Trajectory", "build_trajectories", "to_rollout_func_output"]
+__all__ = [
+    "SAMPLE_COLUMNS",
+    "SampleValidationError",
+    "Trajectory",
+    "build_trajectories",
+    "masked_sample",
+    "to_rollout_func_output",
+    "trajectory_sample",
+]
+
+#: The columns of one sample, in order: TRL's required ``prompt_ids`` / ``completion_ids`` / ``logprobs``,
+#: its optional ``env_mask``, and the extra fields TRL hands reward functions (``reward``, ``rollout_id``,
+#: ``version``: the policy version that sampled the trajectory's last call).
+SAMPLE_COLUMNS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "rollout_id", "version")
 
 
 class SampleValidationError(UserError):
@@ -121,6 +137,43 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
     return out
 
 
+def trajectory_sample(traj: Trajectory, reward: float | None, rollout_id: str | None) -> dict[str, Any]:
+    """One sample of TRL's ``rollout_func`` dict from a trajectory (keys :data:`SAMPLE_COLUMNS`).
+
+    Args:
+        traj: the trajectory; its ids and logprobs are used as they are (no copy).
+        reward: its reward (``None`` = missing: TRL masks it, never a 0).
+        rollout_id: the rollout it came from.
+
+    Returns:
+        ``{"prompt_ids": (P,), "completion_ids": (C,), "logprobs": (C,), "env_mask": (C,), "reward",
+        "rollout_id", "version"}``; ``version`` is the last call's version (``""`` when none is recorded).
+    """
+    return {
+        "prompt_ids": traj.prompt_ids,
+        "completion_ids": traj.completion_ids,
+        "logprobs": traj.logprobs,
+        "env_mask": traj.env_mask,
+        "reward": reward,
+        "rollout_id": rollout_id,
+        "version": traj.versions[-1] if traj.versions else "",
+    }
+
+
+def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:
+    """A slot-keeping sample with no gradient: one placeholder token, ``env_mask`` 0, reward ``None``.
+
+    Args:
+        rollout_id: the rollout whose slot it keeps (``None`` for a missing group member).
+        placeholder_token_id: the id of the one prompt and completion token (e.g. the tokenizer's EOS).
+
+    Returns:
+        A sample with the keys :data:`SAMPLE_COLUMNS` (``version`` ``""``).
+    """
+    placeholder = Trajectory(rollout_id, [placeholder_token_id], [placeholder_token_id], [0.0], [0])
+    return trajectory_sample(placeholder, None, rollout_id)
+
+
 def to_rollout_func_output(
     trajectories: Sequence[Trajectory], rewards: Sequence[float | None], **extra: Sequence[Any]
 ) -> dict[str, list[Any]]:
@@ -142,13 +195,6 @@ def to_rollout_func_output(
     for name, values in {"rewards": rewards, **extra}.items():
         if len(values) != n:
             raise UserError(f"{name} has {len(values)} entries for {n} trajectories")
-    return {
-        "prompt_ids": [t.prompt_ids for t in trajectories],
-        "completion_ids": [t.completion_ids for t in trajectories],
-        "logprobs": [t.logprobs for t in trajectories],
-        "env_mask": [t.env_mask for t in trajectories],
-        "reward": list(rewards),
-        "rollout_id": [t.rollout_id for t in trajectories],
-        "version": [t.versions[-1] if t.versions else "" for t in trajectories],
-        **{k: list(v) for k, v in extra.items()},
-    }
+    samples = [trajectory_sample(t, r, t.rollout_id) for t, r in zip(trajectories, rewards, strict=True)]
+    out = {column: [s[column] for s in samples] for column in SAMPLE_COLUMNS}
+    return {**out, **{k: list(v) for k, v in extra.items()}}

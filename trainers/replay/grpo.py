@@ -36,7 +36,7 @@ from agentforge.errors import UserError
 from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
-from agentforge.trainers.rollouts import masked_sample
+from agentforge.trainers.samples import SAMPLE_COLUMNS, masked_sample, trajectory_sample
 from agentforge.types import new_id
 
 __all__ = ["StoredGroupSource", "run_offline_grpo"]
@@ -95,8 +95,7 @@ class StoredGroupSource:
             TRL's ``rollout_func`` dict (``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask``,
             ``reward``, ``rollout_id``, ``version``), one sample per entry of ``prompts``.
         """
-        keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "rollout_id", "version")
-        out: dict[str, list[Any]] = {k: [] for k in keys}
+        out: dict[str, list[Any]] = {k: [] for k in SAMPLE_COLUMNS}
         report = BatchReport(rollouts=len(prompts), groups=len(prompts) // self.group_size)
         for start in range(0, len(prompts), self.group_size):
             group_id = str(prompts[start])
@@ -109,7 +108,7 @@ class StoredGroupSource:
                     report.skipped[reason] += 1
                 else:
                     rewards.append(sample["reward"])
-                for key in keys:
+                for key in SAMPLE_COLUMNS:
                     out[key].append(sample[key])
             if len(rewards) >= 2 and max(rewards) == min(rewards):
                 report.zero_variance_groups += 1
@@ -128,15 +127,7 @@ class StoredGroupSource:
         report.extra_trajectories += len(record.trajectories) - 1
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
-        return {
-            "prompt_ids": traj.prompt_ids,
-            "completion_ids": traj.completion_ids,
-            "logprobs": traj.logprobs,
-            "env_mask": traj.env_mask,
-            "reward": float(record.reward),
-            "rollout_id": record.rollout_id,
-            "version": traj.versions[-1] if traj.versions else "",
-        }, None
+        return trajectory_sample(traj, float(record.reward), record.rollout_id), None
 
 
 def run_offline_grpo(

@@ -43,19 +43,17 @@ from agentforge.trainers.replay.select import (
     TraceRecord,
     select_traces,
 )
+from agentforge.trainers.samples import SAMPLE_COLUMNS, trajectory_sample
 
 if TYPE_CHECKING:
     import datasets
 
 __all__ = ["COLUMNS", "export_hf", "hf_features", "to_hf_dataset"]
 
+#: The training sample's columns (:data:`~agentforge.trainers.samples.SAMPLE_COLUMNS`; its ``version`` is
+#: ``policy_version`` here) followed by the trajectory's place and provenance.
 COLUMNS = (
-    "prompt_ids",
-    "completion_ids",
-    "logprobs",
-    "env_mask",
-    "reward",
-    "rollout_id",
+    *(c for c in SAMPLE_COLUMNS if c != "version"),
     "trajectory_index",
     "num_trajectories",
     "group_id",
@@ -110,13 +108,9 @@ def _rows(records: Iterable[TraceRecord]) -> dict[str, list[Any]]:
     for rec in records:
         ro = rec.rollout
         for i, traj in enumerate(rec.trajectories):
-            row = {
-                "prompt_ids": traj.prompt_ids,
-                "completion_ids": traj.completion_ids,
-                "logprobs": traj.logprobs,
-                "env_mask": traj.env_mask,
-                "reward": rec.reward,
-                "rollout_id": ro.rollout_id,
+            row = trajectory_sample(traj, rec.reward, ro.rollout_id)
+            del row["version"]  # exported as policy_version: the last recorded one, else the record's
+            row |= {
                 "trajectory_index": i,
                 "num_trajectories": len(rec.trajectories),
                 "group_id": ro.group_id,

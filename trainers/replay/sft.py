@@ -33,6 +33,7 @@ from typing import Any
 
 from agentforge.errors import ConfigError, MissingExtraError, UserError
 from agentforge.ports import AdapterPublisher, TraceStore
+from agentforge.trainers.lora import LoraFields
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.types import Span, SpanKind, new_id
 
@@ -48,7 +49,7 @@ logger = logging.getLogger("agentforge.replay")
 
 
 @dataclass
-class ReplaySFTConfig(SFTConfig):
+class ReplaySFTConfig(LoraFields, SFTConfig):
     """TRL's ``SFTConfig`` plus the replay settings of agentforge, validated when built.
 
     ``completion_only_loss`` is always ``True`` here (the loss covers sampled tokens only); passing
@@ -61,8 +62,9 @@ class ReplaySFTConfig(SFTConfig):
             task often produce the same answer); the extras are counted as ``duplicate`` skips.
         skip_truncated: drop trajectories whose call hit the token limit (``finish_reason == "length"``);
             off by default, since short-answer agents (triage: 4 tokens) always end that way.
-        lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``
-            (Hu et al. 2021, "LoRA"); rank must not exceed the server's ``--max-lora-rank``.
+        lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``, the field set
+            every trainer config shares (:class:`~agentforge.trainers.lora.LoraFields`); rank must not
+            exceed the server's ``--max-lora-rank``.
     """
 
     min_reward: float = field(default=1.0, metadata={"help": "Train on rollouts with reward >= this."})
@@ -70,10 +72,6 @@ class ReplaySFTConfig(SFTConfig):
     skip_truncated: bool = field(
         default=False, metadata={"help": "Drop trajectories cut by the token limit."}
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: str = field(default="all-linear", metadata={"help": "LoRA target modules."})
 
     def __post_init__(self) -> None:
         problems = []
@@ -85,22 +83,11 @@ class ReplaySFTConfig(SFTConfig):
         super().__post_init__()
         if not math.isfinite(self.min_reward):
             problems.append(f"min_reward={self.min_reward} (must be a finite number)")
-        if self.lora_r < 1:
-            problems.append(f"lora_r={self.lora_r} (must be >= 1)")
-        if self.lora_alpha <= 0:
-            problems.append(f"lora_alpha={self.lora_alpha} (must be > 0)")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            problems.append(f"lora_dropout={self.lora_dropout} (must be in [0, 1))")
+        problems += self.lora_problems()
         if self.max_length is not None and self.max_length < 2:
             problems.append(f"max_length={self.max_length} (must be >= 2 tokens, or None)")
         if problems:
             raise ConfigError("invalid ReplaySFTConfig: " + "; ".join(problems))
-
-    def lora_config(self):  # type: ignore[no-untyped-def]
-        """The ``peft.LoraConfig`` for the policy adapter (causal LM task)."""
-        from agentforge.trainers.config import policy_lora_config
-
-        return policy_lora_config(self)
 
 
 @dataclass
