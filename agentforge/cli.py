@@ -63,6 +63,13 @@ def serve(
     api_key: Annotated[
         str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Required bearer key.")
     ] = None,
+    store_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENTFORGE_STORE_API_KEY",
+            help="Bearer key of the store server when --store-url is http(s) (default: --api-key).",
+        ),
+    ] = None,
     adapter: Annotated[
         Path | None, typer.Option(help="Serve this LoRA adapter as the first version.")
     ] = None,
@@ -97,7 +104,8 @@ def serve(
             from agentforge.serving.embedded import EmbeddedServer
 
             server = EmbeddedServer(path, max_lora_rank=max_lora_rank)
-        store = open_store(store_url)
+        store = open_store(store_url, api_key=store_api_key or api_key)
+        _check_store_answers(store, alias="policy")  # before the engine's slow start
         console.print(f"starting {backend} with {path} …")
         server.start()
         router = ModelRouter()
@@ -115,6 +123,11 @@ def serve(
             from agentforge.serving.follow import StoreFollower
 
             follower = StoreFollower(swapper, store).start()
+        supervisor = None
+        if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
+            from agentforge.serving.supervise import EngineSupervisor
+
+            supervisor = EngineSupervisor(server, swapper).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -127,11 +140,30 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         if follower is not None:
             follower.stop()
         gateway.stop()
         server.stop()
         store.close()
+
+
+def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-def]
+    """Read the alias's versions once, so a store server that is down or refuses the key fails at start.
+
+    Raises:
+        UserError: the store server rejected the key (the message names ``--store-api-key``).
+        StoreError: the store cannot be reached or read.
+    """
+    from agentforge.errors import UserError
+
+    try:
+        store.list_resources(alias)
+    except UserError as exc:
+        raise UserError(
+            f"{exc}; pass the store server's key with --store-api-key (AGENTFORGE_STORE_API_KEY)"
+        ) from exc
 
 
 def _register() -> None:

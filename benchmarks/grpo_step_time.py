@@ -25,11 +25,11 @@ from agentforge.agents.customer_service.triage import parse_label, triage_agent,
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
+from agentforge.open import open_store
 from agentforge.runtime import Runner
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
-from agentforge.stores.sql import SQLStore
 from agentforge.trainers.config import TrainConfig
 from agentforge.trainers.lightning import LightningTrainer
 from agentforge.types import Task
@@ -71,7 +71,7 @@ def run_agentforge(
     args: argparse.Namespace, model: Path, data: list[Task], out: Path
 ) -> tuple[list[float], float]:
     step_ends: list[float] = []
-    store = SQLStore(f"sqlite:///{out / 'traces.db'}")
+    store = open_store(f"sqlite:///{out / 'traces.db'}")
     router = ModelRouter()
     with VLLMServer(model, max_lora_rank=16) as server:
         swapper = HotSwapper(server, router, alias="policy")

@@ -43,10 +43,10 @@ import httpx
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
+from agentforge.open import open_store
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
-from agentforge.stores.sql import SQLStore
 from agentforge.types import Rollout, rollout_base_url
 
 MESSAGES = [{"role": "user", "content": "Answer with one letter."}]
@@ -208,7 +208,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentforge-hotswap-") as tmp:
         base = prepare_default_model()
         adapters = make_adapters(base, Path(tmp), 2 * (args.reps + 1) + args.swaps)
-        store = SQLStore(f"sqlite:///{tmp}/store.db")
+        store = open_store(f"sqlite:///{tmp}/store.db")
         router = ModelRouter()
         if args.vllm_url:
             server = VLLMServer.connect(args.vllm_url, model=base)

@@ -297,9 +297,9 @@ def main(argv: Sequence[str] | None = None) -> OverheadReport:
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
     from agentforge.model import prepare_default_model
+    from agentforge.open import open_store
     from agentforge.serving.hotswap import HotSwapper
     from agentforge.serving.vllm import VLLMServer
-    from agentforge.stores.sql import SQLStore
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=6, help="τ-retail dev tasks per phase (1-20)")
@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> OverheadReport:
     env = load_tau_retail()
     policy_knowledge(env)  # load the embedding model and build the policy index before any clock
     with tempfile.TemporaryDirectory(prefix="agentforge-bench-") as tmp:
-        store = SQLStore(f"sqlite:///{Path(tmp) / 'traces.db'}")
+        store = open_store(f"sqlite:///{Path(tmp) / 'traces.db'}")
         load_prompt(store)  # publish the default system prompt before any clock
         server = VLLMServer(prepare_default_model(), env={"VLLM_SERVER_DEV_MODE": "1"})
         with server:

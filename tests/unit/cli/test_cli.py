@@ -7,15 +7,19 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from fixtures_store import serve_app
 from openai import OpenAI
 
+from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
-from agentforge.types import Rollout, SpanKind
+from agentforge.types import Rollout, SpanKind, rollout_base_url
 
 CLI = [sys.executable, "-m", "agentforge.cli"]
+STORE_KEY = "store-key-for-the-cli-test"  # a store server key has at least 16 characters
 
 
 def test_help_lists_the_commands() -> None:
@@ -64,3 +68,60 @@ def test_serve_embedded_records_calls_until_interrupted(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env_without_keys() -> dict[str, str]:
+    drop = ("AGENTFORGE_API_KEY", "AGENTFORGE_STORE_API_KEY")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONUNBUFFERED": "1"}
+
+
+def test_serve_refuses_a_store_server_that_rejects_its_key_before_starting_the_engine(tmp_path: Path) -> None:
+    backing = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    with serve_app(create_store_app(backing, api_key=STORE_KEY)) as store_url:
+        proc = subprocess.run(
+            [*CLI, "serve", "--backend", "embedded", "--port", str(_free_port()), "--store-url", store_url],
+            capture_output=True, text=True, timeout=300, env=_env_without_keys(),
+        )  # fmt: skip
+    backing.close()
+    assert proc.returncode == 2, proc.stderr
+    assert "rejected" in proc.stderr and "--store-api-key" in proc.stderr and "starting" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_serve_with_an_http_store_url_records_into_the_running_store_server(tmp_path: Path) -> None:
+    backing = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    port = _free_port()
+    with serve_app(create_store_app(backing, api_key=STORE_KEY)) as store_url:
+        proc = subprocess.Popen(
+            [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", store_url,
+             "--store-api-key", STORE_KEY],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env_without_keys(),
+        )  # fmt: skip
+        try:
+            url = proc.stdout.readline().strip()
+            assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url
+            rollout = backing.enqueue_rollout(Rollout())
+            client = OpenAI(base_url=rollout_base_url(url, rollout.rollout_id), api_key="unused")
+            out = client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+            )
+            assert out.model == "policy@v0"
+            deadline = time.monotonic() + 10  # the gateway's HTTP store writes in batches
+            while not (spans := backing.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm)):
+                assert time.monotonic() < deadline, "the call never reached the store server"
+                time.sleep(0.05)
+            (span,) = spans
+            assert span.llm.version == "policy@v0" and span.llm.trainable
+            assert len(span.llm.completion_token_ids) == len(span.llm.logprobs) > 0
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) in (0, 130)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    backing.close()
