@@ -5,7 +5,10 @@ An adapter directory is what ``peft.PeftModel.save_pretrained`` writes: ``adapte
 
 * the adapter was trained on the served base model (``base_model_name_or_path``), and
 * its effective LoRA rank — ``r`` or the largest value in ``rank_pattern`` — fits the server's
-  ``--max-lora-rank``, which vLLM only accepts from :data:`VLLM_LORA_RANKS`.
+  ``--max-lora-rank``, which vLLM only accepts from :data:`VLLM_LORA_RANKS`, and
+* its LoRA tensors adapt modules the served checkpoint has, with fitting shapes, and every module its
+  config promises (:mod:`agentforge.serving.adapter_modules`): an adapter for another architecture would
+  otherwise go live and serve the base model's output unchanged.
 
 Nothing here imports torch or peft: the checks read JSON (and, for :func:`adapter_weights`, the
 safetensors header and raw bytes) only.
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentforge.errors import AdapterIncompatibleError, ConfigError, UserError
+from agentforge.serving.adapter_modules import check_adapter_modules
 
 __all__ = [
     "VLLM_LORA_RANKS",
@@ -148,8 +152,9 @@ def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: in
 
     Raises:
         UserError: the directory is not a readable LoRA adapter.
-        AdapterIncompatibleError: the base model differs or the effective rank exceeds
-            ``max_lora_rank``; the message says what to change.
+        AdapterIncompatibleError: the base model differs, the effective rank exceeds ``max_lora_rank``, or
+            its tensors do not adapt the served model's modules (see
+            :func:`~agentforge.serving.adapter_modules.check_adapter_modules`); the message says what to change.
     """
     info = read_adapter(path)
     if info.base_model and not same_model(info.base_model, base_model):
@@ -166,6 +171,7 @@ def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: in
             f"--max-lora-rank {max_lora_rank}; retrain with r<={max_lora_rank} (and no rank_pattern entry "
             f"above it){restart}"
         )
+    check_adapter_modules(info.path, base_model=base_model, target_modules=info.target_modules)
     return info
 
 

@@ -4,8 +4,11 @@ The trainer and the engine need not share a process. A job anywhere (trace repla
 machine, a rollback from the command line) publishes an adapter version and activates it in the trace store
 (:class:`~agentforge.trainers.publish.StorePublisher`); the :class:`StoreFollower` next to the engine polls the
 store's active version of the alias and hot-swaps it in through the :class:`~agentforge.serving.hotswap.
-HotSwapper` (canary first, old version drained). A version that fails to load or fails its canary is logged
-once and skipped — the old version keeps serving — until a newer version is activated.
+HotSwapper` (canary first, old version drained). A version that is refused (it does not fit the served model,
+fails to load or fails its canary) is logged once and skipped — the old version keeps serving — and the store's
+active version is moved back to what is served (the previous store version, or a new base-model marker
+``{"base": true, "refused": N}`` when the base model is served), so the store never names a version active that
+serving refused. A newer activation is then followed as usual.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Self
 
 from agentforge.errors import AgentForgeError, NotFoundError
+from agentforge.types import ResourceVersion
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
@@ -75,11 +79,33 @@ class StoreFollower:
             log.error(
                 "cannot serve %s (%s); %s keeps serving", active.ref, exc, self.swapper.router.alias(alias)
             )
+            self._restore_active(active)
             return None
         self.applied = active.version
         if served is not None:
             log.info("now serving %s (activated in the store)", served)
         return served
+
+    def _restore_active(self, refused: ResourceVersion) -> None:
+        """Point the store's active version back at what serving serves, unless another was activated since."""
+        alias = self.swapper.alias
+        try:
+            if self.store.get_resource(alias).version != refused.version:
+                return  # a newer activation arrived meanwhile: the next poll follows it
+            if self.applied is not None:
+                back = self.store.activate_resource(alias, self.applied)
+            else:  # the base model serves: record that as a new version, as a rollback to the base does
+                marker = ResourceVersion(
+                    name=alias, kind="adapter", payload={"base": True, "refused": refused.version}
+                )
+                back = self.store.publish_resource(marker, activate=True)
+                self.applied = back.version
+        except AgentForgeError as exc:  # the next refusal or poll tries again; serving is unaffected
+            log.error(
+                "could not move the store's active %s back from refused %s: %s", alias, refused.ref, exc
+            )
+            return
+        log.warning("the store's active %s is %s again (%s was refused)", alias, back.ref, refused.ref)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s):

@@ -19,7 +19,14 @@ from typing import Any
 from agentforge.config import default_model_dir, home_dir
 from agentforge.model import prepare_default_model
 
-__all__ = ["LETTER_PROMPT", "LETTER_MESSAGES", "letter_adapter", "rank_adapter", "foreign_adapter"]
+__all__ = [
+    "LETTER_PROMPT",
+    "LETTER_MESSAGES",
+    "letter_adapter",
+    "rank_adapter",
+    "foreign_adapter",
+    "misfit_adapter",
+]
 
 #: The fixed user prompt the letter adapters answer.
 LETTER_PROMPT = "Answer with one letter."
@@ -156,6 +163,49 @@ def foreign_adapter() -> Path:
             config["base_model_name_or_path"] = "meta-llama/Llama-3.2-1B-Instruct"
             (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
             tmp.rename(target)
+    return target
+
+
+def misfit_adapter(kind: str) -> Path:
+    """A LoRA adapter whose config names the served base model but whose tensors do not fit it.
+
+    Args:
+        kind: ``"gpt2"`` — non-zero rank-8 tensors for GPT-2's ``transformer.h.N.attn.c_attn`` and
+            ``c_proj`` (config ``target_modules=["c_attn", "c_proj"]``); ``"partial"`` — the letter-``A``
+            adapter's config (``q_proj``, ``v_proj``) with only its ``q_proj`` tensors kept.
+
+    Returns:
+        The adapter directory (cached under ``$AGENTFORGE_HOME/test-adapters/misfit-KIND``).
+    """
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    source = letter_adapter("A")
+    target = home_dir() / "test-adapters" / f"misfit-{kind}-v{_RECIPE_VERSION}"
+    with _lock:
+        if (target / "adapter_config.json").exists():
+            return target
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(source, tmp)
+        config = json.loads((tmp / "adapter_config.json").read_text())
+        tensors = load_file(str(tmp / "adapter_model.safetensors"))
+        if kind == "gpt2":
+            rng = np.random.default_rng(0)
+            config["target_modules"] = ["c_attn", "c_proj"]
+            tensors = {}
+            for layer in range(4):
+                for module, out in (("attn.c_attn", 3 * 576), ("attn.c_proj", 576)):
+                    key = f"base_model.model.transformer.h.{layer}.{module}"
+                    tensors[f"{key}.lora_A.weight"] = rng.normal(size=(8, 576)).astype(np.float32)
+                    tensors[f"{key}.lora_B.weight"] = rng.normal(size=(out, 8)).astype(np.float32)
+        elif kind == "partial":
+            tensors = {k: v for k, v in tensors.items() if "v_proj" not in k}
+        else:
+            raise ValueError(f"unknown misfit kind {kind!r}")
+        save_file(tensors, str(tmp / "adapter_model.safetensors"))
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        tmp.rename(target)
     return target
 
 
