@@ -27,6 +27,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{version} held-out accuracy {after:.3f}")  # fmt: skip
             results.append({"seed": seed, "version": version, "after": after, "train_s": train_s,
                             "steps": steps, "versions": trainer.versions, "history": trainer.history})  # fmt: skip
-    report(args, before, results, store)
+    report(args, before, stack.base_version, results, store)
     store.close()
     return 0 if statistics.mean(r["after"] for r in results) > before else 1
 
@@ -159,29 +160,53 @@ def top_answer(store: TraceStore, label: str) -> str:
     return f"{name} {n / answers.total():.0%}"
 
 
-def report(args: argparse.Namespace, before: float, results: list[dict], store: TraceStore) -> None:
+def results_table(before: float, base_version: str, base_top: str, results: list[dict]) -> Table:
+    """The before/after table: one row for the base policy, one per seed, then the mean over seeds.
+
+    Args:
+        before: the base policy's held-out accuracy (0..1).
+        base_version: the base policy's version name (``policy@v0``).
+        base_top: the base policy's most frequent answer and its share (:func:`top_answer`).
+        results: one dict per seed with ``seed``, ``version``, ``steps``, ``train_s`` (seconds), ``after``
+            (held-out accuracy, 0..1) and ``top_answer``.
+
+    Returns:
+        A ``rich`` table that fits 80 columns with version names up to 26 characters (they are never
+        cut: the "top answer" column wraps first); ``acc`` is the held-out accuracy.
+    """
+    afters = [r["after"] for r in results]
+    mean, spread = statistics.mean(afters), statistics.stdev(afters) if len(afters) > 1 else 0.0
+    seeds = f"{len(afters)} seed{'s' if len(afters) != 1 else ''}"
+    table = Table(
+        title="Held-out triage accuracy (Bitext categories, greedy)",
+        caption=f"after training: {mean:.3f} ± {spread:.3f} (mean ± sd over {seeds})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("seed", justify="right", no_wrap=True)
+    table.add_column("version", no_wrap=True)
+    for col in ("steps", "s/step", "acc", "Δ"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("top answer")
+    table.add_row("base", base_version, "0", "-", f"{before:.3f}", "", base_top)
+    for r in results:
+        table.add_row(str(r["seed"]), r["version"], str(r["steps"]), f"{r['train_s'] / max(r['steps'], 1):.1f}",
+                      f"{r['after']:.3f}", f"{r['after'] - before:+.3f}", r["top_answer"])  # fmt: skip
+    table.add_section()
+    table.add_row("mean", "", "", "", f"{mean:.3f}", f"{mean - before:+.3f}", "")
+    return table
+
+
+def report(args: argparse.Namespace, before: float, base_version: str, results: list[dict],
+           store: TraceStore) -> None:  # fmt: skip
     """Print the before/after table; write reward_curve.png, report.md and results.json."""
-    table = Table(title="Held-out triage accuracy (Bitext categories, greedy)")
-    for col in (
-        "seed",
-        "served version",
-        "steps",
-        "train s/step",
-        "before",
-        "after",
-        "Δ",
-        "top answer",
-    ):
-        table.add_column(col, justify="right")
     for r in results:
         r["top_answer"] = top_answer(store, f"after-seed-{r['seed']}")
-        table.add_row(str(r["seed"]), r["version"], str(r["steps"]), f"{r['train_s'] / max(r['steps'], 1):.1f}",
-                      f"{before:.3f}", f"{r['after']:.3f}", f"{r['after'] - before:+.3f}", r["top_answer"])  # fmt: skip
+    console.print(results_table(before, base_version, top_answer(store, "before"), results))
     afters = [r["after"] for r in results]
     spread = statistics.stdev(afters) if len(afters) > 1 else 0.0
-    table.add_row("mean ± sd", "", "", "", f"{before:.3f}", f"{statistics.mean(afters):.3f} ± {spread:.3f}",
-                  f"{statistics.mean(afters) - before:+.3f}", "")  # fmt: skip
-    console.print(table)
     curves = {
         f"seed {r['seed']}": [(h["step"], h["batch/reward_mean"]) for h in r["history"]] for r in results
     }

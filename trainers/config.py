@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.trainers.lora import LoraFields
+from agentforge.trainers.progress import adopt_activation_checkpointing
 
 try:
     from trl import GRPOConfig
@@ -64,6 +65,7 @@ class TrainConfig(LoraFields, GRPOConfig):
         # One optimizer step trains on exactly one batch of groups: the batch size is derived, not set.
         self.per_device_train_batch_size = self.tasks_per_step * self.num_generations
         self.steps_per_generation = self.gradient_accumulation_steps
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
         problems = []
         if self.num_generations < 2:

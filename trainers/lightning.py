@@ -24,7 +24,8 @@ trainer: :class:`RolloutSource` (live rollouts, the default), ``StoredGroupSourc
 already in the store, :mod:`agentforge.trainers.replay.grpo`), the continual trainer's feedback source.
 
 **Metrics** (each logged step; in the store as ``trainer.metrics`` spans, in ``{output_dir}/metrics.jsonl``,
-and in TRL's logs, so the progress bar and any ``report_to`` integration show them):
+and in TRL's logs, so any ``report_to`` integration, e.g. TensorBoard, records them; the console shows one
+line per step, :mod:`agentforge.trainers.progress`):
 
 * TRL's own: ``loss``, ``reward`` / ``reward_std``, ``frac_reward_zero_std``, ``completions/clipped_ratio``
   (completions cut at the length limit), ``clip_ratio/*`` (PPO-clipped token share), ``entropy``,
@@ -55,6 +56,7 @@ from typing import Any
 from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.progress import quiet, show_progress, write_metrics_row
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
 from agentforge.trainers.trl_private import log_step_metrics, use_engine_logprobs
 from agentforge.types import Span, SpanKind, Task, parse_version_number
@@ -193,7 +195,7 @@ class LightningTrainer:
             )
         dataset = Dataset.from_list([{"prompt": p} for p in prompts])
         trainer_cls = SharedPrefixGRPOTrainer if getattr(config, "share_prompt_prefix", True) else GRPOTrainer
-        self.trainer = trainer_cls(
+        self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
             model=self.model_path,
             reward_funcs=[stored_reward],
             args=config,
@@ -205,6 +207,7 @@ class LightningTrainer:
         )
         self.source.run_id = self._stable_run_id()
         use_engine_logprobs(self.trainer)  # TRL's importance-sampling correction against the served engine
+        show_progress(self.trainer, version=publisher.current)  # one console line per step, not TRL's dicts
 
     @property
     def is_main_process(self) -> bool:
@@ -274,7 +277,7 @@ class LightningTrainer:
         if resume_from_checkpoint and hasattr(self.publisher, "restore"):
             self.publisher.restore()  # serve the store's latest version again before sampling
         self._resuming = bool(resume_from_checkpoint)
-        self.trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+        quiet(self.trainer.train)(resume_from_checkpoint=resume_from_checkpoint)
         self.maybe_publish(force=True)
         return {
             "steps": self.trainer.state.global_step,
@@ -357,7 +360,4 @@ class LightningTrainer:
             )
         except Exception:  # metrics must never stop training
             logger.exception("could not store trainer metrics for step %d", step)
-        metrics_path = Path(self.config.output_dir) / "metrics.jsonl"
-        metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with metrics_path.open("a") as fh:
-            fh.write(json.dumps(clean) + "\n")
+        write_metrics_row(Path(self.config.output_dir) / "metrics.jsonl", clean)

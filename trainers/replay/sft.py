@@ -34,6 +34,7 @@ from typing import Any
 from agentforge.errors import ConfigError, MissingExtraError, UserError
 from agentforge.ports import AdapterPublisher, TraceStore
 from agentforge.trainers.lora import LoraFields
+from agentforge.trainers.progress import adopt_activation_checkpointing, quiet, show_progress
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.types import Span, SpanKind, new_id
 
@@ -80,6 +81,7 @@ class ReplaySFTConfig(LoraFields, SFTConfig):
                 "completion_only_loss=False (replay SFT trains on sampled tokens only; leave it unset)"
             )
         self.completion_only_loss = True
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
         if not math.isfinite(self.min_reward):
             problems.append(f"min_reward={self.min_reward} (must be a finite number)")
@@ -266,7 +268,7 @@ class ReplaySFTTrainer:
             )
         self.examples = examples
         self._history = _History()
-        self.trainer = SFTTrainer(
+        self.trainer = quiet(SFTTrainer)(  # without the library warnings a user cannot act on
             model=self.model_path,
             args=self.config,
             train_dataset=Dataset.from_list(examples),
@@ -274,6 +276,7 @@ class ReplaySFTTrainer:
             peft_config=self.config.lora_config(),
             callbacks=[self._history],
         )
+        show_progress(self.trainer, metrics_path=self.adapter_dir / "metrics.jsonl")  # beside replay.json
         # TRL truncates to max_length and drops examples left without any loss token: count what remains.
         labels = self.trainer.train_dataset["labels"]
         if len(labels) < len(examples):
@@ -295,7 +298,7 @@ class ReplaySFTTrainer:
             ServingError / AdapterIncompatibleError: publishing failed (the previous version keeps serving;
                 the adapter stays saved and the job is recorded with ``version = None`` and the error).
         """
-        output = self.trainer.train()
+        output = quiet(self.trainer.train)()
         self.trainer.model.save_pretrained(self.adapter_dir)
         losses = [row["loss"] for row in self._history.rows if "loss" in row]
         result = ReplayResult(
