@@ -6,7 +6,8 @@
 * :data:`RewardFunc` and the completion readers :func:`completion_text`, :func:`agent_texts`,
   :func:`message_text` (:mod:`.completions`);
 * the LLM judge: :class:`GroupJudge` ranks a group of rollouts relative to each other with any
-  OpenAI-compatible judge; :func:`make_group_judge_reward_func` ranks each GRPO group.
+  OpenAI-compatible judge; :func:`make_group_judge_reward_func` ranks each GRPO group;
+  :func:`parse_ranking` / :func:`rank_rewards` read its answer (:mod:`.ranking`).
 
 Domain scorers live next to their agent: the τ-bench and triage rewards are in
 :mod:`agentforge.agents.customer_service.rewards`.
@@ -18,9 +19,8 @@ from agentforge.rewards.judge import (
     GroupJudge,
     JudgeResult,
     make_group_judge_reward_func,
-    parse_ranking,
-    rank_rewards,
 )
+from agentforge.rewards.ranking import parse_ranking, rank_rewards
 
 __all__ = [
     "DEFAULT_JUDGE_CRITERIA",
