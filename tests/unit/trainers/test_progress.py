@@ -198,3 +198,12 @@ def test_configs_keep_the_checkpointing_choice_without_transformers_deprecation(
     bare = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     adopt_activation_checkpointing(bare)  # already resolved: left alone
     assert bare.activation_checkpointing is False
+
+
+def test_the_train_command_passes_report_to_integrations_and_keeps_its_checkpointing_choice(tmp_path) -> None:
+    from agentforge.commands.train import _config
+
+    args = (tmp_path, 2, 2, 1, 1, 1e-4, 8, 8, 0)
+    assert _config(*args, " tensorboard, wandb").report_to == ["tensorboard", "wandb"]
+    config = _config(*args)  # the default: no integration, metrics.jsonl only
+    assert config.report_to == [] and config.activation_checkpointing is False
