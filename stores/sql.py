@@ -41,7 +41,16 @@ from agentforge.stores.tables import (
     span_to_row,
 )
 from agentforge.stores.writer import GroupCommitWriter
-from agentforge.types import Attempt, AttemptState, ResourceVersion, Reward, Rollout, Span, SpanKind
+from agentforge.types import (
+    Attempt,
+    AttemptState,
+    ResourceVersion,
+    Reward,
+    Rollout,
+    RolloutState,
+    Span,
+    SpanKind,
+)
 
 __all__ = ["SQLStore"]
 
@@ -262,15 +271,23 @@ class SQLStore(RolloutQueue):
         transaction (all or nothing). Used by :func:`agentforge.trainers.replay.import_jsonl`.
 
         Args:
-            rollout, attempts: the rollout (in any state) and its attempts.
+            rollout, attempts: the finished rollout and its attempts (none of them running).
             items: its spans and rewards in their original order; each gets a new store ``sequence``
                 in this order. References (attempt and span ids) are kept as given.
 
         Returns: ``True`` if inserted, ``False`` if ``rollout_id`` was already present (nothing written).
 
         Raises:
-            UserError: an attempt, span or reward id already exists elsewhere; bad scalar text.
+            UserError: the rollout is not finished or an attempt is still running (imported rollouts are
+                data, never work a runner would claim or requeue); an attempt, span or reward id already
+                exists elsewhere; bad scalar text.
         """
+        running = [a.attempt_id for a in attempts if a.state == AttemptState.running]
+        if not RolloutState(rollout.state).finished or running:
+            what = f"attempt {running[0]!r} is running" if running else f"it is {rollout.state}"
+            raise UserError(
+                f"rollout {rollout.rollout_id!r} cannot be imported: {what}; import finished rollouts"
+            )
         [rollout_to_row(rollout), *map(attempt_to_row, attempts)]  # check scalar text before writing
 
         def fn(s: Session) -> bool:

@@ -140,9 +140,16 @@ def import_(
     strict: Annotated[
         bool, typer.Option(help="Refuse the whole file (write nothing) if any line is bad.")
     ] = False,
+    vocab_size: Annotated[
+        int | None,
+        typer.Option(help="Token ids must be below this (default: vocab_size of the --model checkpoint)."),
+    ] = None,
+    model: Model = None,
 ) -> None:
     """Import traces from JSONL, keeping every id, token id, logprob, reward and version; bad lines are counted
-    and skipped (or, with --strict, nothing is written). Importing twice stores nothing twice.
+    and skipped (or, with --strict, nothing is written). Importing twice stores nothing twice. The file is not
+    trusted: only finished rollouts are imported (runners never pick one up), token ids must lie in the model's
+    vocabulary, rewards must be finite and at most 1e6 in size, and a line nested too deeply is one bad line.
 
     Example: `agentforge replay import good.jsonl --store-url sqlite:///other.db`.
     """
@@ -150,7 +157,10 @@ def import_(
 
     with reported():
         report = import_jsonl(
-            _store(store_url, must_exist=False), path, on_error="raise" if strict else "skip"
+            _store(store_url, must_exist=False),
+            path,
+            on_error="raise" if strict else "skip",
+            vocab_size=vocab_size if vocab_size is not None else _vocab_size(model),
         )
     if report.lines == 0 or (report.imported + report.already_present == 0 and report.skipped):
         what = "is empty" if report.lines == 0 else f"holds no valid trace line ({dict(report.skip_counts)})"
@@ -170,6 +180,23 @@ def import_(
 OutputDir = Annotated[Path, typer.Option(help="Checkpoints and the saved adapter.")]
 Model = Annotated[Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")]
 Publish = Annotated[bool, typer.Option(help="Publish the adapter as the store's new active policy version (every `agentforge serve --follow` hot-swaps it).")]  # fmt: skip
+
+
+def _vocab_size(model: Path | None) -> int:
+    """``vocab_size`` from the ``config.json`` of ``model`` (default: the prepared default model)."""
+    from agentforge.config import default_model_dir
+
+    config = (model or default_model_dir()) / "config.json"
+    try:
+        size = json.loads(config.read_text())["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise fail(
+            f"cannot read vocab_size from {config} ({type(exc).__name__}: {exc}); pass --vocab-size N or "
+            "--model DIR (a checkpoint with config.json), or run `agentforge model prepare`"
+        ) from None
+    if not isinstance(size, int) or size < 1:
+        raise fail(f"{config} holds vocab_size={size!r}; pass --vocab-size N")
+    return size
 
 
 def _publisher(store: Any, publish: bool) -> Any:

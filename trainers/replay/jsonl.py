@@ -36,6 +36,13 @@ from agentforge.errors import AgentForgeError, StoreError, UserError
 from agentforge.ports import TraceStore
 from agentforge.trainers.replay.output import ExportReport, atomic_path, progress_bar
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
+from agentforge.trainers.replay.trust import (
+    DEFAULT_MAX_ABS_REWARD,
+    MAX_DEPTH,
+    depth_exceeds,
+    inconsistency,
+    untrusted_content,
+)
 from agentforge.types import Attempt, Reward, Rollout, Span
 
 __all__ = [
@@ -150,8 +157,9 @@ class TraceFormatError(UserError):
 
     Attributes:
         line: 1-based line number (0 when not known).
-        reason: short category: ``"not utf-8"``, ``"invalid json"``, ``"wrong format"``,
-            ``"missing fields"``, ``"invalid record"``, ``"inconsistent record"``, ``"duplicate"``.
+        reason: short category: ``"not utf-8"``, ``"invalid json"``, ``"too deeply nested"``,
+            ``"wrong format"``, ``"missing fields"``, ``"invalid record"``, ``"inconsistent record"``,
+            ``"unfinished rollout"``, ``"bad token ids"``, ``"bad reward"``, ``"duplicate"``.
     """
 
     def __init__(self, reason: str, detail: str, line: int = 0) -> None:
@@ -175,12 +183,21 @@ def _short(exc: ValidationError) -> str:
     return f"{exc.title}.{loc}: {err['msg']}{more}"
 
 
-def parse_trace_line(raw: bytes, line: int = 0) -> ParsedTrace | None:
-    """Decode and validate one line of the format.
+def parse_trace_line(
+    raw: bytes,
+    line: int = 0,
+    *,
+    vocab_size: int | None = None,
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
+) -> ParsedTrace | None:
+    """Decode and validate one line of the format, then check it holds only what may be imported
+    (finished data, token ids in range, finite rewards, bounded nesting: :mod:`~agentforge.trainers.replay.trust`).
 
     Args:
         raw: the line's bytes (trailing ``\\n`` optional).
         line: its 1-based number, for messages.
+        vocab_size: token ids must be below it (``None``: only non-negative is checked).
+        max_abs_reward: the largest ``|reward|`` accepted.
 
     Returns:
         The parsed trace, or ``None`` for a blank line.
@@ -198,6 +215,12 @@ def parse_trace_line(raw: bytes, line: int = 0) -> ParsedTrace | None:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceFormatError("invalid json", f"{exc.msg} at column {exc.colno}", line) from None
+    except RecursionError:
+        raise TraceFormatError(
+            "too deeply nested", "the JSON nests deeper than Python can parse", line
+        ) from None
+    if depth_exceeds(obj):
+        raise TraceFormatError("too deeply nested", f"the JSON nests deeper than {MAX_DEPTH} levels", line)
     if not isinstance(obj, dict):
         raise TraceFormatError("invalid json", f"expected an object, got {type(obj).__name__}", line)
     missing = [k for k in _FIELDS if k not in obj]
@@ -215,54 +238,17 @@ def parse_trace_line(raw: bytes, line: int = 0) -> ParsedTrace | None:
         rewards = [Reward.model_validate(r) for r in obj["rewards"]]
     except ValidationError as exc:
         raise TraceFormatError("invalid record", _short(exc), line) from None
-    _check_consistent(rollout, attempts, spans, rewards, line)
+    problem = inconsistency(rollout, attempts, spans, rewards)
+    if problem is not None:
+        raise TraceFormatError("inconsistent record", problem, line)
+    untrusted = untrusted_content(
+        rollout, attempts, spans, rewards, vocab_size=vocab_size, max_abs_reward=max_abs_reward
+    )
+    if untrusted is not None:
+        raise TraceFormatError(*untrusted, line)
     items: list[Span | Reward] = [*spans, *rewards]
     order = sorted(range(len(items)), key=lambda i: (items[i].sequence is None, items[i].sequence or 0, i))
     return ParsedTrace(rollout, attempts, [items[i] for i in order])
-
-
-def _check_consistent(
-    rollout: Rollout, attempts: list[Attempt], spans: list[Span], rewards: list[Reward], line: int
-) -> None:
-    rid = rollout.rollout_id
-    attempt_ids = {a.attempt_id for a in attempts}
-    span_ids = {s.span_id for s in spans}
-    problems = []
-    if len(attempt_ids) < len(attempts) or len(span_ids) < len(spans):
-        problems.append("duplicate attempt or span id")
-    if len({r.reward_id for r in rewards}) < len(rewards):
-        problems.append("duplicate reward id")
-    problems += [
-        f"attempt {a.attempt_id} names rollout {a.rollout_id!r}" for a in attempts if a.rollout_id != rid
-    ]
-    problems += [f"span {s.span_id} names rollout {s.rollout_id!r}" for s in spans if s.rollout_id != rid]
-    problems += [
-        f"reward {r.reward_id} names rollout {r.rollout_id!r}" for r in rewards if r.rollout_id != rid
-    ]
-    for obj in [*spans, *rewards]:
-        if obj.attempt_id is not None and obj.attempt_id not in attempt_ids:
-            problems.append(f"{type(obj).__name__.lower()} names unknown attempt {obj.attempt_id!r}")
-    problems += [
-        f"reward {r.reward_id} follows unknown span {r.span_id!r}"
-        for r in rewards
-        if r.span_id and r.span_id not in span_ids
-    ]
-    if not problems:
-        try:  # the store's text policy for scalar columns (ids, names, errors)
-            from agentforge.stores.tables import attempt_to_row, reward_to_row, rollout_to_row, span_to_row
-
-            rollout_to_row(rollout)
-            for a in attempts:
-                attempt_to_row(a)
-            for s in spans:
-                span_to_row(s, 0)
-            for r in rewards:
-                reward_to_row(r, 0)
-        except UserError as exc:
-            problems.append(str(exc))
-    if problems:
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise TraceFormatError("inconsistent record", f"rollout {rid!r}: {problems[0]}{more}", line)
 
 
 @dataclass
@@ -305,12 +291,14 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, start=1)
 
 
-def _parsed(path: Path, report: ImportReport) -> Iterator[tuple[int, ParsedTrace | TraceFormatError]]:
+def _parsed(
+    path: Path, report: ImportReport, **checks: Any
+) -> Iterator[tuple[int, ParsedTrace | TraceFormatError]]:
     """Every non-blank line, parsed or with its error; a rollout id seen before is a ``duplicate``."""
     seen: dict[str, int] = {}
     for n, raw in _lines(path):
         try:
-            parsed = parse_trace_line(raw, n)
+            parsed = parse_trace_line(raw, n, **checks)
         except TraceFormatError as exc:
             report.lines += 1
             yield n, exc
@@ -332,12 +320,16 @@ def import_jsonl(
     *,
     on_error: Literal["skip", "raise"] = "skip",
     progress: bool | None = None,
+    vocab_size: int | None = None,
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
 ) -> ImportReport:
     """Import a trace file, keeping ids, states, attempts, timestamps and versions as they were.
 
     Each rollout lands with its attempts, spans and rewards in one transaction (all or nothing);
     a rollout id the store already holds is left unchanged and counted, so importing a file twice
-    stores nothing twice.
+    stores nothing twice. The file is not trusted: only finished rollouts are imported (never work a
+    runner would pick up), and token ids, rewards and nesting are checked line by line
+    (:mod:`~agentforge.trainers.replay.trust`).
 
     Args:
         store: a store with an ``import_trace`` method (:class:`~agentforge.stores.SQLStore`).
@@ -345,6 +337,9 @@ def import_jsonl(
         on_error: ``"skip"`` imports the valid lines and lists the others in the report;
             ``"raise"`` validates every line first and writes nothing if one is invalid.
         progress: show a progress bar on stderr; ``None`` shows it when stderr is a TTY.
+        vocab_size: the vocabulary size of the model the traces will train (token ids must be below
+            it); ``None`` checks only that ids are non-negative.
+        max_abs_reward: the largest ``|reward|`` accepted (default ``1e6``).
 
     Returns:
         Counts of imported / already present rollouts and the problem lines.
@@ -371,8 +366,15 @@ def import_jsonl(
             f"{type(store).__name__} cannot import traces (no import_trace); import into the SQL store "
             "directly, e.g. SQLStore(url) with the database the store server uses"
         )
+    if vocab_size is not None and vocab_size < 1:
+        raise UserError(f"vocab_size must be a positive number of tokens, got {vocab_size}")
+    if not max_abs_reward > 0:
+        raise UserError(f"max_abs_reward must be > 0, got {max_abs_reward}")
+    checks: dict[str, Any] = {"vocab_size": vocab_size, "max_abs_reward": max_abs_reward}
     if on_error == "raise":
-        problems = [p for _, p in _parsed(target, ImportReport(target)) if isinstance(p, TraceFormatError)]
+        problems = [
+            p for _, p in _parsed(target, ImportReport(target), **checks) if isinstance(p, TraceFormatError)
+        ]
         if problems:
             shown = "; ".join(str(p) for p in problems[:5])
             raise TraceFormatError(
@@ -380,7 +382,7 @@ def import_jsonl(
             )
     report = ImportReport(target)
     with progress_bar(None, f"import {target.name}", progress) as advance:
-        for n, parsed in _parsed(target, report):
+        for n, parsed in _parsed(target, report, **checks):
             advance(1)
             if isinstance(parsed, TraceFormatError):
                 report.skipped.append(LineProblem(n, parsed.reason, parsed.detail))
