@@ -123,6 +123,11 @@ def serve(
             from agentforge.serving.follow import StoreFollower
 
             follower = StoreFollower(swapper, store).start()
+        supervisor = None
+        if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
+            from agentforge.serving.supervise import EngineSupervisor
+
+            supervisor = EngineSupervisor(server, swapper).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -135,6 +140,8 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         if follower is not None:
             follower.stop()
         gateway.stop()

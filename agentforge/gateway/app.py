@@ -460,7 +460,11 @@ def create_gateway(
         app.add_api_route(prefix + "/v1/chat/completions", handler("chat"), methods=["POST"])
         app.add_api_route(prefix + "/v1/completions", handler("completions"), methods=["POST"])
         app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])
-    app.add_api_route("/health", _health, methods=["GET"])
+
+    async def health() -> JSONResponse:
+        return _health(router)
+
+    app.add_api_route("/health", health, methods=["GET"])
     if include_store_api:
         try:
             from agentforge.stores.server import store_router
@@ -472,8 +476,13 @@ def create_gateway(
     return app
 
 
-async def _health() -> dict[str, str]:
-    return {"status": "ok"}
+def _health(router: ModelRouter) -> JSONResponse:
+    """``{"status": "ok"}``, or 503 ``{"status": "degraded", "engines_down": {version: why}}`` while serving's
+    supervisor has an engine marked down (no engine address is named)."""
+    down = router.engines_down()
+    if not down:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
 
 
 async def _not_found(request: Request) -> JSONResponse:

@@ -45,6 +45,7 @@ class ModelRouter:
         self._versions: dict[str, Upstream] = {}
         self._aliases: dict[str, str] = {}
         self._inflight: dict[str, int] = {}
+        self._down: dict[str, str] = {}  # engine base URL → why it is down (set by serving's supervisor)
 
     def register(self, version: str, upstream: Upstream) -> None:
         """Make ``version`` routable (does not change any alias)."""
@@ -77,6 +78,24 @@ class ModelRouter:
                 known = sorted(set(self._aliases) | set(self._versions))
                 raise NotFoundError(f"model {name!r} does not exist; available: {', '.join(known) or 'none'}")
             return version, self._versions[version]
+
+    def mark_engine(self, base_url: str, down: str | None) -> None:
+        """Record that the engine at ``base_url`` is down (``down``: why, without its address) or up again
+        (``None``); the gateway's ``/health`` reports the versions it serves while it is down."""
+        with self._lock:
+            if down is None:
+                self._down.pop(base_url, None)
+            else:
+                self._down[base_url] = down
+
+    def engines_down(self) -> dict[str, str]:
+        """Registered version → why its engine is down, for every version whose engine is marked down."""
+        with self._lock:
+            return {
+                v: self._down[u.base_url]
+                for v, u in sorted(self._versions.items())
+                if u.base_url in self._down
+            }
 
     def models(self) -> list[str]:
         """Every alias and version name the gateway can serve."""

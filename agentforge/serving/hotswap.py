@@ -77,6 +77,7 @@ class HotSwapper:
         self._drains: list[threading.Thread] = []
         self._weights: dict[str, AdapterWeights] = {}  # version → its weights' summary, where known
         self._probes: dict[str, CanaryResult] = {}  # version → its last canary answer (fingerprint)
+        self._paths: dict[str, str] = {}  # live version → its adapter directory (to reload after a restart)
 
     @property
     def base_version(self) -> str:
@@ -154,6 +155,7 @@ class HotSwapper:
             with self._state:
                 self._used.add(name)
                 self._live.add(name)
+                self._paths[name] = str(adapter_path)
                 if weights is not None:
                     self._weights[name] = weights
             upstream = self._upstream(name)
@@ -210,6 +212,38 @@ class HotSwapper:
         if new_w is None or old_w is None or (new_w.zero and old_w.zero):
             return False
         return new_w.digest != old_w.digest
+
+    def reload(self) -> list[str]:
+        """Serve every live version again after the engine restarted (it then serves no adapter).
+
+        Re-registers the base version and each live version (active and draining) with the engine's current
+        URL and key, loads each under its own name again (the fresh engine has never served it, so no stale
+        prefix cache exists), then runs the canary on the version the alias points at. Aliases do not move.
+
+        Returns:
+            The versions loaded again, sorted.
+
+        Raises:
+            ServingError: a load or the alias target's canary failed (the supervisor retries the restart).
+        """
+        with self._lock:
+            self.register_base()
+            with self._state:
+                paths = dict(sorted(self._paths.items()))
+            for name, path in paths.items():
+                self.server.load_adapter(name, path)
+                self.router.register(name, self._upstream(name))
+            target = self.router.alias(self.alias)
+            if target is not None and target != self.base_version:
+                try:
+                    self.last_canary = self.canary(self.router.resolve(target)[1])
+                except AgentForgeError:
+                    raise
+                except Exception as exc:
+                    raise ServingError(
+                        f"canary for {target} failed after the engine restarted: {exc!r}"
+                    ) from exc
+            return list(paths)
 
     def reset_to_base(self) -> str:
         """Point the alias back at the base model (``{alias}@v0``); the old version drains and unloads.
@@ -272,6 +306,7 @@ class HotSwapper:
         finally:
             with self._state:
                 self._live.discard(version)
+                self._paths.pop(version, None)
                 self._weights.pop(version, None)
                 self._probes.pop(version, None)
 

@@ -181,6 +181,7 @@ class VLLMServer:
         self._owned = True
         self.api_key: str | None = None
         self._admin_key: str | None = None
+        self.starts = 0  # how many times start() launched the process (a supervisor restarts it)
 
     @classmethod
     def connect(
@@ -225,7 +226,7 @@ class VLLMServer:
         self.max_lora_rank, self.max_loras = check_max_lora_rank(max_lora_rank), max_loras
         self.max_model_len = int(base.get("max_model_len") or 0)
         self.startup_s = self.warmup_s = None
-        self.log_path, self._proc, self._owned = None, None, False
+        self.log_path, self._proc, self._owned, self.starts = None, None, False, 0
         self.api_key, self._admin_key = api_key or admin_key, admin_key or api_key
         return self
 
@@ -302,7 +303,10 @@ class VLLMServer:
             "AGENTFORGE_VLLM_ADMIN_KEY": self._admin_key,
         }
         t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
+        self.starts += 1
+        with open(
+            self.log_path, "wb" if self.starts == 1 else "ab"
+        ) as log:  # a restart keeps the crash's log
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                 self.command(),
                 stdout=log,
@@ -349,6 +353,16 @@ class VLLMServer:
     def running(self) -> bool:
         """Whether the process this object started is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The vLLM API server's process id (also its process group id), ``None`` when none was started."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code of a started process that ended (negative: killed by that signal), else ``None``."""
+        return self._proc.poll() if self._proc is not None else None
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate vLLM's whole process group; kill it after ``grace_s`` seconds. Safe to call twice."""

@@ -121,3 +121,42 @@ class FakeServer:
 
     def adapters(self) -> list[str]:
         return list(self.loaded)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def process_group(pgid: int) -> set[int]:
+    """Live (non-zombie) processes whose process group is ``pgid`` (Linux ``/proc``)."""
+    import os
+    from pathlib import Path
+
+    members = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.add(int(entry))
+    return members
+
+
+def wait_for(condition, timeout_s: float, what: str, step_s: float = 0.2):  # type: ignore[no-untyped-def]
+    """Poll ``condition()`` until it returns something truthy (returned); AssertionError after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

