@@ -1,0 +1,42 @@
+"""The lightning trainer publishes from a TrainerCallback exactly where TRL would sync its own vLLM.
+
+TRL generates a new batch every ``steps_per_generation × num_iterations`` micro-batches, counted from the
+trainer's first step (after a resume: the checkpoint's step); ``TrainConfig`` sets ``steps_per_generation``
+to the gradient accumulation, so that is every ``num_iterations`` optimizer steps. The callback must ask for a publish at the beginning of
+exactly those steps (a version nobody samples from is never published mid-iteration).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+from agentforge.trainers.lightning import _PublishCallback
+
+
+class _Owner:
+    def __init__(self, state: TrainerState) -> None:
+        self.state, self.asked_at = state, []
+
+    def maybe_publish(self) -> None:
+        self.asked_at.append(self.state.global_step)
+
+
+@pytest.mark.parametrize(
+    ("num_iterations", "first_step", "expected"),
+    [(1, 0, [0, 1, 2, 3, 4, 5]), (2, 0, [0, 2, 4]), (3, 0, [0, 3]), (2, 3, [3, 5, 7])],
+)
+def test_publish_is_asked_for_at_the_steps_that_generate(
+    num_iterations: int, first_step: int, expected: list[int]
+) -> None:
+    state, control = TrainerState(global_step=first_step), TrainerControl()
+    args = SimpleNamespace(num_iterations=num_iterations)
+    owner = _Owner(state)
+    callback = _PublishCallback(owner)  # type: ignore[arg-type]
+    callback.on_train_begin(args, state, control)  # a resume starts counting at the checkpoint's step
+    for step in range(first_step, first_step + 6):
+        state.global_step = step
+        callback.on_step_begin(args, state, control)
+    assert owner.asked_at == expected
