@@ -17,12 +17,9 @@ from __future__ import annotations
 import hmac
 
 from agentforge.errors import UserError
+from agentforge.loopback import MIN_KEY_LENGTH  # one policy for every agentforge server
 
 __all__ = ["MIN_KEY_LENGTH", "presented_key", "key_matches", "check_keys"]
-
-#: The shortest key a server accepts at start, in characters (16 random characters ≈ 95 bits from
-#: ``secrets.token_urlsafe(12)``).
-MIN_KEY_LENGTH = 16
 
 
 def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:

@@ -35,6 +35,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
+from agentforge.loopback import LoopbackGuard
 from agentforge.ports import TraceStore
 from agentforge.stores.admin import admin_router
 from agentforge.stores.auth import check_keys, key_matches, presented_key
@@ -267,7 +268,12 @@ def create_store_app(
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
 ) -> FastAPI:
-    """A FastAPI app serving only :func:`store_router` (run it with uvicorn).
+    """A FastAPI app serving only :func:`store_router` (run it with uvicorn, on any interface).
+
+    The bind rule lives here, where the app is built, not only in a server wrapper: without ``api_key``
+    the app answers only requests that arrived on a loopback interface; any other request gets a 403 with
+    the fix, whatever host the ASGI server was told to bind (:class:`~agentforge.loopback.LoopbackGuard`).
+    The app serves no ``/docs``, ``/redoc`` or ``/openapi.json``.
 
 
     Args:
@@ -279,6 +285,8 @@ def create_store_app(
     Raises:
         UserError: as :func:`store_router` (weak or shared keys).
     """
-    app = FastAPI(title="agentforge trace store")
+    app = FastAPI(title="agentforge trace store", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root))
+    if api_key is None:
+        app.add_middleware(LoopbackGuard, what="store server")
     return app

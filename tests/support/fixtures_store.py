@@ -62,6 +62,17 @@ def serve_app(app: Any) -> Iterator[str]:
         sock.close()
 
 
+def lan_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback, or ``None`` (no such interface)."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return None
+
+
 def _drop_database(admin_url: str, name: str) -> None:
     from sqlalchemy import create_engine
 
