@@ -18,8 +18,9 @@ call into an HTTP 500. A span naming a rollout the store does not know is also k
 Errors reach the client as ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or a bad
 body → 400 (no upstream call), unknown model → 404 ``model_not_found``, engine errors → the engine's
 status and message (e.g. vLLM's 400 for a prompt over the context limit), engine unreachable → 502,
-engine timeout → 504. Every call that got past JSON decoding is recorded, failed ones with
-``status="error"`` and the message in ``Span.error``. A failed store write is logged (``ERROR``) and
+engine timeout → 504, a body over ``max_request_bytes`` → 413 (not recorded). Every call whose body is a
+JSON object is recorded, failed ones with ``status="error"`` and the message in ``Span.error`` (a client
+that leaves before the answer: ``client_disconnected``). A failed store write is logged (``ERROR``) and
 never breaks the client's answer.
 """
 
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -37,10 +36,20 @@ import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentforge.errors import NotFoundError, UserError
+from agentforge.gateway.call import (
+    CallContext,
+    clean_text,
+    health_response,
+    http_error,
+    not_found,
+    validate_body,
+)
 from agentforge.gateway.capture import llm_call_from_response
 from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
+from agentforge.gateway.pins import PinCache
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
 from agentforge.gateway.upstream import (
@@ -81,43 +90,6 @@ logger = logging.getLogger("agentforge.gateway")
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
 
 
-class CallContext:
-    """Everything known about one call before the engine answers (shared by the unary and stream paths).
-
-    Attributes:
-        endpoint: ``"chat"`` or ``"completions"``.
-        body: the request body as the client sent it.
-        rollout_id: attribution from the URL prefix or ``X-Rollout-Id`` (``None`` for an orphan).
-        attempt_id: the ``X-Attempt-Id`` header, if any.
-        started_at: wall-clock start, seconds since the epoch.
-        t0: ``time.perf_counter()`` at the start, for ``latency_s``.
-        version: the resolved version (empty until resolved).
-    """
-
-    def __init__(
-        self, endpoint: Endpoint, body: dict[str, Any], rollout_id: str | None, attempt_id: str | None
-    ) -> None:
-        self.endpoint, self.body = endpoint, body
-        self.rollout_id, self.attempt_id = rollout_id, attempt_id
-        self.started_at, self.t0 = now(), time.perf_counter()
-        self.version = ""
-
-    @property
-    def model(self) -> str:
-        """The model name the client asked for."""
-        value = self.body.get("model")
-        return value if isinstance(value, str) else ""
-
-    def latency_s(self) -> float:
-        """Seconds since the request arrived."""
-        return time.perf_counter() - self.t0
-
-
-def _clean(text: str) -> str:
-    """Make a message storable in a SQL text column (no NUL, no lone surrogates)."""
-    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 class _Gateway:
     """State and handlers behind one gateway app."""
 
@@ -132,8 +104,7 @@ class _Gateway:
         self._transport, self._timeout_s = transport, timeout_s
         self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
         self._orphan_warned = False
-        self._pins: dict[str, dict[str, str]] = {}
-        self._pins_lock = threading.Lock()
+        self.pins = PinCache(store, router)
         self.orphans = 0
 
     @asynccontextmanager
@@ -161,7 +132,7 @@ class _Gateway:
             kind=SpanKind.llm,
             name=f"{ctx.endpoint}.completions" if ctx.endpoint == "chat" else "completions",
             status="error" if error else "ok",
-            error=_clean(error) if error else None,
+            error=clean_text(error) if error else None,
             llm=llm,
             attributes={"endpoint": ctx.endpoint, **attributes},
             started_at=ctx.started_at,
@@ -202,44 +173,11 @@ class _Gateway:
                     raise
                 claimed = span.rollout_id
                 span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
-                span.attributes = {**span.attributes, "claimed_rollout_id": _clean(claimed)}
+                span.attributes = {**span.attributes, "claimed_rollout_id": clean_text(claimed)}
                 self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
                 await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
-
-    def _pinned(self, rollout_id: str, model: str) -> str:
-        """The version a rollout pinned for ``model`` (``Rollout.resources[model]``), else ``model``.
-
-        A rollout enqueued by the trainer pins ``{"policy": "policy@v3"}`` so every call of that rollout is
-        served by the version it was sampled for, even if the alias flips mid-rollout. A pin whose version
-        is no longer routable (already unloaded) falls back to the alias, logged. Lookups are cached per
-        rollout (a rollout's pins do not change while it runs).
-        """
-        resources = self._pins.get(rollout_id)
-        if resources is None:
-            try:
-                resources = self.store.get_rollout(rollout_id).resources
-            except Exception:  # unknown or malformed id: the span becomes an orphan later
-                return model
-            with self._pins_lock:  # lookups run in worker threads
-                if len(self._pins) >= 4096:
-                    self._pins.pop(next(iter(self._pins)), None)
-                self._pins[rollout_id] = resources
-        pinned = resources.get(model)
-        if pinned is None:
-            return model
-        try:
-            self.router.resolve(pinned)
-        except NotFoundError:
-            logger.warning(
-                "rollout %s pins %s=%s, which is not served any more; using the alias",
-                rollout_id,
-                model,
-                pinned,
-            )
-            return model
-        return pinned
 
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
         """The LLMCall of a call that produced no answer."""
@@ -273,7 +211,7 @@ class _Gateway:
                 error_body("request body must be a JSON object", "invalid_request_error", "invalid_json"), 400
             )
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
-        problem = _validate(body, endpoint)
+        problem = validate_body(body, endpoint)
         if problem is not None:
             return await self.fail(
                 ctx,
@@ -283,10 +221,10 @@ class _Gateway:
             )
         target = ctx.model
         if rollout_id is not None:
-            if rollout_id in self._pins:  # cached: no thread hop on the hot path
-                target = self._pinned(rollout_id, ctx.model)
+            if rollout_id in self.pins:  # cached: no thread hop on the hot path
+                target = self.pins.target(rollout_id, ctx.model)
             else:
-                target = await anyio.to_thread.run_sync(self._pinned, rollout_id, ctx.model)
+                target = await anyio.to_thread.run_sync(self.pins.target, rollout_id, ctx.model)
         try:
             ctx.version, upstream = self.router.acquire(target)
         except NotFoundError as exc:
@@ -389,26 +327,6 @@ class _Gateway:
         return JSONResponse({"object": "list", "data": data})
 
 
-def _validate(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | None:
-    """``(param, message)`` for a body the engine cannot take, else ``None``."""
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        return "model", "'model' is required and must be a non-empty string"
-    if endpoint == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return "messages", "'messages' must be a non-empty list of messages"
-        if not all(isinstance(m, dict) for m in messages):
-            return "messages", "every item of 'messages' must be an object"
-    elif "prompt" not in body:
-        return "prompt", "'prompt' is required"
-    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
-        return "stream", "'stream' must be true or false"
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        return "stream_options", "'stream_options' must be an object"
-    return None
-
-
 def create_gateway(
     store: TraceStore,
     router: ModelRouter,
@@ -462,7 +380,7 @@ def create_gateway(
         app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])
 
     async def health() -> JSONResponse:
-        return _health(router)
+        return health_response(router)
 
     app.add_api_route("/health", health, methods=["GET"])
     if include_store_api:
@@ -472,19 +390,6 @@ def create_gateway(
             logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
             app.include_router(store_router(store, api_key=api_key))
-    app.add_api_route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    app.add_api_route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    app.add_exception_handler(StarletteHTTPException, http_error)  # e.g. 405: OpenAI's shape too
     return app
-
-
-def _health(router: ModelRouter) -> JSONResponse:
-    """``{"status": "ok"}``, or 503 ``{"status": "degraded", "engines_down": {version: why}}`` while serving's
-    supervisor has an engine marked down (no engine address is named)."""
-    down = router.engines_down()
-    if not down:
-        return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
-
-
-async def _not_found(request: Request) -> JSONResponse:
-    msg = f"no route {request.method} {request.url.path} on the agentforge gateway"
-    return JSONResponse(error_body(msg, "invalid_request_error", "not_found"), status_code=404)

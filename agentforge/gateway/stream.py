@@ -32,7 +32,8 @@ from agentforge.gateway.wire import (
 logger = logging.getLogger("agentforge.gateway")
 
 if TYPE_CHECKING:
-    from agentforge.gateway.app import CallContext, _Gateway
+    from agentforge.gateway.app import _Gateway
+    from agentforge.gateway.call import CallContext
 
 __all__ = ["sse_batches", "StreamRelay", "relay_response"]
 

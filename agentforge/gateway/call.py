@@ -1,0 +1,99 @@
+"""One gateway call before the engine answers: its context and the checks on its body; and the gateway's
+own answers that need no engine (health, unknown routes, other HTTP errors), all in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from agentforge.gateway.wire import Endpoint, error_body
+from agentforge.types import now
+
+if TYPE_CHECKING:
+    from agentforge.gateway.router import ModelRouter
+
+__all__ = ["CallContext", "clean_text", "validate_body", "health_response", "not_found", "http_error"]
+
+
+class CallContext:
+    """Everything known about one call before the engine answers (shared by the unary and stream paths).
+
+    Attributes:
+        endpoint: ``"chat"`` or ``"completions"``.
+        body: the request body as the client sent it.
+        rollout_id: attribution from the URL prefix or ``X-Rollout-Id`` (``None`` for an orphan).
+        attempt_id: the ``X-Attempt-Id`` header, if any.
+        started_at: wall-clock start, seconds since the epoch.
+        t0: ``time.perf_counter()`` at the start, for ``latency_s``.
+        version: the resolved version (empty until resolved).
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, body: dict[str, Any], rollout_id: str | None, attempt_id: str | None
+    ) -> None:
+        self.endpoint, self.body = endpoint, body
+        self.rollout_id, self.attempt_id = rollout_id, attempt_id
+        self.started_at, self.t0 = now(), time.perf_counter()
+        self.version = ""
+
+    @property
+    def model(self) -> str:
+        """The model name the client asked for."""
+        value = self.body.get("model")
+        return value if isinstance(value, str) else ""
+
+    def latency_s(self) -> float:
+        """Seconds since the request arrived."""
+        return time.perf_counter() - self.t0
+
+
+def clean_text(text: str) -> str:
+    """Make a message storable in a SQL text column (no NUL, no lone surrogates)."""
+    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def validate_body(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | None:
+    """``(param, message)`` for a body the engine cannot take, else ``None``."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "model", "'model' is required and must be a non-empty string"
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "messages", "'messages' must be a non-empty list of messages"
+        if not all(isinstance(m, dict) for m in messages):
+            return "messages", "every item of 'messages' must be an object"
+    elif "prompt" not in body:
+        return "prompt", "'prompt' is required"
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        return "stream", "'stream' must be true or false"
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return "stream_options", "'stream_options' must be an object"
+    return None
+
+
+def health_response(router: ModelRouter) -> JSONResponse:
+    """``{"status": "ok"}``, or 503 ``{"status": "degraded", "engines_down": {version: why}}`` while serving's
+    supervisor has an engine marked down (no engine address is named)."""
+    down = router.engines_down()
+    if not down:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
+
+
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
+    status = getattr(exc, "status_code", 500)
+    msg = f"{request.method} {request.url.path}: {getattr(exc, 'detail', None) or 'error'}"
+    return JSONResponse(
+        error_body(msg, "invalid_request_error", "method_not_allowed" if status == 405 else "http_error"),
+        status_code=status,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def not_found(request: Request) -> JSONResponse:
+    msg = f"no route {request.method} {request.url.path} on the agentforge gateway"
+    return JSONResponse(error_body(msg, "invalid_request_error", "not_found"), status_code=404)

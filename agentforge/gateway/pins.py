@@ -1,0 +1,69 @@
+"""Rollout pins: the version each rollout asked the gateway to serve it with (``Rollout.resources``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from agentforge.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from agentforge.gateway.router import ModelRouter
+    from agentforge.ports import TraceStore
+
+__all__ = ["PinCache"]
+
+logger = logging.getLogger("agentforge.gateway")
+
+
+class PinCache:
+    """Each rollout's pins, read from the store once per rollout (at most ``size`` rollouts kept, oldest
+    evicted first). Safe to use from worker threads.
+
+    Args:
+        store: where rollouts are read (``get_rollout``).
+        router: tells whether a pinned version is still served.
+        size: most rollouts cached.
+    """
+
+    def __init__(self, store: TraceStore, router: ModelRouter, size: int = 4096) -> None:
+        self.store, self.router, self._size = store, router, size
+        self._pins: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self._pins
+
+    def target(self, rollout_id: str, model: str) -> str:
+        """The version a rollout pinned for ``model`` (``Rollout.resources[model]``), else ``model``.
+
+        A rollout enqueued by the trainer pins ``{"policy": "policy@v3"}`` so every call of that rollout is
+        served by the version it was sampled for, even if the alias flips mid-rollout. A pin whose version
+        is no longer routable (already unloaded) falls back to the alias, logged. Lookups are cached per
+        rollout (a rollout's pins do not change while it runs).
+        """
+        resources = self._pins.get(rollout_id)
+        if resources is None:
+            try:
+                resources = self.store.get_rollout(rollout_id).resources
+            except Exception:  # unknown or malformed id: the span becomes an orphan later
+                return model
+            with self._lock:  # lookups run in worker threads
+                if len(self._pins) >= self._size:
+                    self._pins.pop(next(iter(self._pins)), None)
+                self._pins[rollout_id] = resources
+        pinned = resources.get(model)
+        if pinned is None:
+            return model
+        try:
+            self.router.resolve(pinned)
+        except NotFoundError:
+            logger.warning(
+                "rollout %s pins %s=%s, which is not served any more; using the alias",
+                rollout_id,
+                model,
+                pinned,
+            )
+            return model
+        return pinned

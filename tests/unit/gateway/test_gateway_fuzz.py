@@ -1,0 +1,122 @@
+"""Property-based fuzzing of the gateway's HTTP surface with Hypothesis (issue 16, must-show).
+
+Whatever a client sends — JSON of any shape, bodies that are not JSON, any path and method, streamed or
+not — the gateway answers with an OpenAI-style error body or a well-formed answer, never a bare 500 page
+and never a crash, and every JSON-object request to an LLM route is recorded as exactly one span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentforge.gateway.app import create_gateway
+from agentforge.testing import ScriptedUpstream, memory_store
+
+_SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
+)  # fmt: skip
+_json = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "", "🤖"])},
+    optional={"content": st.one_of(st.text(max_size=60), _json), "tool_calls": _json, "name": _json},
+)
+_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.one_of(st.sampled_from(["policy", "policy@v1", "policy@v9", "nope", ""]), _json),
+        "messages": st.one_of(st.lists(_message, max_size=3), _json),
+        "prompt": st.one_of(st.text(max_size=60), st.lists(st.integers(0, 50_000), max_size=5), _json),
+        "stream": st.one_of(st.booleans(), _json),
+        "stream_options": st.one_of(st.fixed_dictionaries({}, optional={"include_usage": _json}), _json),
+        "max_tokens": st.one_of(st.integers(-5, 100), _json),
+        "temperature": _json,
+        "logprobs": _json,
+        "n": _json,
+        "tools": _json,
+        "tool_choice": _json,
+        "extra_body": _json,
+    },
+)
+_routes = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/rollouts/ro-x/v1/chat/completions"])
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    """One gateway for every example (a fresh one each would spend the time building stores)."""
+    store = memory_store()
+    upstream = ScriptedUpstream(["fine", "also fine"], cycle=True)
+    app = create_gateway(store, upstream.router(), transport=upstream.transport())
+    yield store, app
+    store.close()
+
+
+def _send(app, method: str, route: str, **kwargs) -> httpx.Response:
+    async def call() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            return await client.request(method, route, **kwargs)
+
+    return asyncio.run(call())
+
+
+def _check_error_shape(response: httpx.Response) -> None:
+    assert response.status_code != 500 or "error" in response.json(), response.text[:300]
+    if response.status_code >= 400:
+        error = response.json()["error"]  # every error is OpenAI's shape, JSON
+        assert isinstance(error["message"], str) and error["message"]
+        assert "type" in error and "code" in error
+
+
+@_SETTINGS
+@given(route=_routes, body=_body)
+def test_any_json_object_gets_an_openai_shaped_answer_and_exactly_one_span(
+    gateway, route: str, body: dict
+) -> None:
+    store, app = gateway
+    before = store.list_spans(orphans=True)
+    response = _send(app, "POST", route, content=json.dumps(body))
+    _check_error_shape(response)
+    if response.status_code == 200:
+        if body.get("stream") is True:
+            assert response.text.endswith("data: [DONE]\n\n"), response.text[-200:]
+        else:
+            assert response.json()["object"] in ("chat.completion", "text_completion")
+    new = store.list_spans(orphans=True)[len(before) :]
+    assert len(new) == 1, f"{len(new)} spans for one call answered {response.status_code}"
+    assert (new[0].status == "ok") == (response.status_code == 200)
+
+
+@_SETTINGS
+@given(
+    route=st.one_of(_routes, st.text(alphabet="/abcdefv1%.._-rollouts", max_size=40).map(lambda p: "/" + p)),
+    method=st.sampled_from(["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]),
+    raw=st.one_of(st.binary(max_size=200), _json.map(lambda v: json.dumps(v).encode())),
+    content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=latin-1"]),
+)
+def test_any_bytes_any_path_any_method_never_crash_the_gateway(
+    gateway, route: str, method: str, raw: bytes, content_type: str
+) -> None:
+    _, app = gateway
+    response = _send(app, method, route, content=raw, headers={"content-type": content_type})
+    if method == "HEAD":
+        assert response.status_code < 500
+    elif response.status_code != 200 or response.headers.get("content-type", "").startswith(
+        "application/json"
+    ):
+        _check_error_shape(response)
