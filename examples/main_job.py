@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     train, held_out = bitext_triage_tasks(args.train_size, args.eval_size, balanced=args.balanced)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    console.print(f"[bold]agentforge main job[/] — {len(train)} training / {len(held_out)} held-out messages, "
-                  f"{len(CATEGORIES)} categories, seeds {args.seeds}, {args.steps} steps each")  # fmt: skip
+    console.print(f"[bold]agentforge main job[/]: {len(train)} training / {len(held_out)} held-out messages, "
+                  f"{len(CATEGORIES)} categories")  # fmt: skip
+    console.print(f"seeds {args.seeds}, {args.steps} steps each, {args.group_size} rollouts per task")
     stack = LocalStack(
         store, triage_agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r)
     )
