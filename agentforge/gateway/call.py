@@ -7,7 +7,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentforge.gateway.wire import Endpoint, error_body
 from agentforge.types import now
@@ -84,7 +86,12 @@ def health_response(router: ModelRouter) -> JSONResponse:
     return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
 
 
-async def http_error(request: Request, exc: Exception) -> JSONResponse:
+async def http_error(request: Request, exc: Exception) -> Response:
+    """An HTTP error of the gateway's own routes (405, ...) in OpenAI's shape; the mounted store routes
+    (``/api/...``) keep the store's own error format, which its client reads."""
+    path, root = request.scope.get("path", ""), request.scope.get("root_path") or ""
+    if path.removeprefix(root).startswith("/api/") and isinstance(exc, StarletteHTTPException):
+        return await http_exception_handler(request, exc)
     status = getattr(exc, "status_code", 500)
     msg = f"{request.method} {request.url.path}: {getattr(exc, 'detail', None) or 'error'}"
     return JSONResponse(

@@ -19,6 +19,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentforge.gateway.capture import StreamCapture, llm_call_from_response
+from agentforge.gateway.tooldeltas import ToolCallDeltas
 from agentforge.gateway.upstream import UpstreamResponse, UpstreamStreamError
 from agentforge.gateway.wire import (
     ClientAsk,
@@ -103,6 +104,7 @@ class StreamRelay:
     ) -> None:
         self.gateway, self.ctx, self.response, self.ask, self._release = gateway, ctx, response, ask, release
         self.capture = StreamCapture(ctx.endpoint)
+        self.tools = ToolCallDeltas()  # chat only: tool-call deltas in the shape clients accumulate
         self._recorded = False
         self._closed = False
 
@@ -153,6 +155,8 @@ class StreamRelay:
             return str(chunk["error"].get("message") or chunk["error"])
         if not isinstance(chunk, dict):
             return None
+        if self.ctx.endpoint == "chat":  # before recording: the span accumulates what the client gets
+            self.tools.repair(chunk)
         if self.capture.feed(chunk) and self.ctx.endpoint == "chat":
             normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
         shaped = shape_chunk(chunk, self.ask, self.ctx.version)
@@ -171,7 +175,7 @@ class StreamRelay:
         if self._recorded:
             return
         self._recorded = True
-        flags = [] if self.capture.finished else ["stream_incomplete"]
+        flags = ([] if self.capture.finished else ["stream_incomplete"]) + self.tools.repairs
         llm = llm_call_from_response(
             self.capture.response(), endpoint=self.ctx.endpoint, request=self.ctx.body, model=self.ctx.model,
             version=self.ctx.version, stream=True, latency_s=self.ctx.latency_s(), extra_flags=flags,
