@@ -6,8 +6,9 @@ The state machine is :data:`agentforge.types.ROLLOUT_TRANSITIONS`; every state c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
 from sqlmodel import Session, select
 
@@ -28,6 +29,18 @@ from agentforge.types import Attempt, AttemptState, Rollout, RolloutState, check
 __all__ = ["RolloutQueue", "close_rollout"]
 
 _UPDATABLE = {"metadata", "resources", "state", "error"}
+
+
+class _RolloutUpdate(BaseModel):
+    """The types :meth:`RolloutQueue.update_rollout` takes (strict: no ``1`` for ``"1"``)."""
+
+    model_config = ConfigDict(strict=True)
+
+    # defaults are never validated nor dumped (exclude_unset): only given fields are checked and applied
+    state: Annotated[RolloutState, Field(strict=False)] = None  # type: ignore[assignment]  # or its name
+    metadata: dict[str, Any] = None  # type: ignore[assignment]
+    resources: dict[str, str] = None  # type: ignore[assignment]
+    error: str | None = None
 
 
 def close_rollout(ro: RolloutRow, att: AttemptRow, state: AttemptState, error: str | None, t: float) -> None:
@@ -222,11 +235,18 @@ class RolloutQueue:
         Raises:
             NotFoundError: unknown rollout.
             InvalidTransitionError: the state change is not an edge of the table.
-            UserError: another field was given.
+            UserError: another field was given, or one of the wrong type (``state`` a state name,
+                ``metadata`` a JSON object, ``resources`` an object of strings, ``error`` a string or ``None``).
         """
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise UserError(f"update_rollout cannot change {sorted(unknown)}; allowed: {sorted(_UPDATABLE)}")
+        try:
+            fields = _RolloutUpdate.model_validate(fields).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise UserError(f"update_rollout: {where}: {err['msg']} (got {err.get('input')!r:.80})") from None
         plain("error", fields.get("error"))
 
         def fn(s: Session) -> Rollout:
@@ -248,9 +268,9 @@ class RolloutQueue:
                         s.add(att)
                 ro.state = target.value
             if "metadata" in fields:
-                ro.metadata_json = dumps(dict(fields["metadata"]))
+                ro.metadata_json = dumps(fields["metadata"])
             if "resources" in fields:
-                ro.resources_json = dumps({str(k): str(v) for k, v in dict(fields["resources"]).items()})
+                ro.resources_json = dumps(fields["resources"])
             if "error" in fields:
                 ro.error = fields["error"]
             ro.updated_at = t

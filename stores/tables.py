@@ -12,7 +12,9 @@ Text policy (the same on every backend):
   quotes, ``NUL`` and even lone surrogates (``"\\ud800"``), because ``NUL`` and lone surrogates are
   stored as ``\\uXXXX`` escapes, which PostgreSQL ``TEXT`` accepts (it rejects raw ``NUL`` and is never handed unencodable
   text). Floats, including ``NaN`` and ``Infinity`` inside attributes, round-trip too.
-* Scalar text columns (ids, names, ``agent``, ``worker_id``, ``error``, ...) must be encodable UTF-8
+* Ids (rollout, attempt, span, reward) must match :data:`ID_PATTERN` (:func:`ident`): at most 200
+  characters that fit one URL path segment (no ``/``), so every stored object stays reachable over HTTP.
+* Scalar text columns (names, ``agent``, ``worker_id``, ``error``, ...) must be encodable UTF-8
   without ``NUL``: a lone surrogate or ``NUL`` there raises :class:`~agentforge.errors.UserError`
   naming the field (put such text in ``attributes``/``metadata`` instead).
 """
@@ -20,6 +22,8 @@ Text policy (the same on every backend):
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
@@ -41,6 +45,8 @@ __all__ = [
     "fast_dumps",
     "loads",
     "plain",
+    "ident",
+    "ID_PATTERN",
     "rollout_to_row",
     "row_to_rollout",
     "attempt_to_row",
@@ -104,6 +110,25 @@ def plain(field: str, value: str | None) -> str | None:
             "UTF-8; put such text in attributes/metadata (stored as escaped JSON)"
         ) from None
     return value
+
+
+#: What a rollout, attempt, span or reward id may be: 1-200 ASCII letters, digits and ``. _ : @ ~ + = -``,
+#: starting with a letter or digit, so it fits its column and one URL path segment of the store API.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@~+=-]{0,199}")
+
+
+def ident(field: str, value: str | None) -> str | None:
+    """Check an id bound for an id column against :data:`ID_PATTERN` (``None`` passes).
+
+    Raises:
+        UserError: naming the field, the id (shortened) and the rule.
+    """
+    if value is None or ID_PATTERN.fullmatch(value):
+        return value
+    raise UserError(
+        f"{field} {value[:80]!r} is not a valid id: use 1-200 ASCII letters, digits or . _ : @ ~ + = - "
+        "(starting with a letter or digit); '/', '?', '#', '%' and blanks cannot travel in a URL path"
+    )
 
 
 #: 64-bit ids on PostgreSQL; plain ``INTEGER`` on SQLite, where only that spelling is the rowid alias.
@@ -224,7 +249,7 @@ class ResourceRow(SQLModel, table=True):
 def rollout_to_row(r: Rollout) -> RolloutRow:
     """Rollout → row (``seq`` is assigned by the database)."""
     return RolloutRow(
-        rollout_id=plain("rollout_id", r.rollout_id),
+        rollout_id=ident("rollout_id", r.rollout_id),
         task_json=dumps(r.task.model_dump()),
         state=r.state.value,
         agent=plain("agent", r.agent),
@@ -262,8 +287,8 @@ def row_to_rollout(row: RolloutRow) -> Rollout:
 def attempt_to_row(a: Attempt) -> AttemptRow:
     """Attempt → row."""
     return AttemptRow(
-        attempt_id=plain("attempt_id", a.attempt_id),
-        rollout_id=a.rollout_id,
+        attempt_id=ident("attempt_id", a.attempt_id),
+        rollout_id=ident("rollout_id", a.rollout_id),
         number=a.number,
         worker_id=plain("worker_id", a.worker_id),
         state=a.state.value,
@@ -306,9 +331,9 @@ def span_values(s: Span, seq: int) -> dict[str, Any]:
     """
     return {
         "seq": seq,
-        "span_id": plain("span_id", s.span_id),
-        "rollout_id": plain("rollout_id", s.rollout_id),
-        "attempt_id": plain("attempt_id", s.attempt_id),
+        "span_id": ident("span_id", s.span_id),
+        "rollout_id": ident("rollout_id", s.rollout_id),
+        "attempt_id": ident("attempt_id", s.attempt_id),
         "kind": s.kind.value,
         "name": plain("span name", s.name),
         "status": s.status,
@@ -345,13 +370,22 @@ def row_to_span(row: SpanRow) -> Span:
 
 
 def reward_to_row(r: Reward, seq: int) -> RewardRow:
-    """Reward → row with the store-assigned sequence number ``seq``."""
+    """Reward → row with the store-assigned sequence number ``seq``.
+
+    Raises:
+        UserError: an infinite value (a reward is a finite number, or ``None``/NaN for "no valid value",
+            which is stored invalid), or bad id or scalar text.
+    """
+    if r.value is not None and math.isinf(r.value):
+        raise UserError(
+            f"reward {r.reward_id!r} is {r.value!r}; a reward must be a finite number (None or NaN marks it invalid)"
+        )
     return RewardRow(
         seq=seq,
-        reward_id=plain("reward_id", r.reward_id),
-        rollout_id=r.rollout_id,
-        attempt_id=plain("attempt_id", r.attempt_id),
-        span_id=plain("span_id", r.span_id),
+        reward_id=ident("reward_id", r.reward_id),
+        rollout_id=ident("rollout_id", r.rollout_id),
+        attempt_id=ident("attempt_id", r.attempt_id),
+        span_id=ident("span_id", r.span_id),
         name=plain("reward name", r.name),
         value=r.value,
         valid=r.valid,

@@ -134,6 +134,19 @@ def test_update_rollout_fields(store: TraceStore) -> None:
     assert store.get_rollout(ro.rollout_id) == updated
     with pytest.raises(UserError):
         store.update_rollout(ro.rollout_id, attempts=9)
+    for bad in (
+        {"state": "exploded"},
+        {"state": None},
+        {"metadata": 5},
+        {"metadata": ["k"]},
+        {"resources": ["policy"]},
+        {"resources": {"policy": 3}},
+        {"error": 7},
+    ):
+        with pytest.raises(UserError, match="update_rollout: "):
+            store.update_rollout(ro.rollout_id, **bad)
+    assert store.get_rollout(ro.rollout_id) == updated  # nothing of a refused update was applied
+    assert store.update_rollout(ro.rollout_id, state="cancelled").state is RolloutState.cancelled
 
 
 def test_leaving_running_by_update_closes_the_attempt(store: TraceStore) -> None:
@@ -414,8 +427,12 @@ def test_none_and_nan_rewards_are_stored_invalid(store: TraceStore) -> None:
     assert len(store.list_rewards(ro.rollout_id)) == 2
     best = store.final_reward(ro.rollout_id)
     assert best is not None and best.reward_id == nan.reward_id and best.value is None  # not turned into 0
-    inf = store.add_reward(Reward(rollout_id=ro.rollout_id, value=-math.inf))
-    assert store.list_rewards(ro.rollout_id)[-1].value == -math.inf and inf.valid
+    for value in (math.inf, -math.inf):  # refused: an infinite reward would swamp every advantage
+        with pytest.raises(UserError, match="finite"):
+            store.add_reward(Reward(rollout_id=ro.rollout_id, value=value))
+        (refused,) = store.write_batch([Reward(rollout_id=ro.rollout_id, value=value)])
+        assert isinstance(refused, UserError) and "finite" in str(refused)
+    assert len(store.list_rewards(ro.rollout_id)) == 2
 
 
 # --- resources ------------------------------------------------------------------------------------
@@ -507,6 +524,21 @@ def test_unstorable_scalar_text_is_rejected_clearly(store: TraceStore) -> None:
     assert len(store.list_rollouts()) == 1
     fine = store.add_span(Span(rollout_id=ro.rollout_id, name="emoji 👩‍👩‍👧 中文 “ok”"))
     assert store.list_spans(rollout_id=ro.rollout_id)[0].name == fine.name
+
+
+def test_ids_must_fit_a_url_path_segment(store: TraceStore) -> None:
+    for bad in ("a/b", "../x", "with space", "", "x" * 201, "q?x", "h#x", "p%2Fx", "-leading", "é"):
+        with pytest.raises(UserError, match="not a valid id"):
+            store.enqueue_rollout(Rollout(rollout_id=bad))
+    ro, _ = _running(store, rollout_id="ro_ok.1:x@y~z+w=v-" + "x" * 180)
+    for item in (
+        Span(span_id="sp/1", rollout_id=ro.rollout_id),
+        Reward(reward_id="rw/1", rollout_id=ro.rollout_id),
+    ):
+        (refused,) = store.write_batch([item])
+        assert isinstance(refused, UserError) and "not a valid id" in str(refused)
+    assert store.list_rollouts() == [store.get_rollout(ro.rollout_id)]
+    assert store.list_spans() == [] and store.list_rewards(ro.rollout_id) == []
 
 
 def test_close_is_safe_twice(store: TraceStore) -> None:

@@ -238,14 +238,14 @@ def parse_trace_line(
         rewards = [Reward.model_validate(r) for r in obj["rewards"]]
     except ValidationError as exc:
         raise TraceFormatError("invalid record", _short(exc), line) from None
-    problem = inconsistency(rollout, attempts, spans, rewards)
-    if problem is not None:
-        raise TraceFormatError("inconsistent record", problem, line)
     untrusted = untrusted_content(
         rollout, attempts, spans, rewards, vocab_size=vocab_size, max_abs_reward=max_abs_reward
     )
     if untrusted is not None:
         raise TraceFormatError(*untrusted, line)
+    problem = inconsistency(rollout, attempts, spans, rewards)
+    if problem is not None:
+        raise TraceFormatError("inconsistent record", problem, line)
     items: list[Span | Reward] = [*spans, *rewards]
     order = sorted(range(len(items)), key=lambda i: (items[i].sequence is None, items[i].sequence or 0, i))
     return ParsedTrace(rollout, attempts, [items[i] for i in order])

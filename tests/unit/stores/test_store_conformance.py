@@ -14,6 +14,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_final_reward_is_last_by_sequence,
     test_happy_path_and_invalid_transitions,
     test_huge_mixed_unicode_payloads_round_trip_exactly,
+    test_ids_must_fit_a_url_path_segment,
     test_implements_protocol,
     test_late_spans_are_quarantined_and_never_valid,
     test_leaving_running_by_update_closes_the_attempt,

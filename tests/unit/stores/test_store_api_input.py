@@ -1,0 +1,108 @@
+"""The store API's answers to wrongly typed or hostile input (issue 16, low items on the store API): a JSON
+4xx with the store's error body, never a plain-text 500; infinite rewards refused; the key in the header
+forms the gateway takes; ids that cannot travel in a URL refused up front.
+
+Real components: ``create_store_app`` under uvicorn on a SQLite file, called with httpx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fixtures_store import serve_app
+
+from agentforge.stores.server import create_store_app
+from agentforge.stores.sql import SQLStore
+from agentforge.types import Rollout, RolloutState
+
+KEY = "store-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[str, SQLStore]]:
+    with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
+        with serve_app(create_store_app(store, api_key=KEY)) as url:
+            yield url, store
+
+
+def _detail(resp: httpx.Response) -> dict:
+    assert resp.headers["content-type"].startswith("application/json"), resp.text
+    return resp.json()["detail"]
+
+
+def test_patch_with_wrong_types_is_a_json_400_and_changes_nothing(api) -> None:
+    url, store = api
+    ro = store.enqueue_rollout(Rollout(metadata={"keep": True}))
+    target = f"{url}/api/rollouts/{ro.rollout_id}"
+    for body, field in (
+        ({"state": 5}, "state"),
+        ({"state": "exploded"}, "state"),
+        ({"metadata": "not an object"}, "metadata"),
+        ({"metadata": [1, 2]}, "metadata"),
+        ({"resources": [1]}, "resources"),
+        ({"resources": {"policy": 3}}, "resources.policy"),
+        ({"error": {"x": 1}}, "error"),
+    ):
+        resp = httpx.patch(target, json=body, headers=AUTH)
+        assert resp.status_code == 400, (body, resp.text)
+        detail = _detail(resp)
+        assert detail["error"] == "UserError" and f"update_rollout: {field}:" in detail["message"], detail
+    not_an_object = httpx.patch(target, json=[1, 2], headers=AUTH)
+    assert not_an_object.status_code == 422 and isinstance(_detail(not_an_object), list)
+    assert store.get_rollout(ro.rollout_id) == ro
+    ok = httpx.patch(target, json={"state": "cancelled", "metadata": {"k": [1]}}, headers=AUTH)
+    assert ok.status_code == 200 and ok.json()["state"] == RolloutState.cancelled.value
+
+
+def test_infinite_rewards_are_refused_and_nan_is_stored_invalid(api) -> None:
+    url, store = api
+    ro = store.enqueue_rollout(Rollout())
+    headers = {**AUTH, "Content-Type": "application/json"}
+    for raw in ("Infinity", "-Infinity", "1e999"):
+        body = f'{{"rollout_id": "{ro.rollout_id}", "value": {raw}}}'
+        resp = httpx.post(f"{url}/api/rewards", content=body, headers=headers)
+        assert resp.status_code == 400 and "finite" in _detail(resp)["message"], (raw, resp.text)
+    batch = f'{{"items": [{{"reward": {{"rollout_id": "{ro.rollout_id}", "value": Infinity}}}}]}}'
+    resp = httpx.post(f"{url}/api/batch", content=batch, headers=headers)
+    assert resp.status_code == 200 and "finite" in resp.json()["results"][0]["message"]
+    assert store.list_rewards(ro.rollout_id) == []
+    nan = httpx.post(
+        f"{url}/api/rewards", content=f'{{"rollout_id": "{ro.rollout_id}", "value": NaN}}', headers=headers
+    )
+    assert nan.status_code == 200 and nan.json()["value"] is None  # kept, marked invalid, never a number
+    assert [r.valid for r in store.list_rewards(ro.rollout_id)] == [False]
+
+
+def test_store_routes_take_the_key_like_the_gateway(api) -> None:
+    url, _ = api
+    for headers in (
+        {"X-Api-Key": KEY},
+        {"Authorization": f"bearer {KEY}"},
+        {"Authorization": f"BEARER  {KEY}"},
+    ):
+        assert httpx.get(f"{url}/api/rollouts", headers=headers).status_code == 200, headers
+    for headers in (
+        {},
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+        {"X-Api-Key": "wrong-key-0123456789"},
+    ):
+        resp = httpx.get(f"{url}/api/rollouts", headers=headers)
+        assert resp.status_code == 401 and _detail(resp)["error"] == "UserError", headers
+
+
+def test_ids_that_cannot_travel_in_a_url_are_refused_up_front(api) -> None:
+    url, store = api
+    for rollout_id in ("a/b", "x" * 201, "white space"):
+        resp = httpx.post(f"{url}/api/rollouts", json={"rollout_id": rollout_id}, headers=AUTH)
+        assert resp.status_code == 400 and "not a valid id" in _detail(resp)["message"]
+    assert store.list_rollouts() == []
+    ok = httpx.post(f"{url}/api/rollouts", json={"rollout_id": "session:42@app"}, headers=AUTH)
+    assert ok.status_code == 200
+    assert (
+        httpx.get(f"{url}/api/rollouts/session:42@app", headers=AUTH).json()["rollout_id"] == "session:42@app"
+    )
