@@ -278,7 +278,7 @@ class LightningTrainer:
             self.publisher.restore()  # serve the store's latest version again before sampling
         self._resuming = bool(resume_from_checkpoint)
         quiet(self.trainer.train)(resume_from_checkpoint=resume_from_checkpoint)
-        self.maybe_publish(force=True)
+        quiet(self.maybe_publish)(force=True)  # as the publishes during training: same filters
         return {
             "steps": self.trainer.state.global_step,
             "versions": list(self.versions),
