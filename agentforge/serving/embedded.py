@@ -160,8 +160,14 @@ class EmbeddedServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
-        self._server = self._thread = self._model = None
-        self._adapters.clear()
+        # A generation still finishing its step (an abandoned stream) holds the lock: let it end first.
+        locked = self._lock.acquire(timeout=10)
+        try:
+            self._server = self._thread = self._model = None
+            self._adapters.clear()
+        finally:
+            if locked:
+                self._lock.release()
 
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Validate, then load the PEFT adapter at ``path`` under the new name ``name``.
