@@ -46,6 +46,7 @@ from typing import Any
 from agentforge.errors import UserError
 from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.progress import show_progress
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import Rollout, SpanKind, Task
 
@@ -184,12 +185,8 @@ class FeedbackSource:
         max_age_s: float | None = None,
     ) -> None:
         self.store, self.inner, self.tasks_per_step, self.stop = store, rollouts, tasks_per_step, stop
-        self.app_agent, self.poll_s, self.temperature, self.max_age_s = (
-            app_agent,
-            poll_s,
-            temperature,
-            max_age_s,
-        )
+        self.app_agent, self.poll_s = app_agent, poll_s
+        self.temperature, self.max_age_s = temperature, max_age_s
         self.used: list[str] = []
         self.skipped: Counter[str] = Counter()
 
@@ -363,6 +360,7 @@ class ContinualTrainer:
             self.lightning = LightningTrainer(
                 self.model, self.store, None, self.config, self.publisher, source=self.source
             )
+        show_progress(self.lightning.trainer, version=self.publisher.current, open_ended=max_steps is None)
         runner = Runner(
             self.store,
             self._agent(),

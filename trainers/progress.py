@@ -203,11 +203,19 @@ class StepConsole(TrainerCallback):
     Args:
         console: where to print (default: a ``rich`` console on stderr, so stdout stays for results).
         version: returns the version serving now, e.g. ``publisher.current`` (``None``: not shown).
+        open_ended: the run has no planned end (it trains until stopped, like the continual trainer):
+            show ``step i`` without a total or an ``eta``.
     """
 
-    def __init__(self, console: Console | None = None, *, version: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        version: Callable[[], str] | None = None,
+        open_ended: bool = False,
+    ) -> None:
         self.console = console or Console(stderr=True)
-        self.version = version
+        self.version, self.open_ended = version, open_ended
         self._t0 = self._started = time.monotonic()
         self._first_step = 0
         self._step_s: float | None = None
@@ -226,7 +234,7 @@ class StepConsole(TrainerCallback):
     ) -> None:
         if not state.is_world_process_zero or not _is_step_row(logs):
             return
-        step, max_steps = int(state.global_step), int(state.max_steps)
+        step, max_steps = int(state.global_step), 0 if self.open_ended else int(state.max_steps)
         done = step - self._first_step
         eta = (time.monotonic() - self._started) / done * (max_steps - step) if done > 0 else None
         version = self.version() if self.version is not None else None
@@ -348,6 +356,7 @@ def show_progress(
     version: Callable[[], str] | None = None,
     console: Console | None = None,
     metrics_path: str | Path | None = None,
+    open_ended: bool = False,
 ) -> StepConsole:
     """Replace transformers' metric-dictionary lines with a :class:`StepConsole` (+ a :class:`MetricsFile`).
 
@@ -361,6 +370,7 @@ def show_progress(
         version: returns the version serving now (shown on each line and written to the metrics file).
         console: where the lines go (default: stderr).
         metrics_path: also append each step to this JSON-lines file (``None``: no file).
+        open_ended: the run trains until stopped: lines show no total and no ``eta`` (:class:`StepConsole`).
 
     Returns:
         The :class:`StepConsole` added.
@@ -368,7 +378,7 @@ def show_progress(
     for cls in (ProgressCallback, PrinterCallback, StepConsole, MetricsFile):
         while any(isinstance(cb, cls) for cb in trainer.callback_handler.callbacks):
             trainer.remove_callback(cls)
-    step_console = StepConsole(console, version=version)
+    step_console = StepConsole(console, version=version, open_ended=open_ended)
     trainer.add_callback(step_console)
     if metrics_path is not None:
         trainer.add_callback(MetricsFile(metrics_path, version=version))

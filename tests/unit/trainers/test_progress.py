@@ -207,3 +207,12 @@ def test_the_train_command_passes_report_to_integrations_and_keeps_its_checkpoin
     assert _config(*args, " tensorboard, wandb").report_to == ["tensorboard", "wandb"]
     config = _config(*args)  # the default: no integration, metrics.jsonl only
     assert config.report_to == [] and config.activation_checkpointing is False
+
+
+def test_an_open_ended_run_shows_no_total_and_no_eta() -> None:
+    console = _recording_console()
+    state = transformers.TrainerState(global_step=3, max_steps=10**9)  # the continual trainer: until stopped
+    step_console = StepConsole(console, version=lambda: "policy@v4", open_ended=True)
+    step_console.on_train_begin(None, transformers.TrainerState(global_step=0, max_steps=10**9), None)
+    step_console.on_log(None, state, None, logs={"reward": 0.5, "reward_std": 0.5, "train/step_s": 2.0})
+    assert console.export_text() == "step 3  reward 0.500 ±0.50  2.0 s/step  policy@v4\n"
