@@ -123,9 +123,17 @@ class _Gateway:
 
     # --- recording ------------------------------------------------------------------------------
     async def record(
-        self, ctx: CallContext, llm: LLMCall, error: str | None = None, **attributes: Any
+        self,
+        ctx: CallContext,
+        llm: LLMCall,
+        error: str | None = None,
+        *,
+        shield: bool = False,
+        **attributes: Any,
     ) -> None:
-        """Write the call's span (shielded from cancellation; store failures are logged, not raised)."""
+        """Write the call's span; store failures are logged, not raised. The write itself always finishes
+        (``asyncio.shield``); ``shield`` also shields the wait from anyio cancel scopes (a streamed
+        response's task group cancels when its client leaves; a unary call has none)."""
         span = Span(
             rollout_id=ctx.rollout_id,
             attempt_id=ctx.attempt_id,
@@ -140,7 +148,10 @@ class _Gateway:
         )
         if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
             self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
-        with anyio.CancelScope(shield=True):
+        if shield:
+            with anyio.CancelScope(shield=True):
+                await self._write(span)
+        else:
             await self._write(span)
 
     def _orphan(self, span: Span, why: str) -> None:

@@ -183,7 +183,7 @@ class StreamRelay:
         if error is not None:
             llm.flags.append(flag)
             llm.trainable = False
-        await self.gateway.record(self.ctx, llm, error=error, **attributes)
+        await self.gateway.record(self.ctx, llm, error=error, shield=True, **attributes)
 
     async def abort(self) -> None:
         """Finish after the client went away (no-op when the stream already finished)."""
