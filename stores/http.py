@@ -15,13 +15,20 @@ server committed its batch.
 from __future__ import annotations
 
 import json
-import time
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.stores.tables import dumps
@@ -39,6 +46,16 @@ from agentforge.types import (
 )
 
 __all__ = ["HTTPStore"]
+
+logger = logging.getLogger("agentforge.stores")
+
+
+class _Unavailable(Exception):
+    """A 503 answer to a request safe to repeat: retried, then returned as the answer."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
 
 
 _ERRORS: dict[str, type[Exception]] = {
@@ -58,10 +75,16 @@ class HTTPStore:
             :meth:`activate_resource` (the server's admin routes refuse the store key; see
             :mod:`agentforge.stores.admin`).
         timeout_s: per-request timeout, seconds.
-        retries: extra tries after a connection error (only for requests safe to repeat once the server
-            may have seen them: everything except ``claim_rollout`` and ``publish_resource``, which are
-            retried only when the connection could not be opened at all).
-        backoff_s: first wait between tries, doubled each time, seconds.
+        retries: extra tries after a connection error or a 503 (the server's database unavailable), with
+            exponential backoff and jitter (tenacity). Only requests safe to repeat once the server may have
+            seen them are retried after a 503 or a broken connection: everything except ``claim_rollout``
+            and ``publish_resource``, which are retried only when the connection could not be opened.
+        backoff_s: the scale of the waits between tries, seconds: try ``n`` waits a random time up to
+            ``backoff_s * 2**n``, at most ``max_backoff_s`` (exponential backoff with full jitter).
+        retry_for_s: stop retrying once this many seconds passed since the first try (``None``: only
+            ``retries`` bounds it). Runners that must ride out a store server or database restart set
+            ``retries`` high and this to the longest outage to hide, e.g. 120.
+        max_backoff_s: the longest wait between two tries, seconds.
         transport: an ``httpx`` transport (tests: ``httpx.MockTransport``).
 
     Raises (from every method):
@@ -78,10 +101,13 @@ class HTTPStore:
         timeout_s: float = 30.0,
         retries: int = 3,
         backoff_s: float = 0.2,
+        retry_for_s: float | None = None,
+        max_backoff_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries, self.backoff_s = retries, backoff_s
+        self.retry_for_s, self.max_backoff_s = retry_for_s, max_backoff_s
         self._admin_headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else None
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -116,19 +142,41 @@ class HTTPStore:
         if content is None and body is not None:
             content = dumps(body).encode("ascii")
         params = {k: v for k, v in (params or {}).items() if v is not None}
-        url, delay = f"{self.base_url}{path}", self.backoff_s
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self._client.request(method, path, content=content, params=params, headers=headers)
-                break
-            except httpx.TransportError as exc:
-                repeatable = safe or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if not repeatable or attempt == self.retries:
-                    raise StoreError(
-                        f"store server {url} unreachable after {attempt + 1} tries: {type(exc).__name__}: {exc}"
-                    ) from exc
-            time.sleep(delay)
-            delay *= 2
+        url = f"{self.base_url}{path}"
+
+        def send() -> httpx.Response:
+            resp = self._client.request(method, path, content=content, params=params, headers=headers)
+            if resp.status_code == 503 and safe:
+                raise _Unavailable(resp)
+            return resp
+
+        def repeatable(exc: BaseException) -> bool:
+            if isinstance(exc, _Unavailable):
+                return True
+            connect = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            return isinstance(exc, httpx.TransportError) and (safe or connect)
+
+        stop = stop_after_attempt(self.retries + 1)
+        if self.retry_for_s is not None:
+            stop = stop | stop_after_delay(self.retry_for_s)
+        retrying = Retrying(
+            stop=stop,
+            wait=wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            retry=retry_if_exception(repeatable),
+            before_sleep=lambda state: logger.debug(
+                "store server %s: try %d failed", url, state.attempt_number
+            ),
+            reraise=True,
+        )
+        try:
+            resp = retrying(send)
+        except _Unavailable as exc:
+            resp = exc.response
+        except httpx.TransportError as exc:
+            tries = retrying.statistics.get("attempt_number", 1)
+            raise StoreError(
+                f"store server {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
+            ) from exc
         if resp.status_code >= 400:
             raise self._error(resp, method, url)
         return resp.content if raw else json.loads(resp.content)
