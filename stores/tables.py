@@ -6,31 +6,20 @@ payloads) is a ``TEXT`` column holding JSON: ASCII-escaped by :func:`dumps`, or,
 (LLM call records and span attributes), UTF-8 JSON by :func:`fast_dumps`, which escapes ``NUL`` and
 falls back to :func:`dumps` for text UTF-8 cannot carry.
 
-Text policy (the same on every backend):
-
-* Structured fields round-trip byte-exact, whatever they hold: emoji, ZWJ sequences, CJK, curly
-  quotes, ``NUL`` and even lone surrogates (``"\\ud800"``), because ``NUL`` and lone surrogates are
-  stored as ``\\uXXXX`` escapes, which PostgreSQL ``TEXT`` accepts (it rejects raw ``NUL`` and is never handed unencodable
-  text). Floats, including ``NaN`` and ``Infinity`` inside attributes, round-trip too.
-* Ids (rollout, attempt, span, reward) must match :data:`ID_PATTERN` (:func:`ident`): at most 200
-  characters that fit one URL path segment (no ``/``), so every stored object stays reachable over HTTP.
-* Scalar text columns (names, ``agent``, ``worker_id``, ``error``, ...) must be encodable UTF-8
-  without ``NUL``: a lone surrogate or ``NUL`` there raises :class:`~agentforge.errors.UserError`
-  naming the field (put such text in ``attributes``/``metadata`` instead).
+The text policy and the JSON/text helpers live in :mod:`agentforge.stores.codec` (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from typing import Any
 
-from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from agentforge.errors import UserError
+from agentforge.stores.codec import ID_PATTERN, dumps, fast_dumps, fast_json, ident, loads, plain
 from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task
 
 __all__ = [
@@ -59,76 +48,6 @@ __all__ = [
     "resource_to_row",
     "row_to_resource",
 ]
-
-
-def dumps(value: Any) -> str:
-    """Serialise to ASCII-only JSON (non-ASCII, ``NUL`` and lone surrogates become ``\\uXXXX``)."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=to_jsonable_python)
-
-
-def fast_json(value: Any) -> bytes:
-    """Serialise plain data (dicts, lists, scalars: pass ``model.model_dump()``, since a model's own JSON
-    writes ``NaN`` as ``null``) to compact JSON bytes with pydantic-core (about 10× faster than
-    :func:`dumps`): non-ASCII text stays UTF-8, ``NUL`` becomes ``\\u0000``, ``NaN``/``Infinity`` are kept as
-    in :func:`dumps`. Values that UTF-8 cannot carry (lone surrogates) fall back to :func:`dumps` (ASCII).
-    :func:`loads` reads both.
-    """
-    try:
-        return to_json(value, inf_nan_mode="constants")
-    except (PydanticSerializationError, UnicodeError):
-        return dumps(value).encode("ascii")
-
-
-def fast_dumps(value: Any) -> str:
-    """:func:`fast_json` as text, for a ``TEXT`` column."""
-    return fast_json(value).decode("utf-8")
-
-
-def loads(text: str | None) -> Any:
-    """Inverse of :func:`dumps`; ``None`` (SQL ``NULL``) stays ``None``."""
-    return None if text is None else json.loads(text)
-
-
-def plain(field: str, value: str | None) -> str | None:
-    """Check a value bound for a scalar text column (see the module's text policy).
-
-    Raises:
-        UserError: the value holds ``NUL`` or a lone surrogate.
-    """
-    if value is None:
-        return None
-    if "\x00" in value:
-        raise UserError(
-            f"{field} contains a NUL character, which SQL text columns cannot store; "
-            "remove it or put the text in attributes/metadata (stored as escaped JSON)"
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise UserError(
-            f"{field} contains a lone surrogate at position {exc.start}, which is not valid "
-            "UTF-8; put such text in attributes/metadata (stored as escaped JSON)"
-        ) from None
-    return value
-
-
-#: What a rollout, attempt, span or reward id may be: 1-200 ASCII letters, digits and ``. _ : @ ~ + = -``,
-#: starting with a letter or digit, so it fits its column and one URL path segment of the store API.
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@~+=-]{0,199}")
-
-
-def ident(field: str, value: str | None) -> str | None:
-    """Check an id bound for an id column against :data:`ID_PATTERN` (``None`` passes).
-
-    Raises:
-        UserError: naming the field, the id (shortened) and the rule.
-    """
-    if value is None or ID_PATTERN.fullmatch(value):
-        return value
-    raise UserError(
-        f"{field} {value[:80]!r} is not a valid id: use 1-200 ASCII letters, digits or . _ : @ ~ + = - "
-        "(starting with a letter or digit); '/', '?', '#', '%' and blanks cannot travel in a URL path"
-    )
 
 
 #: 64-bit ids on PostgreSQL; plain ``INTEGER`` on SQLite, where only that spelling is the rowid alias.
