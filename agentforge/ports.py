@@ -126,7 +126,8 @@ class TraceStore(Protocol):
     def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
         """Update ``metadata``, ``resources`` or ``state`` (checked against the transition table).
 
-        Raises: ``NotFoundError``, ``InvalidTransitionError``.
+        Raises: ``NotFoundError``, ``InvalidTransitionError``; ``UserError`` for another field or a wrong type
+        (``state`` a state or its name, ``metadata`` an object, ``resources`` an object of strings).
         """
         ...
 
@@ -175,7 +176,8 @@ class TraceStore(Protocol):
     # --- rewards --------------------------------------------------------------------------------
     def add_reward(self, reward: Reward) -> Reward:
         """Store a reward (idempotent by ``reward_id``), attaching it by the rule in ``Reward``'s
-        docstring. Raises: ``NotFoundError`` for an unknown rollout."""
+        docstring. Raises: ``NotFoundError`` for an unknown rollout; ``UserError`` for an infinite value
+        (``None``/NaN is stored invalid) or an id that is not URL-safe."""
         ...
 
     def list_rewards(self, rollout_id: str) -> list[Reward]:
