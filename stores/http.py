@@ -269,12 +269,15 @@ class HTTPStore:
 
     def _write_chunk(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         request = BatchRequest(
-            items=[BatchItem(span=i) if isinstance(i, Span) else BatchItem(reward=i) for i in items]
+            items=[BatchItem(span=i) if isinstance(i, Span) else BatchItem(reward=i) for i in items],
+            ack="patch",
         )
         answer = self._request("POST", "/api/batch", content=json_bytes(request), raw=True)
         out: list[Span | Reward | AgentForgeError] = []
-        for result in parse(BatchResults, answer).results:
-            if result.span is not None:
+        for sent, result in zip(items, parse(BatchResults, answer).results, strict=True):
+            if result.patch is not None:  # what the store set on the item we sent
+                out.append(sent.model_copy(update=result.patch))
+            elif result.span is not None:
                 out.append(result.span)
             elif result.reward is not None:
                 out.append(result.reward)

@@ -40,18 +40,32 @@ from agentforge.ports import TraceStore
 from agentforge.stores.admin import admin_router
 from agentforge.stores.auth import check_keys, key_matches, presented_key
 from agentforge.stores.tables import dumps
-from agentforge.stores.wire import BatchItem, BatchRequest, BatchResult, BatchResults, json_bytes, parse
+from agentforge.stores.wire import (
+    BatchItem,
+    BatchRequest,
+    BatchResult,
+    BatchResults,
+    json_bytes,
+    parse,
+    patch_of,
+)
 from agentforge.types import AttemptState, Reward, Rollout, RolloutState, Span, SpanKind
 
 __all__ = ["store_router", "create_store_app", "batch_results"]
 
 
-def batch_results(store: TraceStore, items: list[BatchItem]) -> list[BatchResult]:
+def batch_results(store: TraceStore, items: list[BatchItem], ack: str = "full") -> list[BatchResult]:
     """Write a batch through ``store.write_batch`` and shape one result per item.
 
+    Args:
+        store: the store to write to.
+        items: the request's items.
+        ack: ``"full"`` (the stored item) or ``"patch"`` (only what the store changed, when it can be said
+            as a patch; see :mod:`agentforge.stores.wire`).
+
     Returns:
-        A result holding the stored ``span``/``reward``, or the ``error`` class name and ``message`` of
-        an item the store rejected alone.
+        A result holding the stored ``span``/``reward`` (or its ``patch``), or the ``error`` class name and
+        ``message`` of an item the store rejected alone.
 
     Raises:
         UserError: an entry with neither or both of ``span`` and ``reward``.
@@ -63,9 +77,11 @@ def batch_results(store: TraceStore, items: list[BatchItem]) -> list[BatchResult
             raise UserError(f"batch item {i} must hold exactly one of 'span' and 'reward'")
         objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
     out: list[BatchResult] = []
-    for result in store.write_batch(objs):
+    for sent, result in zip(objs, store.write_batch(objs), strict=True):
         if isinstance(result, Exception):
             out.append(BatchResult(error=type(result).__name__, message=str(result)))
+        elif ack == "patch" and (patch := patch_of(sent, result)) is not None:
+            out.append(BatchResult(patch=patch))
         elif isinstance(result, Span):
             out.append(BatchResult(span=result))
         else:
@@ -219,7 +235,7 @@ def store_router(
             raise HTTPException(422, detail=errors) from None
 
         def write() -> Response:  # blocking: in a worker thread, like the synchronous routes
-            results = BatchResults(results=_checked(batch_results, store, batch.items))
+            results = BatchResults(results=_checked(batch_results, store, batch.items, batch.ack))
             return Response(json_bytes(results), media_type="application/json")
 
         return await anyio.to_thread.run_sync(write)

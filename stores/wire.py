@@ -2,7 +2,10 @@
 (:mod:`agentforge.stores.http`), which never imports the server.
 
 ``POST /api/batch`` carries :class:`BatchRequest` and answers :class:`BatchResults`, one result per item in
-order. Both directions are encoded by pydantic-core (:func:`json_bytes`) and parsed with
+order. With ``ack="patch"`` (what :class:`~agentforge.stores.http.HTTPStore` sends) a stored item comes back
+as the few fields the store set on it (sequence number, rollout and attempt stamps, quarantine attributes)
+rather than the whole span: the client applies them to the item it sent, and neither side serialises or
+validates the token ids and the request a second time. Both directions are encoded by pydantic-core (:func:`json_bytes`) and parsed with
 ``model_validate_json``, several times faster than ``json`` plus per-item validation; text that UTF-8
 cannot carry (lone surrogates) falls back to ASCII-escaped JSON, which parses the same way.
 """
@@ -10,14 +13,24 @@ cannot carry (lone surrogates) falls back to ASCII-escaped JSON, which parses th
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from agentforge.stores.tables import fast_json
 from agentforge.types import Reward, Span
 
-__all__ = ["MAX_BATCH", "BatchItem", "BatchRequest", "BatchResult", "BatchResults", "json_bytes", "parse"]
+__all__ = [
+    "MAX_BATCH",
+    "PATCH_FIELDS",
+    "BatchItem",
+    "BatchRequest",
+    "BatchResult",
+    "BatchResults",
+    "patch_of",
+    "json_bytes",
+    "parse",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,18 +45,26 @@ class BatchItem(BaseModel):
     reward: Reward | None = None
 
 
+#: The fields a ``patch`` acknowledgement may carry: plain JSON values, set on the sent item as they are.
+PATCH_FIELDS = frozenset({"sequence", "rollout_id", "attempt_id", "span_id", "attributes", "value", "valid"})
+
+
 class BatchRequest(BaseModel):
-    """The body of ``POST /api/batch``: at most :data:`MAX_BATCH` items, written in order."""
+    """The body of ``POST /api/batch``: at most :data:`MAX_BATCH` items, written in order; ``ack`` says how
+    stored items come back (``"full"``: the whole item; ``"patch"``: only what the store changed)."""
 
     items: list[BatchItem] = Field(max_length=MAX_BATCH)
+    ack: Literal["full", "patch"] = "full"
 
 
 class BatchResult(BaseModel):
-    """One item's outcome: the stored ``span`` or ``reward``, or the ``error`` class name and ``message``
-    of a store error that item alone failed with."""
+    """One item's outcome: the stored ``span`` or ``reward`` (or, with ``ack="patch"``, the ``patch`` of
+    :data:`PATCH_FIELDS` to apply to the item sent), or the ``error`` class name and ``message`` of a store
+    error that item alone failed with."""
 
     span: Span | None = None
     reward: Reward | None = None
+    patch: dict[str, Any] | None = None
     error: str | None = None
     message: str | None = None
 
@@ -52,6 +73,26 @@ class BatchResults(BaseModel):
     """The answer of ``POST /api/batch``."""
 
     results: list[BatchResult]
+
+
+def patch_of(sent: Span | Reward, stored: Span | Reward) -> dict[str, Any] | None:
+    """The fields of ``stored`` that differ from ``sent``, when all are :data:`PATCH_FIELDS`; ``None`` when
+    another field differs (e.g. an id that was already stored with other content: send it whole)."""
+    if type(sent) is not type(stored):
+        return None
+    patch: dict[str, Any] = {}
+    for name in type(stored).model_fields:
+        value, before = getattr(stored, name), getattr(sent, name)
+        if value is before or value == before or (_nan(value) and _nan(before)):
+            continue
+        if name not in PATCH_FIELDS:
+            return None
+        patch[name] = value
+    return patch
+
+
+def _nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
 
 
 def json_bytes(value: Any) -> bytes:
