@@ -61,13 +61,32 @@ def serve(
         ),
     ] = None,
     api_key: Annotated[
-        str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Required bearer key.")
+        str | None,
+        typer.Option(
+            envvar="AGENTFORGE_API_KEY",
+            help="Required bearer key (at least 16 characters); set $AGENTFORGE_API_KEY rather than the flag, "
+            "which other users can read in the process list.",
+        ),
     ] = None,
     store_api_key: Annotated[
         str | None,
         typer.Option(
             envvar="AGENTFORGE_STORE_API_KEY",
             help="Bearer key of the store server when --store-url is http(s) (default: --api-key).",
+        ),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENTFORGE_ADMIN_KEY",
+            help="Admin key of the gateway's store API: publishing and activating versions need it, the "
+            "--api-key never suffices (unset: those routes are closed).",
+        ),
+    ] = None,
+    adapter_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory adapters may be published from through the gateway's store API (unset: none)."
         ),
     ] = None,
     adapter: Annotated[
@@ -88,6 +107,7 @@ def serve(
     from agentforge.errors import AgentForgeError
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
+    from agentforge.loopback import check_bind
     from agentforge.model import prepare_default_model
     from agentforge.open import open_store
     from agentforge.serving.hotswap import HotSwapper
@@ -95,6 +115,7 @@ def serve(
     if backend not in ("vllm", "embedded"):
         raise typer.BadParameter("choose vllm or embedded", param_hint="--backend")
     try:
+        check_bind(host, api_key, "gateway")  # before the engine's slow start, not after it
         path = model or prepare_default_model()
         if backend == "vllm":
             from agentforge.serving.vllm import VLLMServer
@@ -117,7 +138,15 @@ def serve(
             from agentforge.trainers.publish import StorePublisher
 
             StorePublisher(store).publish(adapter, step=0)
-        gateway = GatewayServer(store, router, host=host, port=port, api_key=api_key).start()
+        gateway = GatewayServer(
+            store,
+            router,
+            host=host,
+            port=port,
+            api_key=api_key,
+            admin_key=admin_key,
+            adapter_root=adapter_root,
+        ).start()
         follower = None
         if follow:
             from agentforge.serving.follow import StoreFollower

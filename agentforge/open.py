@@ -14,6 +14,7 @@ importing this module stays cheap::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,13 @@ HTTP_SCHEMES = ("http://", "https://")
 _EXAMPLES = "sqlite:///path/traces.db, postgresql+psycopg://user:pw@host/db or http://host:port"
 
 
-def open_store(url: str | None = None, *, api_key: str | None = None, must_exist: bool = False) -> TraceStore:
+def open_store(
+    url: str | None = None,
+    *,
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    must_exist: bool = False,
+) -> TraceStore:
     """The trace store at ``url``.
 
     Args:
@@ -41,6 +48,8 @@ def open_store(url: str | None = None, *, api_key: str | None = None, must_exist
             ``None``: ``$AGENTFORGE_STORE_URL`` or SQLite in ``$AGENTFORGE_HOME``
             (:func:`agentforge.config.default_store_url`).
         api_key: the store server's key (``http(s)://`` only; ignored otherwise).
+        admin_key: the store server's admin key, for publishing and activating versions (``http(s)://``
+            only); ``None``: ``$AGENTFORGE_ADMIN_KEY`` if set.
         must_exist: refuse a SQLite file that does not exist yet, so a mistyped path for a store that is
             only read does not create an empty one.
 
@@ -57,7 +66,7 @@ def open_store(url: str | None = None, *, api_key: str | None = None, must_exist
     if url.startswith(HTTP_SCHEMES):
         from agentforge.stores.http import HTTPStore
 
-        return HTTPStore(url, api_key=api_key)
+        return HTTPStore(url, api_key=api_key, admin_key=admin_key or os.environ.get("AGENTFORGE_ADMIN_KEY"))
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -347,6 +348,8 @@ def create_gateway(
     timeout_s: float = 600.0,
     include_store_api: bool = True,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    admin_key: str | None = None,
+    adapter_root: str | Path | None = None,
 ) -> FastAPI:
     """Build the gateway app (see the module docstring for routes, attribution and errors).
 
@@ -360,6 +363,9 @@ def create_gateway(
         timeout_s: per-request upstream timeout, seconds (connect: at most 10 s).
         include_store_api: mount ``agentforge.stores.server.store_router(store)`` when that module exists.
         max_request_bytes: the largest LLM request body taken (bytes); larger ones get a 413, unstored.
+        admin_key: the mounted store API's admin key (publishing and activating versions); ``None``
+            closes those routes (see :mod:`agentforge.stores.admin`).
+        adapter_root: the directory adapters may be published from through the mounted store API.
 
     Without ``api_key`` the app serves only requests that arrived on a loopback interface, whichever
     ASGI server runs it (:class:`~agentforge.loopback.LoopbackGuard`).
@@ -400,7 +406,9 @@ def create_gateway(
         except ImportError:
             logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
-            app.include_router(store_router(store, api_key=api_key))
+            app.include_router(
+                store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root)
+            )
     app.add_api_route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # e.g. 405: OpenAI's shape too
     return app

@@ -266,10 +266,13 @@ def main() -> None:
     )
     parser.add_argument("--model", default=os.environ.get("AGENTFORGE_MODEL", "policy"))
     parser.add_argument("--api-key", default=os.environ.get("AGENTFORGE_API_KEY"))
+    parser.add_argument(  # the first session publishes the built-in system prompt as version 1
+        "--admin-key", default=os.environ.get("AGENTFORGE_ADMIN_KEY"), help="the store's admin key"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
-    store = open_store(args.store_url or args.gateway_url, api_key=args.api_key)
+    store = open_store(args.store_url or args.gateway_url, api_key=args.api_key, admin_key=args.admin_key)
     try:
         app = create_app(args.gateway_url, store, model=args.model, api_key=args.api_key)
         uvicorn.run(app, host=args.host, port=args.port)

@@ -28,6 +28,7 @@ from agentforge.types import Rollout, RolloutState, SpanKind
 
 SERVICE = Path(__file__).resolve().parents[2] / "examples" / "app" / "service.py"
 W1001 = json.dumps({"order_id": "W1001"})
+ADMIN_KEY = "app-admin-key-0123456789"  # the gateway's store API publishes versions only with it
 
 
 def _load_service() -> ModuleType:
@@ -55,7 +56,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[GatewayServer, SQLStore, ScriptedUps
     store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
     engine = upstream.serve()
     try:
-        with GatewayServer(store, upstream.router(base_url=f"{engine.url}/v1")) as gateway:
+        with GatewayServer(
+            store, upstream.router(base_url=f"{engine.url}/v1"), admin_key=ADMIN_KEY
+        ) as gateway:
             yield gateway, store, upstream
     finally:
         engine.stop()
@@ -139,7 +142,7 @@ def test_late_feedback_after_close_attaches_over_http(stack) -> None:
     gateway, store, upstream = stack
     upstream.add(*order_turns())
     with (
-        HTTPStore(gateway.url) as http_store,
+        HTTPStore(gateway.url, admin_key=ADMIN_KEY) as http_store,  # the app publishes its first prompt
         TestClient(service.create_app(gateway.url, http_store)) as client,
     ):
         sid = new_session(client)

@@ -276,3 +276,38 @@ async def test_a_stream_that_ends_without_done_is_an_error_for_the_client_and_th
     (span,) = gw_store.list_spans()
     assert span.status == "error" and span.error == "upstream stream ended before [DONE]"
     assert span.llm is not None and not span.llm.trainable and "upstream_error" in span.llm.flags
+
+
+ADMIN = "gateway-admin-key-0123456789"
+
+
+def test_the_mounted_store_api_publishes_versions_only_with_the_admin_key(tmp_path) -> None:
+    from agentforge.stores.http import HTTPStore
+    from agentforge.types import ResourceVersion
+
+    prompt = ResourceVersion(name="prompt:p", payload={"template": "t"})
+    upstream = ScriptedUpstream(["x"], cycle=True)
+    store = memory_store()
+    closed = create_gateway(store, upstream.router(), api_key=KEY, transport=upstream.transport())
+    opened = create_gateway(
+        store, upstream.router(), api_key=KEY, transport=upstream.transport(), admin_key=ADMIN
+    )
+    with AppServer(closed) as plain, AppServer(opened) as admin:
+        with pytest.raises(UserError, match="admin"):
+            HTTPStore(plain.url, api_key=KEY, admin_key=ADMIN).publish_resource(prompt)
+        with pytest.raises(UserError, match="admin"):  # the inference key is not an admin key
+            HTTPStore(admin.url, api_key=KEY).publish_resource(prompt)
+        with HTTPStore(admin.url, api_key=KEY, admin_key=ADMIN) as client:
+            assert client.publish_resource(prompt).version == 1
+    store.close()
+
+
+def test_serve_refuses_a_public_bind_without_a_key_before_starting_any_engine() -> None:
+    from typer.testing import CliRunner
+
+    from agentforge.cli import app
+
+    t0 = time.monotonic()
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--backend", "embedded"], env={})
+    assert result.exit_code == 2 and "without an API key" in " ".join(result.output.split())
+    assert time.monotonic() - t0 < 10, "the refusal came after an engine start"
