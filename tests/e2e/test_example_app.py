@@ -9,15 +9,13 @@ get a 404 that says what to do; a streamed turn is valid SSE and records the sam
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from example_app import load_service
 from fastapi.testclient import TestClient
 
 from agentforge.gateway.server import GatewayServer
@@ -26,21 +24,10 @@ from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedError, ScriptedToolCall, ScriptedTurn, ScriptedUpstream
 from agentforge.types import Rollout, RolloutState, SpanKind
 
-SERVICE = Path(__file__).resolve().parents[2] / "examples" / "app" / "service.py"
 W1001 = json.dumps({"order_id": "W1001"})
 ADMIN_KEY = "app-admin-key-0123456789"  # the gateway's store API publishes versions only with it
 
-
-def _load_service() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("agentforge_example_app_service", SERVICE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-service = _load_service()
+service = load_service()
 
 
 def order_turns() -> list[ScriptedTurn | str]:
