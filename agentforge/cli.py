@@ -200,6 +200,7 @@ def _register() -> None:
     from agentforge.commands.optimize import optimize_prompt_cmd
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
+    from agentforge.commands.traces import traces_app
     from agentforge.commands.train import train
     from agentforge.commands.versions import rollback, versions
 
@@ -209,6 +210,7 @@ def _register() -> None:
     app.add_typer(replay_app, name="replay")
     app.command("versions")(versions)
     app.command("rollback")(rollback)
+    app.add_typer(traces_app, name="traces")
 
 
 _register()
