@@ -22,11 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import ConfigError, MissingExtraError, RunError
+from agentforge.gate import Decision, EvalGate, record_decision
 from agentforge.prompts import list_prompts, publish_prompt
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.trainers.prompt_reflection import REFLECTION_TEMPLATE, Feedback, ReflectionLM, label_feedback
 from agentforge.trainers.prompt_report import PairedTest, PromptCandidate, PromptOptResult, paired_test
-from agentforge.types import RolloutState, SpanKind, Task, new_id
+from agentforge.types import RolloutState, SpanKind, Task, Version, new_id
 
 if TYPE_CHECKING:
     from gepa import EvaluationBatch
@@ -235,7 +236,9 @@ def optimize_prompt(
     traffic is untouched while optimising. The winner (best validation mean) is compared with the seed on
     ``testset`` (when given, else on the validation scores) and activated only if its mean is higher by
     more than ``min_gain`` and, with ``max_p``, a one-sided paired test on the same examples
-    (:func:`paired_test`) gives ``p <= max_p``; otherwise the active version is left as it was.
+    (:func:`paired_test`) gives ``p <= max_p``; otherwise the active version is left as it was. This is the
+    promotion gate's eval rule (:class:`agentforge.gate.EvalGate`); its decision, with the scores and the
+    test, is stored as a ``promotion:{name}`` record (:func:`agentforge.gate.list_decisions`).
 
     Args:
         store: the trace store; runners executing an agent that reads ``ctx.prompt(name)`` must work on it.
@@ -322,19 +325,25 @@ def optimize_prompt(
         before = _scores(adapter, testset, seed_cand.version)
         after = before if best is seed_cand else _scores(adapter, testset, best.version)
         seed_cand.test_score, best.test_score = sum(before) / len(before), sum(after) / len(after)
-        gain, basis = best.test_score - seed_cand.test_score, "test"
+        basis = "test"
     else:
         ids = sorted(set(result.val_subscores[0]) & set(result.val_subscores[best.index]))
         before = [result.val_subscores[0][i] for i in ids]
         after = [result.val_subscores[best.index][i] for i in ids]
-        gain, basis = best.val_score - seed_cand.val_score, "val"
-    if best is not seed_cand and before:
-        significance = paired_test(before, after, seed=seed)
-    better = gain > min_gain and (
-        max_p is None or (significance is not None and significance.p_value <= max_p)
-    )
-    if better:
-        store.activate_resource(name, best.version)
+        basis = "val"  # the gate's gain is over these paired examples (GEPA scores every candidate on all)
+    better = False
+    if best is not seed_cand and before:  # the promotion gate's eval rule decides (agentforge.gate)
+        seed_ref, best_ref = str(Version(name, seed_cand.version)), str(Version(name, best.version))
+        verdict = EvalGate(max_p=max_p, min_gain=min_gain).judge(before, after, seed=seed)
+        significance, better = verdict.test, verdict.passed
+        evidence = {**verdict.evidence(), "live_scores": before, "candidate_scores": after, "basis": basis,
+                    "max_p": max_p, "min_gain": min_gain}  # fmt: skip
+        record_decision(store, Decision(name, "eval", "passed" if better else "refused", best_ref, seed_ref,
+                                        f"{basis} set: {verdict.reason}", evidence))  # fmt: skip
+        if better:
+            store.activate_resource(name, best.version)
+            record_decision(store, Decision(name, "promote", "promoted", best_ref, seed_ref,
+                                            f"{best_ref} is the active prompt (was {seed_ref})"))  # fmt: skip
     return PromptOptResult(
         name=name, seed_version=seed_v, candidates=candidates, best_index=best.index,
         activated_version=best.version if better else None, decided_on=basis, budget=max_rollouts,

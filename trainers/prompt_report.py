@@ -1,5 +1,6 @@
 """What a prompt-optimisation run produced: :class:`PromptCandidate`, :class:`PromptOptResult` and its table,
-and :func:`paired_test`, the significance check that decides whether the winner really beats the seed.
+and :func:`paired_test` (re-exported from :mod:`agentforge.gate`, the promotion gate every publisher shares),
+the significance check that decides whether the winner really beats the seed.
 
 Kept apart from :mod:`agentforge.trainers.prompt_opt` (the GEPA loop) so results can be loaded, printed
 and compared without ``gepa`` installed.
@@ -7,89 +8,15 @@ and compared without ``gepa`` installed.
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentforge.errors import ConfigError
+from agentforge.gate import PairedTest, paired_test
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["PairedTest", "paired_test", "PromptCandidate", "PromptOptResult"]
-
-
-@dataclass(frozen=True)
-class PairedTest:
-    """A one-sided paired test of ``after > before`` on the same examples (see :func:`paired_test`).
-
-    Attributes:
-        n: examples compared.
-        mean_diff: mean of ``after - before`` (for exact-match rewards: the accuracy gain).
-        std_err: standard error of ``mean_diff`` (sample standard deviation / sqrt(n)).
-        wins: examples where ``after`` scored higher; ``losses``: where ``before`` did.
-        p_value: one-sided p-value of "no difference" against "after is better", in (0, 1].
-        method: ``"exact sign test"`` (every non-zero difference has the same size, e.g. 0/1 rewards:
-            the exact McNemar test) or ``"sign-flip permutation (R resamples)"``.
-    """
-
-    n: int
-    mean_diff: float
-    std_err: float
-    wins: int
-    losses: int
-    p_value: float
-    method: str
-
-
-def paired_test(
-    before: Sequence[float], after: Sequence[float], *, resamples: int = 20_000, seed: int = 0
-) -> PairedTest:
-    """One-sided paired test that ``after`` scores higher than ``before`` on the same examples.
-
-    Under the null hypothesis each per-example difference ``d_i = after_i - before_i`` is as likely to
-    have either sign (Fisher's sign-flip randomisation test, Good 2005, "Permutation, Parametric and
-    Bootstrap Tests of Hypotheses", ch. 3). When every non-zero ``|d_i|`` is equal (0/1 exact-match
-    rewards) the test is exact: ``p = P(Binomial(wins + losses, 1/2) >= wins)``, the exact one-sided
-    McNemar test. Otherwise ``p = (1 + #{resampled sum >= observed sum}) / (1 + resamples)``.
-
-    Args:
-        before: per-example scores of the baseline (the seed), ``N`` of them.
-        after: per-example scores of the challenger on the same examples, same order.
-        resamples: random sign flips for the general case.
-        seed: random seed of the resampling (the result is deterministic for a given seed).
-
-    Returns:
-        The :class:`PairedTest`; ``p_value`` is 1.0 when no example differs.
-
-    Raises:
-        ConfigError: the sequences are empty or differ in length, or ``resamples < 1``.
-    """
-    if not before or len(before) != len(after) or resamples < 1:
-        raise ConfigError(
-            f"paired_test needs two equally long, non-empty score lists and resamples >= 1; got "
-            f"{len(before)} and {len(after)} scores, resamples={resamples}"
-        )
-    diffs = [float(a) - float(b) for b, a in zip(before, after, strict=True)]
-    n, mean = len(diffs), sum(diffs) / len(diffs)
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    nonzero = [d for d in diffs if d != 0.0]
-    wins, losses = sum(d > 0 for d in nonzero), sum(d < 0 for d in nonzero)
-    if not nonzero:
-        p, method = 1.0, "exact sign test"
-    elif len({abs(d) for d in nonzero}) == 1:
-        m = len(nonzero)
-        p, method = sum(math.comb(m, k) for k in range(wins, m + 1)) / 2**m, "exact sign test"
-    else:
-        rng, observed = random.Random(seed), sum(nonzero)
-        hits = sum(
-            sum(d if rng.random() < 0.5 else -d for d in nonzero) >= observed - 1e-12
-            for _ in range(resamples)
-        )
-        p, method = (1 + hits) / (1 + resamples), f"sign-flip permutation ({resamples} resamples)"
-    return PairedTest(n, mean, math.sqrt(var / n), wins, losses, p, method)
 
 
 @dataclass

@@ -41,7 +41,8 @@ class PinCache:
         A rollout enqueued by the trainer pins ``{"policy": "policy@v3"}`` so every call of that rollout is
         served by the version it was sampled for, even if the alias flips mid-rollout. A pin whose version
         is no longer routable (already unloaded) falls back to the alias, logged. Lookups are cached per
-        rollout (a rollout's pins do not change while it runs).
+        rollout (a rollout's pins do not change while it runs). An unpinned rollout goes to the router's
+        canary version when one runs behind ``model`` and the rollout falls in its share.
         """
         resources = self._pins.get(rollout_id)
         if resources is None:
@@ -54,8 +55,8 @@ class PinCache:
                     self._pins.pop(next(iter(self._pins)), None)
                 self._pins[rollout_id] = resources
         pinned = resources.get(model)
-        if pinned is None:
-            return model
+        if pinned is None:  # a traffic canary behind the alias may take this rollout (sticky by id)
+            return self.router.canary_target(model, rollout_id) or model
         try:
             self.router.resolve(pinned)
         except NotFoundError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 
 from agentforge.errors import NotFoundError, ServingError
@@ -46,6 +47,7 @@ class ModelRouter:
         self._aliases: dict[str, str] = {}
         self._inflight: dict[str, int] = {}
         self._down: dict[str, str] = {}  # engine base URL → why it is down (set by serving's supervisor)
+        self._canaries: dict[str, tuple[str, float]] = {}  # alias → (candidate version, share of rollouts)
 
     def register(self, version: str, upstream: Upstream) -> None:
         """Make ``version`` routable (does not change any alias)."""
@@ -64,6 +66,34 @@ class ModelRouter:
             old = self._aliases.get(alias)
             self._aliases[alias] = version
             return old
+
+    def set_canary(self, alias: str, version: str, share: float) -> None:
+        """Serve ``share`` (in (0, 1)) of the rollouts that ask for ``alias`` with ``version`` instead, sticky
+        by rollout id (see :meth:`canary_target`); requests outside a rollout keep the alias target.
+
+        Raises: ``NotFoundError`` if ``version`` is not registered; ``ValueError`` for a share outside (0, 1).
+        """
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"canary share {share} must be in (0, 1)")
+        with self._lock:
+            if version not in self._versions:
+                raise NotFoundError(f"cannot canary unregistered version {version!r} behind {alias!r}")
+            self._canaries[alias] = (version, share)
+
+    def clear_canary(self, alias: str) -> None:
+        """Stop the canary behind ``alias`` (every rollout gets the alias target again); no-op without one."""
+        with self._lock:
+            self._canaries.pop(alias, None)
+
+    def canary_target(self, alias: str, rollout_id: str) -> str | None:
+        """The canary version for this rollout, or ``None`` (no canary behind ``alias``, or the rollout falls
+        outside its share). The choice is ``crc32(rollout_id) / 2**32 < share``: the same for every call of a
+        rollout (sticky) and uniform over random ids."""
+        with self._lock:
+            canary = self._canaries.get(alias)
+        if canary is None or zlib.crc32(rollout_id.encode()) / 2**32 >= canary[1]:
+            return None
+        return canary[0]
 
     def alias(self, alias: str) -> str | None:
         """The version an alias points at, or ``None``."""

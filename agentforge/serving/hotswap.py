@@ -135,7 +135,12 @@ class HotSwapper:
             return sorted(self._live)
 
     def swap(
-        self, adapter_path: str | Path, version: str | None = None, *, canary: Canary | None = None
+        self,
+        adapter_path: str | Path,
+        version: str | None = None,
+        *,
+        canary: Canary | None = None,
+        flip: bool = True,
     ) -> str:
         """Serve the adapter at ``adapter_path`` as a new version and move the alias onto it.
 
@@ -146,6 +151,9 @@ class HotSwapper:
             adapter_path: PEFT adapter directory.
             version: the new version name (``policy@v8``; default: the next unused number).
             canary: a check for this swap only (default: the swapper's).
+            flip: move the alias onto the new version; ``False`` stages it: loaded, routable under its own
+                name and canaried, but the alias keeps serving the old version until :meth:`promote` (or
+                :meth:`discard`) — the promotion gate evaluates a staged version before it serves by default.
 
         Returns:
             The new version name.
@@ -185,13 +193,59 @@ class HotSwapper:
                 raise ServingError(
                     f"canary for {name} failed: {exc!r}; the old version keeps serving"
                 ) from exc
-            old = self.router.set_alias(self.alias, name)
-            log.info("alias %s → %s (was %s)", self.alias, name, old)
-            if old is not None and old != name and old != self.base_version:
+            return self._flip(name) if flip else name
+
+    def _flip(self, name: str, retire_old: bool = False) -> str:
+        """Point the alias at ``name`` (registered); the old target joins the retained versions (or drains
+        at once with ``retire_old``), and versions beyond ``retain`` drain. Call under ``self._lock``."""
+        old = self.router.set_alias(self.alias, name)
+        log.info("alias %s → %s (was %s)", self.alias, name, old)
+        if name in self._retained:
+            self._retained.remove(name)
+        if old is not None and old != name and old != self.base_version:
+            if retire_old:
+                self._drain_in_background(old)
+            else:
                 self._retained.append(old)
-                while len(self._retained) > self.retain:
-                    self._drain_in_background(self._retained.pop(0))
-            return name
+        while len(self._retained) > self.retain:
+            self._drain_in_background(self._retained.pop(0))
+        return name
+
+    def promote(self, version: str, *, retire_old: bool = False) -> str:
+        """Move the alias onto a version this swapper serves already: a staged one (``swap(flip=False)``), a
+        retained earlier one (a rollback) or the base model (``{alias}@v0``). No request fails: the flip is
+        one write under the router's lock and the old version drains before it unloads.
+
+        Args:
+            version: the version to serve by default.
+            retire_old: drain and unload the version the alias pointed at instead of retaining it (a rollback
+                away from a bad version).
+
+        Returns:
+            ``version``.
+
+        Raises:
+            NotFoundError: ``version`` is not loaded here (or was drained already).
+        """
+        with self._lock:
+            if version != self.base_version and version not in self.live_versions():
+                raise NotFoundError(
+                    f"{version} is not loaded by this swapper (live: {', '.join(self.live_versions()) or 'none'})"
+                )
+            return self._flip(version, retire_old=retire_old)
+
+    def discard(self, version: str) -> None:
+        """Unload a staged version that was never promoted (waits for its in-flight requests).
+
+        Raises:
+            ServingError: the alias points at it, or its requests did not finish within ``drain_timeout_s``.
+        """
+        with self._lock:
+            if self.router.alias(self.alias) == version:
+                raise ServingError(f"cannot discard {version}: the alias {self.alias!r} serves it")
+            if version in self._retained:
+                self._retained.remove(version)
+            self._retire(version)
 
     def _wait_for_slot(self, name: str) -> None:
         """Block until the engine can take one more adapter without evicting one (see ``slot_wait_s``).

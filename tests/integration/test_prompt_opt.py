@@ -25,6 +25,7 @@ from rich.console import Console
 
 from agentforge.agents.customer_service.triage import TRIAGE_PROMPT_NAME, triage_agent
 from agentforge.errors import ConfigError
+from agentforge.gate import list_decisions
 from agentforge.gateway.server import GatewayServer
 from agentforge.prompts import get_prompt, list_prompts
 from agentforge.runtime import Runner
@@ -136,6 +137,15 @@ def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup
     sig = result.significance
     assert (sig.n, sig.wins, sig.losses, sig.mean_diff, sig.p_value) == (6, 6, 0, 1.0, 1 / 64)
     assert "p=0.0156" in result.summary() and result.max_p is None
+    # the decision went through the promotion gate's eval rule and is in the store with its evidence
+    decisions = list_decisions(store, TRIAGE_PROMPT_NAME)
+    assert [(d.stage, d.outcome, d.candidate, d.live) for d in decisions] == [
+        ("eval", "passed", "prompt:triage@v2", "prompt:triage@v1"),
+        ("promote", "promoted", "prompt:triage@v2", "prompt:triage@v1"),
+    ]
+    evidence = decisions[0].evidence
+    assert evidence["candidate_scores"] == [1.0] * 6 and evidence["live_scores"] == [0.0] * 6
+    assert evidence["test"]["p_value"] == 1 / 64 and evidence["basis"] == "test"
 
 
 def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector) -> None:
@@ -159,6 +169,9 @@ def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector
     assert result.significance.p_value == 1 / 64 and result.max_p == 0.01
     assert result.activated_version is None and get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
     assert "kept the active version" in result.summary()
+    (refusal,) = list_decisions(store, TRIAGE_PROMPT_NAME)
+    assert (refusal.stage, refusal.outcome, refusal.candidate) == ("eval", "refused", "prompt:triage@v2")
+    assert refusal.evidence["max_p"] == 0.01 and refusal.evidence["test"]["p_value"] == 1 / 64
 
 
 def test_paired_test_is_the_exact_sign_test_on_binary_scores() -> None:

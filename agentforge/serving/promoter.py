@@ -1,0 +1,310 @@
+"""Gated promotion of adapter versions: eval gate → traffic canary → promotion → automatic rollback.
+
+:class:`GatedPublisher` implements the :class:`~agentforge.ports.AdapterPublisher` port, so every trainer that
+publishes (``LightningTrainer``, ``ContinualTrainer``, the replay SFT/GRPO jobs) goes through the same gate by
+being handed one instead of a :class:`~agentforge.serving.publisher.HotSwapPublisher`. One ``publish``::
+
+    record the adapter in the store (not active)  →  stage it: load + canary request, alias untouched
+    →  eval gate: per-example scores of live and candidate on a fixed held-out slice, paired test
+    →  traffic canary: a share of live rollouts (sticky by rollout id) is served by the candidate until it
+       served ``rollouts`` of them; its mean live reward must not trail the live version's by > margin
+    →  promote: the alias flips (one write), the store activates the version
+    →  watch (background): after ``window`` live rollouts of the new version, roll back to the previous one
+       when its mean live reward trails the previous version's by > margin
+
+Each step stores a :class:`~agentforge.gate.Decision` with its numbers (``promotion:{alias}``; ``agentforge
+versions`` shows them). A refused candidate is unloaded and never served by default. No move fails a request:
+flips are single writes under the router's lock, and a version drains (its in-flight requests finish) before
+it unloads (:class:`~agentforge.serving.hotswap.HotSwapper`).
+
+Live reward of a version: rollouts created during the period that pin nothing for the alias (so no training or
+eval rollouts), are not failed, have a final reward with a value, and whose LLM calls were all served by that
+version (``LLMCall.version``); a rollout that straddles a flip counts for neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentforge.errors import ConfigError
+from agentforge.gate import (
+    CanaryRule,
+    Decision,
+    EvalGate,
+    LiveComparison,
+    Outcome,
+    RollbackRule,
+    Stage,
+    record_decision,
+)
+from agentforge.ports import TraceStore
+from agentforge.serving.adapters import read_adapter
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.types import ResourceVersion, RolloutState, SpanKind, Version
+
+__all__ = ["GatedPublisher", "LiveRewards"]
+
+log = logging.getLogger(__name__)
+
+#: ``evaluate(version) -> scores``: one score per example of the fixed held-out slice, same order every call.
+Evaluate = Callable[[str], Sequence[float]]
+
+_NOT_SCORED = (RolloutState.failed, RolloutState.timed_out, RolloutState.cancelled)
+
+
+class LiveRewards:
+    """Reads the live reward of each version from the store (see the module docstring for what counts).
+
+    Args:
+        store: the trace store the gateway writes to.
+        alias: the model alias live traffic asks for (``policy``).
+    """
+
+    def __init__(self, store: TraceStore, alias: str) -> None:
+        self.store, self.alias = store, alias
+        self._done: dict[str, tuple[str, float] | None] = {}  # rollout id → (version, reward) or not live
+
+    def collect(self, since: float) -> dict[str, list[float]]:
+        """Live rewards per version of the rollouts created at or after ``since`` (epoch seconds).
+
+        Returns:
+            version → rewards, in rollout creation order. Rollouts without a reward yet are read again on the
+            next call (feedback may arrive late).
+        """
+        out: dict[str, list[float]] = {}
+        for rollout in self.store.list_rollouts(since=since):
+            rid = rollout.rollout_id
+            if rid not in self._done:
+                if self.alias in rollout.resources or rollout.state in _NOT_SCORED:
+                    self._done[rid] = None
+                    continue
+                reward = self.store.final_reward(rid)
+                if reward is None or reward.value is None:
+                    continue  # not scored yet
+                spans = self.store.list_spans(rollout_id=rid, kind=SpanKind.llm, valid_only=True)
+                versions = {s.llm.version for s in spans if s.llm is not None}
+                if not versions:
+                    continue  # its calls are not recorded yet
+                self._done[rid] = (versions.pop(), float(reward.value)) if len(versions) == 1 else None
+            hit = self._done[rid]
+            if hit is not None:
+                out.setdefault(hit[0], []).append(hit[1])
+        return out
+
+
+class GatedPublisher:
+    """Publishes adapters through the promotion gate (module docstring); an ``AdapterPublisher``.
+
+    Args:
+        swapper: the serving engine's :class:`HotSwapper`; ``retain >= 1`` when ``rollback`` is set, so the
+            previous version stays loaded and a rollback is one flip.
+        store: the trace store (version lineage, live rewards, decisions).
+        evaluate: scores a version on the fixed held-out slice (``evaluate("policy@v3") -> [1.0, 0.0, …]``,
+            same examples in the same order every call; e.g. greedy rollouts pinned to the version). ``None``
+            skips the eval gate (recorded as ``skipped``).
+        gate: the eval gate's rule (default :class:`EvalGate`: ``p <= 0.05`` and a positive gain).
+        canary: the traffic canary's rule, or ``None`` to skip it (a trainer with no live traffic: its own
+            rollouts pin versions and never count as live).
+        rollback: the post-promotion watch's rule, or ``None`` for no automatic rollback.
+        poll_s: seconds between store reads while a canary or watch waits for rollouts.
+        grace_s: seconds between ending a canary and unloading its version, so a request that already chose
+            the canary version reaches the router before the version is drained.
+        reference_lookback_s: without a canary, the previous version's reference reward for the watch is read
+            from live rollouts created this many seconds before the promotion.
+
+    Raises:
+        ConfigError: ``rollback`` is set but ``swapper.retain`` is 0.
+    """
+
+    def __init__(
+        self,
+        swapper: HotSwapper,
+        store: TraceStore,
+        *,
+        evaluate: Evaluate | None = None,
+        gate: EvalGate | None = None,
+        canary: CanaryRule | None = None,
+        rollback: RollbackRule | None = None,
+        poll_s: float = 0.5,
+        grace_s: float = 1.0,
+        reference_lookback_s: float = 3600.0,
+    ) -> None:
+        if rollback is not None and swapper.retain < 1:
+            raise ConfigError(
+                "GatedPublisher: an automatic rollback needs the previous version loaded; build the HotSwapper "
+                "with retain >= 1 (and the engine with --max-cpu-loras >= retain + 2)"
+            )
+        self.swapper, self.store, self.evaluate = swapper, store, evaluate
+        self.gate, self.canary, self.rollback = gate or EvalGate(), canary, rollback
+        self.poll_s, self.grace_s, self.reference_lookback_s = poll_s, grace_s, reference_lookback_s
+        self.alias = swapper.alias
+        self.live = LiveRewards(store, self.alias)
+        self.decisions: list[Decision] = []  #: every decision this publisher stored, in order
+        self._canary_live: list[float] = []  # the live version's rewards during the last canary
+        self._watch: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def current(self) -> str:
+        """The version the alias serves now (``{alias}@v0`` = base model)."""
+        return self.swapper.router.alias(self.alias) or self.swapper.register_base()
+
+    def publish(self, adapter_dir: Path, step: int) -> str:
+        """Put the adapter through the gate; return the version that serves by default afterwards.
+
+        Blocks through staging, the eval gate and the canary (until ``canary.rollouts`` live rollouts were
+        served by the candidate, at most ``canary.timeout_s``); first waits for a running watch of the
+        previous promotion to end. The watch of this promotion runs in the background (:meth:`wait_watch`).
+
+        Args:
+            adapter_dir: the PEFT adapter directory.
+            step: the trainer's optimizer step (stored with the version).
+
+        Returns:
+            The candidate's version name when promoted, else the live version's (which keeps serving).
+
+        Raises:
+            AdapterIncompatibleError, ServingError: staging failed (as :meth:`HotSwapper.swap`); the live
+                version keeps serving.
+        """
+        self.wait_watch()
+        live = self.current()
+        info = read_adapter(adapter_dir)
+        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
+                   "rank": info.max_rank, "step": step}  # fmt: skip
+        record = self.store.publish_resource(
+            ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
+        )
+        candidate = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        if not self._eval_passes(candidate, live):
+            self.swapper.discard(candidate)
+            return live
+        reference: list[float] | None = None
+        if self.canary is not None:
+            result = self._run_canary(candidate, live)
+            if not result.passed:
+                self.swapper.discard(candidate)
+                return live
+            reference = self._canary_live
+        self.swapper.promote(candidate)
+        self.store.activate_resource(record.name, record.version)
+        self._decide("promote", "promoted", candidate, live, f"{candidate} serves {self.alias} (was {live})")
+        if self.rollback is not None:
+            self._start_watch(candidate, live, reference, time.time())
+        return candidate
+
+    # --- the stages -------------------------------------------------------------------------------------
+    def _decide(
+        self,
+        stage: Stage,
+        outcome: Outcome,
+        candidate: str,
+        live: str,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+    ) -> Decision:
+        """Store one decision (and keep it in :attr:`decisions`)."""
+        decision = record_decision(
+            self.store, Decision(self.alias, stage, outcome, candidate, live, reason, dict(evidence or {}))
+        )
+        self.decisions.append(decision)
+        log.info("promotion %s %s: %s — %s", stage, outcome, candidate, reason)
+        return decision
+
+    def _eval_passes(self, candidate: str, live: str) -> bool:
+        if self.evaluate is None:
+            self._decide("eval", "skipped", candidate, live, "no held-out slice configured")
+            return True
+        live_scores = [float(x) for x in self.evaluate(live)]
+        cand_scores = [float(x) for x in self.evaluate(candidate)]
+        result = self.gate.judge(live_scores, cand_scores)
+        evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
+                    "max_p": self.gate.max_p, "min_gain": self.gate.min_gain}  # fmt: skip
+        outcome = "passed" if result.passed else "refused"
+        self._decide("eval", outcome, candidate, live, result.reason, evidence)
+        return result.passed
+
+    def _run_canary(self, candidate: str, live: str) -> LiveComparison:
+        rule, router = self.canary, self.swapper.router
+        assert rule is not None
+        since = time.time()
+        router.set_canary(self.alias, candidate, rule.share)
+        deadline = time.monotonic() + rule.timeout_s
+        try:
+            while True:
+                rewards = self.live.collect(since)
+                if len(rewards.get(candidate, [])) >= rule.rollouts or time.monotonic() > deadline:
+                    break
+                time.sleep(self.poll_s)
+        finally:
+            router.clear_canary(self.alias)
+        cand, self._canary_live = rewards.get(candidate, [])[: rule.rollouts], rewards.get(live, [])
+        result = rule.judge(cand, self._canary_live)
+        evidence = {**result.evidence(), "share": rule.share, "rollouts": rule.rollouts,
+                    "seconds": round(time.time() - since, 3)}  # fmt: skip
+        self._decide(
+            "canary", "passed" if result.passed else "refused", candidate, live, result.reason, evidence
+        )
+        if not result.passed:
+            time.sleep(self.grace_s)
+        return result
+
+    def _start_watch(self, promoted: str, previous: str, reference: list[float] | None, at: float) -> None:
+        if reference is None:
+            reference = self.live.collect(at - self.reference_lookback_s).get(previous, [])
+        self._stop.clear()
+        self._watch = threading.Thread(
+            target=self._watch_loop,
+            args=(promoted, previous, reference, at),
+            name=f"watch-{promoted}",
+            daemon=True,
+        )
+        self._watch.start()
+
+    def _watch_loop(self, promoted: str, previous: str, reference: list[float], at: float) -> None:
+        rule = self.rollback
+        assert rule is not None
+        deadline = time.monotonic() + rule.timeout_s
+        try:
+            while not self._stop.is_set():
+                rewards = self.live.collect(at).get(promoted, [])
+                if len(rewards) >= rule.window or time.monotonic() > deadline:
+                    break
+                self._stop.wait(self.poll_s)
+            result = rule.judge(rewards, reference)
+            evidence = {**result.evidence(), "window": rule.window, "seconds": round(time.time() - at, 3)}
+            if len(rewards) < rule.window or result.passed:
+                why = result.reason if len(rewards) >= rule.window else f"window not filled: {result.reason}"
+                self._decide("watch", "kept", promoted, previous, why, evidence)
+                return
+            self._roll_back(promoted, previous)
+            self._decide("watch", "rolled_back", promoted, previous, result.reason, evidence)
+        except Exception as exc:  # noqa: BLE001 - a watch thread must not die silently
+            log.exception("the watch of %s failed", promoted)
+            self._decide("watch", "kept", promoted, previous, f"watch failed: {exc!r}")
+
+    def _roll_back(self, promoted: str, previous: str) -> None:
+        """Serve ``previous`` again (one flip; ``promoted`` drains and unloads) and activate it in the store."""
+        self.swapper.promote(previous, retire_old=True)
+        number = Version.parse(previous).number
+        if number == 0:  # the base model has no store record: record that the base serves again
+            base = ResourceVersion(name=self.alias, kind="adapter", payload={"base": True, "rollback_of": 0})
+            self.store.publish_resource(base, activate=True)
+        else:
+            self.store.activate_resource(self.alias, number)
+
+    def wait_watch(self, timeout_s: float | None = None) -> bool:
+        """Wait for the running post-promotion watch to decide; True when none is running (any more)."""
+        watch = self._watch
+        if watch is not None:
+            watch.join(timeout_s)
+        return watch is None or not watch.is_alive()
+
+    def stop_watch(self) -> None:
+        """End a running watch now; it records ``kept`` with what it had seen (e.g. at shutdown)."""
+        self._stop.set()
+        self.wait_watch()

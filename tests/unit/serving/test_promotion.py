@@ -1,0 +1,241 @@
+"""Gated promotion on real pieces: the embedded engine (SmolLM2-135M + LoRA), the real gateway and store.
+
+The task: greedy answer to "answer with one letter" prompts, gold ``A``. ``letter_adapter("A")`` (trained
+toward the gold) is the good version; ``letter_adapter("B")`` (a few AdamW steps toward a wrong label) is
+the bad one. Live traffic is client threads running rollouts through the gateway and scoring them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentforge.gate import CanaryRule, EvalGate, RollbackRule, list_decisions
+from agentforge.gateway.router import ModelRouter
+from agentforge.gateway.server import GatewayServer
+from agentforge.serving.embedded import EmbeddedServer
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.promoter import GatedPublisher
+from agentforge.testing import memory_store
+from agentforge.types import Reward, Rollout, RolloutState, SpanKind
+
+pytest.importorskip("peft")
+pytestmark = pytest.mark.slow
+
+#: The fixed held-out slice: paraphrases of the letter prompt (gold answer "A").
+SLICE = [
+    "Answer with one letter.",
+    "Please answer with one letter.",
+    "Reply with one letter.",
+    "Answer with one letter only.",
+    "Now answer with one letter.",
+    "Answer with one letter, please.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+class Stack:
+    """A router + gateway (in-memory store) + hot swapper with one retained version, for one test."""
+
+    def __init__(self, engine: EmbeddedServer, alias: str) -> None:
+        self.store = memory_store()
+        self.router = ModelRouter()
+        self.gateway = GatewayServer(self.store, self.router)
+        self.swapper = HotSwapper(engine, self.router, alias, retain=1)
+        self.swapper.register_base()
+        self.alias = alias
+
+    def ask(self, model: str, prompt: str, rollout_id: str | None = None) -> httpx.Response:
+        root = (
+            self.gateway.openai_base_url if rollout_id is None else self.gateway.rollout_base_url(rollout_id)
+        )
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": 1,
+        }
+        return httpx.post(f"{root}/chat/completions", json=body, timeout=120)
+
+    def evaluate(self, version: str) -> list[float]:
+        """The eval slice scored for ``version`` (requests name the version, no rollout)."""
+        out = []
+        for prompt in SLICE:
+            response = self.ask(version, prompt)
+            assert response.status_code == 200, response.text
+            out.append(1.0 if response.json()["choices"][0]["message"]["content"].strip() == "A" else 0.0)
+        return out
+
+
+@pytest.fixture
+def stack(engine: EmbeddedServer, unique_alias: str) -> Iterator[Stack]:
+    s = Stack(engine, unique_alias)
+    with s.gateway:
+        yield s
+        s.swapper.wait_drained(60)
+    for version in s.swapper.live_versions():  # leave the shared engine as it was
+        engine.unload_adapter(version)
+    s.store.close()
+
+
+class Traffic:
+    """``clients`` threads, each running rollouts through the gateway (alias, one call) until stopped; a
+    rollout's final reward is ``score(answer)``. Every non-200 answer is a failed request."""
+
+    def __init__(self, stack: Stack, clients: int, score: Callable[[str], float]) -> None:
+        self.stack, self.score = stack, score
+        self.ok = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)
+        ]
+
+    def __enter__(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(180)
+
+    def _client(self, i: int) -> None:
+        store = self.stack.store
+        while not self._stop.is_set():
+            rollout = store.enqueue_rollout(Rollout())
+            store.update_rollout(rollout.rollout_id, state=RolloutState.running)
+            try:
+                response = self.stack.ask(self.stack.alias, SLICE[i % len(SLICE)], rollout.rollout_id)
+            except httpx.HTTPError as exc:
+                with self._lock:
+                    self.failed.append(repr(exc))
+                continue
+            if response.status_code != 200:
+                with self._lock:
+                    self.failed.append(f"{response.status_code}: {response.text[:200]}")
+                continue
+            answer = response.json()["choices"][0]["message"]["content"].strip()
+            store.add_reward(Reward(rollout_id=rollout.rollout_id, value=self.score(answer), final=True))
+            store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
+            with self._lock:
+                self.ok += 1
+
+
+def served_versions(stack: Stack) -> set[str]:
+    """Versions that served any recorded call through the gateway."""
+    return {s.llm.version for s in stack.store.list_spans(kind=SpanKind.llm) if s.llm is not None}
+
+
+def promote_good(stack: Stack, good: Path) -> str:
+    """Serve the good adapter by default through a gate with no checks (the starting point of a test)."""
+    return GatedPublisher(stack.swapper, stack.store).publish(good, step=1)
+
+
+def test_bad_adapter_is_refused_by_the_eval_gate(stack: Stack, letter_adapters: dict[str, Path]) -> None:
+    publisher = GatedPublisher(stack.swapper, stack.store, evaluate=stack.evaluate, gate=EvalGate(max_p=0.05))
+    base = publisher.current()
+    good = publisher.publish(letter_adapters["A"], step=10)  # 6 wins over the base: p = 1/64
+    assert good == f"{stack.alias}@v1" and publisher.current() == good
+    refused = publisher.publish(letter_adapters["B"], step=20)  # trained toward the wrong label
+    bad = f"{stack.alias}@v2"
+    assert refused == good and publisher.current() == good  # the good one keeps serving
+    assert stack.store.get_resource(stack.alias).ref == good  # and stays the store's active version
+    assert bad not in stack.swapper.live_versions() and bad not in stack.router.models()
+    answer = stack.ask(stack.alias, SLICE[0]).json()["choices"][0]["message"]["content"]
+    assert answer == "A"
+    assert bad not in {
+        s.llm.version
+        for s in stack.store.list_spans(kind=SpanKind.llm)
+        if s.llm and s.llm.model == stack.alias
+    }  # never served by default: every alias request went elsewhere
+
+    decisions = list_decisions(stack.store, stack.alias)
+    assert [(d.stage, d.outcome, d.candidate, d.live) for d in decisions] == [
+        ("eval", "passed", good, base),
+        ("promote", "promoted", good, base),
+        ("eval", "refused", bad, good),
+    ]
+    passed, refusal = decisions[0].evidence, decisions[2].evidence
+    assert passed["candidate_scores"] == [1.0] * 6 and passed["live_scores"] == [0.0] * 6
+    assert passed["test"]["p_value"] == pytest.approx(1 / 64) and passed["test"]["wins"] == 6
+    assert refusal["live_scores"] == [1.0] * 6 and refusal["candidate_scores"] == [0.0] * 6
+    assert refusal["test"]["losses"] == 6 and refusal["test"]["p_value"] == 1.0 and refusal["gain"] == -1.0
+    assert refusal["max_p"] == 0.05 and "p = 1" in decisions[2].reason
+
+
+def test_candidate_regressing_on_canary_traffic_is_refused(
+    stack: Stack, letter_adapters: dict[str, Path]
+) -> None:
+    good = promote_good(stack, letter_adapters["A"])
+    rule = CanaryRule(share=0.5, rollouts=3, margin=0.1, timeout_s=300)
+    publisher = GatedPublisher(stack.swapper, stack.store, canary=rule, poll_s=0.2)
+    with Traffic(stack, clients=4, score=lambda answer: float(answer == "A")) as traffic:
+        served = publisher.publish(letter_adapters["B"], step=20)
+    bad = f"{stack.alias}@v2"
+    assert (
+        served == good and publisher.current() == good and stack.store.get_resource(stack.alias).ref == good
+    )
+    assert traffic.failed == [] and traffic.ok >= 3
+    assert bad in served_versions(stack)  # the canary really served live rollouts
+    assert bad not in stack.swapper.live_versions()
+    canary = [d for d in list_decisions(stack.store, stack.alias) if d.stage == "canary"]
+    assert [(d.outcome, d.candidate, d.live) for d in canary] == [("refused", bad, good)]
+    evidence = canary[0].evidence
+    assert evidence["version_n"] == 3 and evidence["version_mean"] == 0.0 and evidence["share"] == 0.5
+    assert evidence["reference_n"] >= 1 and evidence["reference_mean"] == 1.0 and evidence["margin"] == 0.1
+
+
+def test_promoted_version_whose_live_reward_drops_is_rolled_back(
+    stack: Stack, letter_adapters: dict[str, Path]
+) -> None:
+    good = promote_good(stack, letter_adapters["A"])
+    publisher = GatedPublisher(
+        stack.swapper,
+        stack.store,
+        canary=CanaryRule(share=0.5, rollouts=3, margin=0.1, timeout_s=300),
+        rollback=RollbackRule(window=4, margin=0.2, timeout_s=300),
+        poll_s=0.2,
+    )
+
+    def score(answer: str) -> float:
+        """Customers accept A or B until the promotion is decided; afterwards only A (B's reward drops).
+        The promote decision is stored before the watch starts, so every watched rollout sees the drop."""
+        promoted = any(d.stage == "promote" and d.candidate == bad for d in publisher.decisions)
+        return float(answer == "A" or (answer == "B" and not promoted))
+
+    bad = f"{stack.alias}@v2"
+    with Traffic(stack, clients=8, score=score) as traffic:
+        served = publisher.publish(letter_adapters["B"], step=20)
+        assert served == bad
+        assert publisher.wait_watch(300)
+        after_rollback = traffic.ok
+        while traffic.ok < after_rollback + 8:  # traffic keeps flowing on the restored version
+            threading.Event().wait(0.2)
+    assert traffic.failed == [], traffic.failed[:3]
+    assert stack.router.alias(stack.alias) == good and publisher.current() == good
+    assert stack.store.get_resource(stack.alias).ref == good
+    assert stack.swapper.wait_drained(60) and bad not in stack.swapper.live_versions()
+    decisions = [(d.stage, d.outcome, d.candidate, d.live) for d in list_decisions(stack.store, stack.alias)]
+    assert decisions[-4:] == [
+        ("eval", "skipped", bad, good),
+        ("canary", "passed", bad, good),
+        ("promote", "promoted", bad, good),
+        ("watch", "rolled_back", bad, good),
+    ]
+    watch = list_decisions(stack.store, stack.alias)[-1].evidence
+    assert watch["version_n"] == 4 and watch["version_mean"] < watch["reference_mean"] - 0.2
+    assert watch["window"] == 4
