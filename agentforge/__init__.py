@@ -65,14 +65,15 @@ if _typing.TYPE_CHECKING:
     from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
     from agentforge.tracing import emit_reward, emit_span
-    from agentforge.trainers.config import TrainConfig
     from agentforge.trainers.continual import ContinualTrainer
-    from agentforge.trainers.lightning import LightningTrainer
+    from agentforge.trainers.grpo_config import TrainConfig
+    from agentforge.trainers.grpo_trainer import LightningTrainer
     from agentforge.trainers.prompt_opt import optimize_prompt
     from agentforge.trainers.publish import StorePublisher, rollback_adapter
     from agentforge.trainers.replay.grpo import run_offline_grpo
     from agentforge.trainers.replay.select import TraceFilter
-    from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
+    from agentforge.trainers.replay.sft_config import ReplaySFTConfig
+    from agentforge.trainers.replay.sft_trainer import run_replay_sft
     from agentforge.trainers.report import plot_reward_curves
 
 __version__ = "0.1.0"
@@ -97,11 +98,11 @@ _LAZY = {
     "HotSwapPublisher": "agentforge.serving.publisher",
     "StorePublisher": "agentforge.trainers.publish",
     "rollback_adapter": "agentforge.trainers.publish",
-    "TrainConfig": "agentforge.trainers.config",
-    "LightningTrainer": "agentforge.trainers.lightning",
+    "TrainConfig": "agentforge.trainers.grpo_config",
+    "LightningTrainer": "agentforge.trainers.grpo_trainer",
     "ContinualTrainer": "agentforge.trainers.continual",
-    "ReplaySFTConfig": "agentforge.trainers.replay.sft",
-    "run_replay_sft": "agentforge.trainers.replay.sft",
+    "ReplaySFTConfig": "agentforge.trainers.replay.sft_config",
+    "run_replay_sft": "agentforge.trainers.replay.sft_trainer",
     "run_offline_grpo": "agentforge.trainers.replay.grpo",
     "TraceFilter": "agentforge.trainers.replay.select",
     "optimize_prompt": "agentforge.trainers.prompt_opt",

@@ -314,7 +314,7 @@ class BatchReport:
 
 @runtime_checkable
 class SampleSource(Protocol):
-    """What :class:`~agentforge.trainers.lightning.LightningTrainer` trains on: TRL's ``rollout_func`` plus
+    """What :class:`~agentforge.trainers.grpo_trainer.LightningTrainer` trains on: TRL's ``rollout_func`` plus
     the dataset it samples from.
 
     TRL's sampler draws entries of :meth:`prompts` and repeats each ``G`` times consecutively; the trainer

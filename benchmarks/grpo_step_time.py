@@ -30,8 +30,8 @@ from agentforge.runtime import Runner
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
-from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.lightning import LightningTrainer
+from agentforge.trainers.grpo_config import TrainConfig
+from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.types import Task
 
 

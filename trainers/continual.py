@@ -22,7 +22,7 @@ The app (``examples/app/service.py``) stores every conversation as a rollout of 
    rates the whole conversation while the reward scores its opening call only, and for a thumbs down it
    rewards *difference*, not quality. Pass ``reward_fn`` to use something stronger (e.g. an LLM judge:
    :class:`agentforge.rewards.judge.GroupJudge` wrapped as ``(reply, reference, feedback) -> float``).
-5. **Train and hot-swap** with :class:`~agentforge.trainers.lightning.LightningTrainer` (one optimizer step
+5. **Train and hot-swap** with :class:`~agentforge.trainers.grpo_trainer.LightningTrainer` (one optimizer step
    per ``tasks_per_step`` rated conversations); every ``swap_every`` steps the adapter becomes a new
    version and the gateway's alias moves to it, so the app's next call is served by it.
 
@@ -45,7 +45,7 @@ from typing import Any
 
 from agentforge.errors import UserError
 from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
-from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.progress import show_progress
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import Rollout, SpanKind, Task
@@ -353,7 +353,7 @@ class ContinualTrainer:
             RolloutTimeout: no replay of a step finished within ``wait_timeout_s``.
         """
         from agentforge.runtime import Runner
-        from agentforge.trainers.lightning import LightningTrainer
+        from agentforge.trainers.grpo_trainer import LightningTrainer
 
         self.config.max_steps = max_steps if max_steps is not None else 10**9
         if self.lightning is None:

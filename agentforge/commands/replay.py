@@ -236,7 +236,8 @@ def sft(
     """
     from agentforge.model import prepare_default_model
     from agentforge.trainers.replay import select_traces
-    from agentforge.trainers.replay.sft import ReplaySFTConfig, run_replay_sft
+    from agentforge.trainers.replay.sft_config import ReplaySFTConfig
+    from agentforge.trainers.replay.sft_trainer import run_replay_sft
 
     flt = make_filter(min_reward, None, since, until, agent, task, resource, limit)
     with reported():
@@ -290,7 +291,7 @@ def grpo(
         store = _store(store_url)
         select_traces(store, make_filter(min_reward, max_reward, since, until, agent, task, resource, limit,
                                          require_reward=False))  # fmt: skip
-        from agentforge.trainers.config import TrainConfig
+        from agentforge.trainers.grpo_config import TrainConfig
         from agentforge.trainers.replay import run_offline_grpo
 
         config = TrainConfig(

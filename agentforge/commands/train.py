@@ -82,7 +82,7 @@ def _config(
 ):  # type: ignore[no-untyped-def]
     import torch
 
-    from agentforge.trainers.config import TrainConfig
+    from agentforge.trainers.grpo_config import TrainConfig
 
     gpu = torch.cuda.is_available()
     return TrainConfig(
@@ -100,7 +100,7 @@ def _train(agent, store, train_tasks, held_out, config, model, backend, workers,
     from agentforge.runtime import evaluate_tasks
     from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
-    from agentforge.trainers.lightning import LightningTrainer
+    from agentforge.trainers.grpo_trainer import LightningTrainer
 
     model = model or prepare_default_model()
     summary: dict[str, object] = {}

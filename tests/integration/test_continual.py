@@ -129,7 +129,7 @@ def test_openings_of_rated_conversations_are_read_marked_and_offered_once(script
 def test_feedback_trains_a_step_and_the_running_app_gets_the_new_version(vllm_tool_server, tmp_path) -> None:
     from agentforge.config import default_model_dir
     from agentforge.serving.publisher import HotSwapPublisher
-    from agentforge.trainers.config import TrainConfig
+    from agentforge.trainers.grpo_config import TrainConfig
 
     alias = f"policy-{tmp_path.name[-6:]}".replace("_", "")
     store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")

@@ -22,7 +22,8 @@ from prerequisites import REQUIRE_VLLM, missing
 from agentforge.errors import ConfigError, UserError
 from agentforge.testing import memory_store
 from agentforge.trainers.replay.select import EmptySelectionError, TraceFilter, select_traces
-from agentforge.trainers.replay.sft import ReplaySFTConfig, ReplaySFTTrainer, build_examples, run_replay_sft
+from agentforge.trainers.replay.sft_config import ReplaySFTConfig
+from agentforge.trainers.replay.sft_trainer import ReplaySFTTrainer, build_examples, run_replay_sft
 from agentforge.types import AttemptState, LLMCall, ResourceVersion, Reward, Rollout, Span, SpanKind, Task
 
 ROOT = Path(__file__).resolve().parents[2]

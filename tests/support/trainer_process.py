@@ -19,8 +19,8 @@ from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.stores.sql import SQLStore
-from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.lightning import LightningTrainer
+from agentforge.trainers.grpo_config import TrainConfig
+from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.types import Task
 
 

@@ -10,7 +10,7 @@ rollouts of one task a fresh group id, :func:`agentforge.runtime.tasks.enqueue_t
    trains on its ``G`` oldest (the rest counted ``over_group_size``), a smaller one is padded with masked
    slots (counted ``missing_member``); a group with fewer than two rewarded members carries no
    group-relative signal and is dropped (counted in :attr:`StoredGroupSource.dropped`);
-3. :class:`~agentforge.trainers.lightning.LightningTrainer` runs TRL's GRPO over the groups: TRL's sampler
+3. :class:`~agentforge.trainers.grpo_trainer.LightningTrainer` runs TRL's GRPO over the groups: TRL's sampler
    yields every group once per epoch (``num_train_epochs``; ``max_steps`` overrides), ``tasks_per_step``
    groups per optimizer step. Each sample is the rollout's last trajectory with the **engine's stored
    logprobs**, which feed TRL's importance-sampling correction (``vllm_importance_sampling_correction``,
@@ -34,7 +34,7 @@ from typing import Any
 
 from agentforge.errors import UserError
 from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
-from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
 from agentforge.trainers.samples import SAMPLE_COLUMNS, masked_sample, trajectory_sample
 from agentforge.types import new_id
@@ -155,7 +155,7 @@ def run_offline_grpo(
         EmptySelectionError: the filter selects nothing; nothing is trained or published.
         UserError: fewer trainable groups than ``tasks_per_step`` (the message has the counts).
     """
-    from agentforge.trainers.lightning import LightningTrainer  # imports torch/TRL: only when training
+    from agentforge.trainers.grpo_trainer import LightningTrainer  # imports torch/TRL: only when training
 
     selection = select_traces(store, replace(flt, require_reward=False))  # raises EmptySelectionError
     source = StoredGroupSource(

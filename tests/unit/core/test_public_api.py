@@ -72,7 +72,7 @@ def test_the_trainers_load_on_first_access_only() -> None:
         "import sys, agentforge;"
         "assert 'trl' not in sys.modules;"
         "agentforge.TrainConfig;"
-        "assert 'trl' in sys.modules and 'agentforge.trainers.config' in sys.modules"
+        "assert 'trl' in sys.modules and 'agentforge.trainers.grpo_config' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

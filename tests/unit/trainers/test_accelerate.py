@@ -85,8 +85,8 @@ def main(out: Path) -> None:
 
     from agentforge.config import default_model_dir
     from agentforge.stores.sql import SQLStore
-    from agentforge.trainers.config import TrainConfig
-    from agentforge.trainers.lightning import LightningTrainer
+    from agentforge.trainers.grpo_config import TrainConfig
+    from agentforge.trainers.grpo_trainer import LightningTrainer
     from agentforge.trainers.replay.grpo import StoredGroupSource
     from agentforge.trainers.replay.select import TraceFilter, select_traces
 

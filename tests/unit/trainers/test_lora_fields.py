@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentforge.errors import ConfigError
-from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.lora import LoraFields
-from agentforge.trainers.replay.sft import ReplaySFTConfig
+from agentforge.trainers.replay.sft_config import ReplaySFTConfig
 
 CONFIGS = [TrainConfig, ReplaySFTConfig]
 

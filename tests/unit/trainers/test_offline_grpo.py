@@ -26,8 +26,8 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.stores.sql import SQLStore
 from agentforge.tracing import emit_reward
-from agentforge.trainers.config import TrainConfig
-from agentforge.trainers.lightning import LightningTrainer
+from agentforge.trainers.grpo_config import TrainConfig
+from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.trainers.replay import EmptySelectionError, TraceFilter
 from agentforge.trainers.replay.grpo import run_offline_grpo
 from agentforge.types import Task

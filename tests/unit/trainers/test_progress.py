@@ -181,8 +181,8 @@ def test_deepspeeds_cpu_notice_and_progress_bars_are_off_only_inside() -> None:
 
 @pytest.mark.parametrize("passed", [None, False])
 def test_configs_keep_the_checkpointing_choice_without_transformers_deprecation(tmp_path, passed) -> None:
-    from agentforge.trainers.config import TrainConfig
-    from agentforge.trainers.replay.sft import ReplaySFTConfig
+    from agentforge.trainers.grpo_config import TrainConfig
+    from agentforge.trainers.replay.sft_config import ReplaySFTConfig
 
     extra = {} if passed is None else {"gradient_checkpointing": passed}
     with warnings.catch_warnings(record=True) as seen:

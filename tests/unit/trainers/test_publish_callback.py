@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from agentforge.trainers.lightning import _PublishCallback
+from agentforge.trainers.grpo_trainer import _PublishCallback
 
 
 class _Owner:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -31,65 +30,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agentforge.errors import ConfigError, MissingExtraError, UserError
+from agentforge.errors import MissingExtraError, UserError
 from agentforge.ports import AdapterPublisher, TraceStore
-from agentforge.trainers.lora import LoraFields
-from agentforge.trainers.progress import adopt_activation_checkpointing, quiet, show_progress
+from agentforge.trainers.progress import quiet, show_progress
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
+from agentforge.trainers.replay.sft_config import ReplaySFTConfig
 from agentforge.types import Span, SpanKind, new_id
 
 try:
     from transformers import TrainerCallback
-    from trl import SFTConfig
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError(exc.name or "trl", "train", "replay SFT") from exc
 
-__all__ = ["ReplayResult", "ReplaySFTConfig", "ReplaySFTTrainer", "build_examples", "run_replay_sft"]
+__all__ = ["ReplayResult", "ReplaySFTTrainer", "build_examples", "run_replay_sft"]
 
 logger = logging.getLogger("agentforge.replay")
-
-
-@dataclass
-class ReplaySFTConfig(LoraFields, SFTConfig):
-    """TRL's ``SFTConfig`` plus the replay settings of agentforge, validated when built.
-
-    ``completion_only_loss`` is always ``True`` here (the loss covers sampled tokens only); passing
-    ``False`` is a :class:`~agentforge.errors.ConfigError`. All other TRL fields keep TRL's defaults.
-
-    Attributes:
-        min_reward: train only on rollouts whose reward is at least this (the filter's own
-            ``min_reward``, if higher, wins). Default 1.0: the triage reward's "correct".
-        dedupe: train once on trajectories whose token ids and mask are identical (many samples of one
-            task often produce the same answer); the extras are counted as ``duplicate`` skips.
-        skip_truncated: drop trajectories whose call hit the token limit (``finish_reason == "length"``);
-            off by default, since short-answer agents (triage: 4 tokens) always end that way.
-        lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``, the field set
-            every trainer config shares (:class:`~agentforge.trainers.lora.LoraFields`); rank must not
-            exceed the server's ``--max-lora-rank``.
-    """
-
-    min_reward: float = field(default=1.0, metadata={"help": "Train on rollouts with reward >= this."})
-    dedupe: bool = field(default=True, metadata={"help": "Train once on identical trajectories."})
-    skip_truncated: bool = field(
-        default=False, metadata={"help": "Drop trajectories cut by the token limit."}
-    )
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.completion_only_loss is False:
-            problems.append(
-                "completion_only_loss=False (replay SFT trains on sampled tokens only; leave it unset)"
-            )
-        self.completion_only_loss = True
-        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
-        super().__post_init__()
-        if not math.isfinite(self.min_reward):
-            problems.append(f"min_reward={self.min_reward} (must be a finite number)")
-        problems += self.lora_problems()
-        if self.max_length is not None and self.max_length < 2:
-            problems.append(f"max_length={self.max_length} (must be >= 2 tokens, or None)")
-        if problems:
-            raise ConfigError("invalid ReplaySFTConfig: " + "; ".join(problems))
 
 
 @dataclass

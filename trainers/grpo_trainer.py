@@ -55,7 +55,7 @@ from typing import Any
 
 from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
-from agentforge.trainers.config import TrainConfig
+from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.progress import quiet, show_progress, write_metrics_row
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
 from agentforge.trainers.trl_private import log_step_metrics, use_engine_logprobs
