@@ -27,16 +27,33 @@ def versions(
     ] = None,
     store_url: StoreUrl = None,
 ) -> None:
-    """List versions of the store's resources; the active one is marked.
+    """List versions of the store's resources (the active one is marked) and the promotion history: every
+    gate decision (eval, canary, promote, watch) with its numbers.
 
     Example: `agentforge versions prompt:triage`.
     """
     from rich.markup import escape
     from rich.table import Table
 
+    from agentforge.gate import DECISION_PREFIX, list_decisions
+
     with reported():
-        resources = list(_store(store_url).list_resources(name))
-    table = Table("name", "version", "kind", "active", "created", "detail")
+        store = _store(store_url)
+        resources = [r for r in store.list_resources(name) if not r.name.startswith(DECISION_PREFIX)]
+        decisions = list_decisions(store, name)
+    by_version: dict[str, list[dict[str, object]]] = {}
+    for d in decisions:
+        by_version.setdefault(d.candidate, []).append(
+            {
+                "number": d.number,
+                "stage": d.stage,
+                "outcome": d.outcome,
+                "live": d.live,
+                "reason": d.reason,
+                "evidence": d.evidence,
+            }  # fmt: skip
+        )
+    table = Table("name", "version", "kind", "active", "created", "gate", "detail")
     for r in resources:
         detail = (
             r.payload.get("template")
@@ -46,11 +63,45 @@ def versions(
         if "rollback_of" in r.payload:
             detail = f"rollback of v{r.payload['rollback_of']}: {detail}"
         created = datetime.fromtimestamp(r.created_at).isoformat(timespec="seconds")
+        gate = by_version.get(r.ref, [])
+        last = f"{gate[-1]['stage']} {gate[-1]['outcome']}" if gate else ""
         table.add_row(
-            escape(r.name), str(r.version), r.kind, "✓" if r.active else "", created, escape(str(detail)[:60])
-        )
+            escape(r.name), str(r.version), r.kind, "✓" if r.active else "", created, last,
+            escape(str(detail)[:60]),
+        )  # fmt: skip
     console.print(table)
-    typer.echo(json.dumps([{"name": r.name, "version": r.version, "active": r.active} for r in resources]))
+    if decisions:
+        history = Table(
+            "#",
+            "when",
+            "name",
+            "stage",
+            "outcome",
+            "candidate",
+            "against",
+            "numbers",
+            title="promotion history",
+        )
+        for d in decisions:
+            when = datetime.fromtimestamp(d.created_at).isoformat(timespec="seconds")
+            history.add_row(
+                str(d.number), when, escape(d.name), d.stage, d.outcome, escape(d.candidate), escape(d.live),
+                escape(d.reason[:100]),
+            )  # fmt: skip
+        console.print(history)
+    typer.echo(
+        json.dumps(
+            [
+                {
+                    "name": r.name,
+                    "version": r.version,
+                    "active": r.active,
+                    "decisions": by_version.get(r.ref, []),
+                }
+                for r in resources
+            ]
+        )
+    )
 
 
 def rollback(

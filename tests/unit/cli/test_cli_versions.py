@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from adapters import rank_adapter
 
+from agentforge.gate import Decision, record_decision
 from agentforge.prompts import get_prompt, publish_prompt
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.publish import StorePublisher
+from agentforge.types import ResourceVersion
 
 CLI = [sys.executable, "-m", "agentforge.cli"]
 
@@ -61,3 +64,30 @@ def test_versions_shows_markup_like_text_verbatim(tmp_path: Path) -> None:
     out = _cli("versions", "--store-url", url)
     assert out.returncode == 0 and "[/label]" in out.stderr, out.stderr
     assert _cli("rollback", "prompt:[/x]", "1", "--store-url", url).returncode == 0
+
+
+def test_versions_shows_the_promotion_history(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    store = SQLStore(url)
+    for step in (5, 10):
+        store.publish_resource(
+            ResourceVersion(
+                name="policy", kind="adapter", payload={"path": str(rank_adapter(8)), "step": step}
+            ),
+            activate=step == 5,
+        )
+    evidence = {"live_scores": [1.0, 1.0], "candidate_scores": [0.0, 0.0], "test": {"p_value": 1.0}}
+    record_decision(
+        store, Decision("policy", "eval", "refused", "policy@v2", "policy@v1", "gain -1.000, p = 1", evidence)
+    )
+    wide = {**os.environ, "COLUMNS": "200"}  # rich wraps table cells to the terminal's width
+    out = subprocess.run(
+        [*CLI, "versions", "policy", "--store-url", url], capture_output=True, text=True, env=wide
+    )
+    assert out.returncode == 0, out.stderr
+    listed = {v["version"]: v for v in json.loads(out.stdout)}
+    assert set(listed) == {1, 2} and listed[1]["decisions"] == []  # the decision log is no version row
+    (refusal,) = listed[2]["decisions"]
+    assert (refusal["stage"], refusal["outcome"], refusal["live"]) == ("eval", "refused", "policy@v1")
+    assert refusal["evidence"] == evidence
+    assert "promotion history" in out.stderr and "eval refused" in out.stderr and "gain -1.000" in out.stderr
