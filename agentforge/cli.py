@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -93,6 +94,13 @@ def serve(
         Path | None, typer.Option(help="Serve this LoRA adapter as the first version.")
     ] = None,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank the engine accepts.")] = 16,
+    max_model_len: Annotated[
+        int,
+        typer.Option(
+            min=16,
+            help="Context length in tokens (prompt + completion; tool schemas and the system prompt count).",
+        ),
+    ] = 2048,
     follow: Annotated[
         bool,
         typer.Option(
@@ -101,9 +109,11 @@ def serve(
         ),
     ] = True,  # fmt: skip
 ) -> None:
-    """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy."""
-    import threading
+    """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy.
 
+    Prints the gateway URL (stdout) and the engine's own URL, model and key for a simulated customer (stderr).
+    SIGTERM or Ctrl-C stops it cleanly (exit status 0) and it says what it stopped.
+    """
     from agentforge.errors import AgentForgeError
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
@@ -120,11 +130,11 @@ def serve(
         if backend == "vllm":
             from agentforge.serving.vllm import VLLMServer
 
-            server = VLLMServer(path, max_lora_rank=max_lora_rank)
+            server = VLLMServer(path, max_lora_rank=max_lora_rank, max_model_len=max_model_len)
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
-            server = EmbeddedServer(path, max_lora_rank=max_lora_rank)
+            server = EmbeddedServer(path, max_lora_rank=max_lora_rank, max_model_len=max_model_len)
         store = open_store(store_url, api_key=store_api_key or api_key)
         _check_store_answers(store, alias="policy")  # before the engine's slow start
         console.print(f"starting {backend} with {path} …")
@@ -163,19 +173,60 @@ def serve(
     console.print(
         f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, store {store!r})"
     )
+    _print_engine(server)
     typer.echo(gateway.url)
+    stop, why = _stop_on_sigterm()
     try:
-        threading.Event().wait()
+        while not stop.wait(1.0):
+            pass
     except KeyboardInterrupt:
-        pass
+        why.append("interrupt")
     finally:
+        stopped = []
         if supervisor is not None:
             supervisor.stop()
+            stopped.append("engine supervisor")
         if follower is not None:
             follower.stop()
+            stopped.append("store follower")
         gateway.stop()
         server.stop()
         store.close()
+        stopped += [f"gateway {gateway.url}", f"{backend} engine", "store"]
+        console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): {', '.join(stopped)}", soft_wrap=True)
+
+
+def _stop_on_sigterm() -> tuple[threading.Event, list[str]]:
+    """Make SIGTERM a clean stop of ``serve`` (exit status 0) instead of death by signal (143).
+
+    Returns:
+        ``(event, why)``: SIGTERM sets the event and appends ``"SIGTERM"`` to ``why``.
+    """
+    import signal
+
+    stop = threading.Event()
+    why: list[str] = []
+
+    def _on_sigterm(signum: int, frame: object) -> None:
+        why.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return stop, why
+
+
+def _print_engine(server) -> None:  # type: ignore[no-untyped-def]
+    """Print the engine's own address, model and inference key: the endpoint for a simulated customer.
+
+    Its calls bypass the gateway, so they are neither recorded nor trained on (a customer pointed at the
+    gateway would make unattributed calls). The key is new at each engine start; it cannot load adapters.
+    """
+    key = server.auth_headers().get("Authorization", "").removeprefix("Bearer ")
+    console.print(
+        f"[bold]engine[/] {server.base_url}  model {server.base_model_name}  key {key or '(none)'}  "
+        "(for a simulated customer: not recorded, never trained on)",
+        soft_wrap=True,
+    )
 
 
 def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-def]
