@@ -9,13 +9,16 @@ The front door: everything a user needs is importable from here::
   (``{gateway}/rollouts/{rollout_id}/v1``) and the error tree (:class:`AgentForgeError` → :class:`UserError` /
   :class:`RunError`);
 * agent-side recording: :func:`emit_reward`, :func:`emit_span`;
-* running agents: :class:`Runner`, :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks`;
+* running agents: :class:`Runner`, :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks`,
+  :func:`task_scores`;
 * the store: :func:`open_store` (SQLite, PostgreSQL or a store server, by URL), the :class:`TraceStore` port;
 * serving: :class:`LocalStack` (engine + hot-swapper + gateway + runners), :class:`HotSwapper`,
   :func:`prepare_default_model`;
 * the registry: prompts (:func:`publish_prompt`, :func:`get_prompt` for the active or a pinned version,
   :func:`rollback_prompt` to activate any version) and adapters (:class:`AdapterPublisher` with its
   ``publish``/``current``, :class:`HotSwapPublisher`, :class:`StorePublisher`, :func:`rollback_adapter`);
+* gated promotion: :class:`GatedPublisher` (an adapter becomes the default only through :class:`EvalGate`, a
+  :class:`CanaryRule` on live traffic, and is rolled back by :class:`RollbackRule`), :func:`list_decisions`;
 * training: :class:`TrainConfig` + :class:`LightningTrainer` (online GRPO), :class:`ContinualTrainer` (from
   user feedback), :class:`ReplaySFTConfig` + :func:`run_replay_sft` and :func:`run_offline_grpo` (stored
   traces picked by a :class:`TraceFilter`), :func:`optimize_prompt`, :func:`plot_reward_curves`.
@@ -56,12 +59,14 @@ from agentforge.types import (
 )
 
 if _typing.TYPE_CHECKING:
+    from agentforge.gate import CanaryRule, EvalGate, RollbackRule, list_decisions
     from agentforge.model import prepare_default_model
     from agentforge.open import open_store
     from agentforge.ports import AdapterPublisher, TraceStore
     from agentforge.prompts import get_prompt, publish_prompt, rollback_prompt
-    from agentforge.runtime import Runner, enqueue_tasks, evaluate_tasks, wait_for_rollouts
+    from agentforge.runtime import Runner, enqueue_tasks, evaluate_tasks, task_scores, wait_for_rollouts
     from agentforge.serving.hotswap import HotSwapper
+    from agentforge.serving.promoter import GatedPublisher
     from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
     from agentforge.tracing import emit_reward, emit_span
@@ -86,6 +91,7 @@ _LAZY = {
     "enqueue_tasks": "agentforge.runtime",
     "wait_for_rollouts": "agentforge.runtime",
     "evaluate_tasks": "agentforge.runtime",
+    "task_scores": "agentforge.runtime",
     "open_store": "agentforge.open",
     "TraceStore": "agentforge.ports",
     "LocalStack": "agentforge.stack",
@@ -96,6 +102,11 @@ _LAZY = {
     "rollback_prompt": "agentforge.prompts",
     "AdapterPublisher": "agentforge.ports",
     "HotSwapPublisher": "agentforge.serving.publisher",
+    "GatedPublisher": "agentforge.serving.promoter",
+    "EvalGate": "agentforge.gate",
+    "CanaryRule": "agentforge.gate",
+    "RollbackRule": "agentforge.gate",
+    "list_decisions": "agentforge.gate",
     "StorePublisher": "agentforge.trainers.publish",
     "rollback_adapter": "agentforge.trainers.publish",
     "TrainConfig": "agentforge.trainers.grpo_config",
@@ -142,6 +153,7 @@ __all__ = [
     "enqueue_tasks",
     "wait_for_rollouts",
     "evaluate_tasks",
+    "task_scores",
     "open_store",
     "TraceStore",
     "LocalStack",
@@ -155,6 +167,12 @@ __all__ = [
     "HotSwapPublisher",
     "StorePublisher",
     "rollback_adapter",
+    # gated promotion: eval gate, traffic canary, automatic rollback, the decision log
+    "GatedPublisher",
+    "EvalGate",
+    "CanaryRule",
+    "RollbackRule",
+    "list_decisions",
     # training
     "TrainConfig",
     "LightningTrainer",

@@ -48,6 +48,17 @@ def train(
         ),
     ] = "none",
     resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint in --output-dir.")] = True,
+    gate_max_p: Annotated[
+        float | None,
+        typer.Option(
+            help="Promote each new adapter only through the eval gate: on --eval-tasks, a paired sign test "
+            "against the live version must give p <= this (and the gain exceed --gate-min-gain); refused "
+            "versions are never served by default. Decisions: `agentforge versions policy`."
+        ),
+    ] = None,
+    gate_min_gain: Annotated[
+        float, typer.Option(help="The eval gate's minimum mean-reward gain over the live version.")
+    ] = 0.0,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints one line per step on stderr (reward, s/step, served
@@ -63,6 +74,17 @@ def train(
         build_agent(agent)  # a wrong spec fails now, not after the engine started
         train_tasks = load_tasks(tasks)
         held_out = load_tasks(eval_tasks) if eval_tasks is not None else None
+        if gate_max_p is not None and not held_out:
+            from agentforge.errors import UserError
+
+            raise UserError(
+                "--gate-max-p needs --eval-tasks: the gate compares versions on those held-out tasks"
+            )
+        gate = None
+        if gate_max_p is not None:
+            from agentforge.gate import EvalGate
+
+            gate = EvalGate(max_p=gate_max_p, min_gain=gate_min_gain)
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
                          max_completion_length, seed, report_to)  # fmt: skip
         if len(train_tasks) < config.tasks_per_step:
@@ -73,7 +95,7 @@ def train(
             )
         output_dir.mkdir(parents=True, exist_ok=True)
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
-        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume)
+        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate)
     typer.echo(json.dumps(summary))
 
 
@@ -95,9 +117,10 @@ def _config(
     )  # fmt: skip
 
 
-def _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume):  # type: ignore[no-untyped-def]
+def _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate=None):  # type: ignore[no-untyped-def]
     from agentforge.model import prepare_default_model
-    from agentforge.runtime import evaluate_tasks
+    from agentforge.runtime import evaluate_tasks, task_scores
+    from agentforge.serving.promoter import GatedPublisher
     from agentforge.serving.publisher import HotSwapPublisher
     from agentforge.stack import LocalStack
     from agentforge.trainers.grpo_trainer import LightningTrainer
@@ -111,10 +134,19 @@ def _train(agent, store, train_tasks, held_out, config, model, backend, workers,
                 store, held_out, {"policy": stack.base_version}, label="before"
             )
             console.print(f"held-out mean reward of {stack.base_version}: {summary['before']:.4f}")
-        trainer = LightningTrainer(model, store, train_tasks, config, HotSwapPublisher(stack.swapper, store))
+        publisher: HotSwapPublisher | GatedPublisher = HotSwapPublisher(stack.swapper, store)
+        if gate is not None:  # each adapter meets the live version on the held-out tasks first
+            publisher = GatedPublisher(stack.swapper, store, gate=gate,
+                                       evaluate=lambda v: task_scores(store, held_out, {config.alias: v}, label="gate"))  # fmt: skip
+        trainer = LightningTrainer(model, store, train_tasks, config, publisher)
         trainer.train(resume_from_checkpoint=resume)
         version = stack.router.alias(config.alias)
         summary.update(version=version, versions=trainer.versions, steps=trainer.trainer.state.global_step)
+        if isinstance(publisher, GatedPublisher):
+            summary["decisions"] = [
+                {"stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live}
+                for d in publisher.decisions
+            ]
         if held_out:
             summary["after"] = evaluate_tasks(store, held_out, {"policy": version}, label="after")
             console.print(f"held-out mean reward of {version}: {summary['after']:.4f}")

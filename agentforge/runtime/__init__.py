@@ -3,7 +3,7 @@
 * :class:`Runner` — N workers (threads or spawned processes) claim queued rollouts from the store, run
   the agent with a :class:`RolloutContext` whose ``base_url`` is ``{gateway}/rollouts/{rollout_id}/v1``,
   record rewards and attempt outcomes, and re-queue rollouts of dead workers (heartbeat watchdog).
-* :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks`, :func:`load_tasks` — enqueue G
+* :func:`enqueue_tasks`, :func:`wait_for_rollouts`, :func:`evaluate_tasks` (:func:`task_scores`: per task), :func:`load_tasks` — enqueue G
   rollouts per task, wait for them, measure a version's mean reward, read tasks from JSONL.
 * :class:`LangGraphAgent` — run an unchanged LangGraph graph as an agent;
   :class:`~agentforge.runtime.callbacks.ToolSpanCallback` (import it from
@@ -16,7 +16,7 @@ Importing this package starts nothing and imports neither ``openai`` nor LangCha
 from agentforge.runtime.agents import Agent, LangGraphAgent, Scorer, build_agent, load_object
 from agentforge.runtime.context import AttemptStore, RolloutContext, bound_tool_output
 from agentforge.runtime.runner import Runner
-from agentforge.runtime.tasks import enqueue_tasks, evaluate_tasks, load_tasks, wait_for_rollouts
+from agentforge.runtime.tasks import enqueue_tasks, evaluate_tasks, load_tasks, task_scores, wait_for_rollouts
 from agentforge.runtime.worker import describe_error, give_back
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "enqueue_tasks",
     "wait_for_rollouts",
     "evaluate_tasks",
+    "task_scores",
     "load_tasks",
     "give_back",
     "bound_tool_output",

@@ -15,7 +15,7 @@ from agentforge.types import Rollout, Task, new_id
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
 
-__all__ = ["enqueue_tasks", "wait_for_rollouts", "evaluate_tasks", "load_tasks"]
+__all__ = ["enqueue_tasks", "wait_for_rollouts", "task_scores", "evaluate_tasks", "load_tasks"]
 
 
 def enqueue_tasks(
@@ -108,7 +108,7 @@ def wait_for_rollouts(
         time.sleep(poll_s)
 
 
-def evaluate_tasks(
+def task_scores(
     store: TraceStore,
     tasks: Sequence[Task | Mapping[str, Any]],
     resources: Mapping[str, str] | None = None,
@@ -117,12 +117,14 @@ def evaluate_tasks(
     agent: str = "",
     timeout_s: float = 1800.0,
     max_attempts: int = 2,
-) -> float:
-    """Mean final reward of one rollout per task, run by whatever runners serve the store.
+) -> list[float]:
+    """Final reward of one rollout per task, in task order, run by whatever runners serve the store.
 
-    The held-out evaluation every job uses: the tasks carry their own sampling settings (e.g.
-    ``input["temperature"] = 0`` for greedy), ``resources`` pins what the rollouts use (``{"policy":
-    "policy@v3"}``, ``{"prompt:triage": "2"}``), and a rollout that fails or has no reward counts 0.
+    The per-example scores of a held-out evaluation (the promotion gate's paired test compares two
+    versions' lists example by example, :class:`agentforge.gate.EvalGate`). The tasks carry their own
+    sampling settings (e.g. ``input["temperature"] = 0`` for greedy), ``resources`` pins what the rollouts
+    use (``{"policy": "policy@v3"}``, ``{"prompt:triage": "2"}``), and a rollout that fails or has no reward
+    scores 0.
 
     Args:
         store: the trace store the runners poll.
@@ -134,6 +136,40 @@ def evaluate_tasks(
         max_attempts: attempts per rollout.
 
     Returns:
+        ``N`` rewards (for exact-match scorers: 0.0 or 1.0 each).
+
+    Raises:
+        UserError: no tasks.
+        RolloutTimeout: the rollouts did not finish in ``timeout_s``.
+    """
+    if not tasks:
+        raise UserError("an evaluation needs at least one task")
+    rollouts = enqueue_tasks(
+        store, tasks, resources=resources, agent=agent, metadata={"eval": label}, max_attempts=max_attempts
+    )
+    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=timeout_s)
+    scores = []
+    for rollout in done:
+        final = store.final_reward(rollout.rollout_id)
+        scores.append(float(final.value) if final is not None and final.value is not None else 0.0)
+    return scores
+
+
+def evaluate_tasks(
+    store: TraceStore,
+    tasks: Sequence[Task | Mapping[str, Any]],
+    resources: Mapping[str, str] | None = None,
+    *,
+    label: str = "eval",
+    agent: str = "",
+    timeout_s: float = 1800.0,
+    max_attempts: int = 2,
+) -> float:
+    """Mean final reward of one rollout per task (the mean of :func:`task_scores`, same arguments).
+
+    The held-out evaluation every job uses; a rollout that fails or has no reward counts 0.
+
+    Returns:
         The mean reward over the ``N`` tasks (for exact-match scorers: the accuracy in ``[0, 1]``).
 
     Raises:
@@ -142,15 +178,9 @@ def evaluate_tasks(
     """
     if not tasks:
         raise UserError("evaluate_tasks needs at least one task")
-    rollouts = enqueue_tasks(
-        store, tasks, resources=resources, agent=agent, metadata={"eval": label}, max_attempts=max_attempts
-    )
-    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=timeout_s)
-    total = 0.0
-    for rollout in done:
-        final = store.final_reward(rollout.rollout_id)
-        total += final.value if final is not None and final.value is not None else 0.0
-    return total / len(done)
+    scores = task_scores(store, tasks, resources, label=label, agent=agent, timeout_s=timeout_s,
+                         max_attempts=max_attempts)  # fmt: skip
+    return sum(scores) / len(scores)
 
 
 def load_tasks(path: str | Path) -> list[Task]:
