@@ -110,6 +110,47 @@ def _default_env() -> ToolEnv:
     return load_tau_retail()
 
 
+def _dataset_of(task: Task | Mapping[str, Any]) -> Any:
+    """The ``dataset`` a task names, read where :func:`gold_of` reads its actions, or ``None``."""
+    if isinstance(task, Task):
+        return task.metadata.get("dataset")
+    metadata = task.get("metadata")
+    source = metadata if "actions" not in task and isinstance(metadata, Mapping) else task
+    return source.get("dataset")
+
+
+def _check_retail(
+    db: ToolDB | str, task: Task | Mapping[str, Any], actions: Sequence[Mapping[str, Any]]
+) -> None:
+    """Refuse to score a task of another domain on the τ-retail database (the default when ``env`` is None).
+
+    Replaying another domain's gold actions on the retail database never matches the agent's database, so
+    every rollout would silently score 0.0.
+
+    Raises:
+        UserError: ``db`` is a database object of another domain, the task names another ``dataset``, or a
+            gold action names a tool τ-retail does not have; the message says to pass ``env=``.
+    """
+    from agentforge.agents.customer_service.tau_retail import DATASET, TOOLS
+
+    dataset = _dataset_of(task)
+    unknown = sorted({str(a.get("name")) for a in actions if a.get("name") not in TOOLS})
+    if not isinstance(db, str):
+        why = f"the database is a {type(db).__name__}, not a τ-retail database"
+    elif dataset not in (None, DATASET):
+        why = f"the task is from dataset {dataset!r}, not {DATASET!r}"
+    elif unknown:
+        why = f"its gold actions call tools τ-retail does not have ({', '.join(unknown)})"
+    else:
+        return
+    raise UserError(
+        f"τ reward without env=: {why}, so its gold actions would be replayed on the τ-retail database and "
+        "every rollout would score 0.0; pass your domain's environment (an object with new_db() whose "
+        "databases have call_tool(name, arguments) and db_hash()): tau_reward(..., env=ENV) or "
+        "make_tau_reward_func(ENV)"
+    )
+
+
 def gold_hash(env: ToolEnv, actions: Sequence[Mapping[str, Any]]) -> str:
     """Replay gold actions on a fresh database of ``env`` and return its hash (cached per env).
 
@@ -174,18 +215,24 @@ def tau_reward_details(
         task: the τ task (see :func:`gold_of`).
         agent_messages: what the agent said: strings or OpenAI message dicts (assistant turns count).
         env: the domain to replay the gold actions in; default: the database's own snapshot when ``db``
-            is a τ-retail database, else the τ-retail environment from :func:`load_tau_retail`.
+            is a τ-retail database, else the τ-retail environment from :func:`load_tau_retail` — only for
+            τ-retail tasks: another domain must pass its own ``env``.
 
     Returns:
         A :class:`TauRewardResult`; ``reward`` is 1.0 or 0.0.
 
     Raises:
-        UserError: bad ``task``/``agent_messages`` types, or the τ-retail data is missing.
+        UserError: bad ``task``/``agent_messages`` types, the τ-retail data is missing, or ``env`` is
+            ``None`` for a task or database of another domain (see :func:`_check_retail`).
     """
     actions, outputs = gold_of(task)
     if env is None:
         snapshot = getattr(db, "data", None)
-        env = snapshot if callable(getattr(snapshot, "new_db", None)) else _default_env()
+        if callable(getattr(snapshot, "new_db", None)):
+            env = snapshot
+        else:
+            _check_retail(db, task, actions)
+            env = _default_env()
     agent_hash = db if isinstance(db, str) else db.db_hash()
     expected = gold_hash(env, actions)
     missing = outputs_found(outputs, agent_messages)
@@ -245,7 +292,8 @@ def make_tau_reward_func(env: ToolEnv | None = None) -> RewardFunc:
     or a completion of an unsupported type.
 
     Args:
-        env: the domain to replay gold actions in (default: τ-retail, loaded on first call).
+        env: the domain to replay gold actions in (default: τ-retail, loaded on first call; a task or
+            database of another domain then raises ``UserError`` instead of scoring 0.0).
 
     Returns:
         The reward function, named ``tau_reward`` (TRL logs it under that name).

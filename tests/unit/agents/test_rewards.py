@@ -121,6 +121,43 @@ def test_tau_reward_func_has_trl_shape(env, task_with_outputs):
         tau_reward_func([good], task=[task])
 
 
+class _CounterDB:
+    """A tiny domain of its own: one counter, one tool."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def call_tool(self, name, arguments):
+        self.count += int(arguments.get("by", 1))
+        return str(self.count)
+
+    def db_hash(self) -> str:
+        return f"count={self.count}"
+
+
+class _CounterEnv:
+    def new_db(self) -> _CounterDB:
+        return _CounterDB()
+
+
+def test_tau_reward_of_another_domain_needs_its_env(env):
+    task = {"actions": [{"name": "increment", "kwargs": {"by": 2}}], "outputs": []}
+    db = _CounterDB()
+    db.call_tool("increment", {"by": 2})
+    assert tau_reward(db, task, env=_CounterEnv()) == 1.0  # with its env: scored in its own domain
+    with pytest.raises(UserError, match="env=.*CounterDB"):  # forgetting env=: an error, not a silent 0.0
+        tau_reward(db, task)
+    with pytest.raises(UserError, match="increment"):  # by hash: the unknown tool gives it away
+        tau_reward(db.db_hash(), task)
+    with pytest.raises(UserError, match="dataset 'counter_v1'"):
+        tau_reward("hash", {"actions": [], "metadata": {}, "dataset": "counter_v1"})
+    with pytest.raises(UserError, match="make_tau_reward_func"):
+        make_tau_reward_func()([[{"role": "assistant", "content": "ok"}]], task=[task], db=[db])
+    assert make_tau_reward_func(_CounterEnv())(
+        [[{"role": "assistant", "content": "ok"}]], task=[task], db=[db]
+    ) == [1.0]
+
+
 # -- triage -----------------------------------------------------------------------------------------
 
 
