@@ -4,11 +4,15 @@
 ``async``. Its return value is one of:
 
 * a number: the rollout's reward (stored as a ``final`` reward, ``source="agent"``);
-* a mapping with a ``"reward"`` key: the same, with that value;
+* a mapping with a ``"reward"`` key: the same, with that value; its other keys with number (or bool, or
+  ``None``) values are the reward's named parts (``{"reward": 1.0, "db_match": 1.0, "outputs": 0.0}``),
+  stored in the reward's ``metadata["parts"]`` and shown by ``agentforge traces show``; keys with other
+  values are named in ``metadata["unscored_keys"]`` (and logged), never dropped without a word;
 * anything else, or ``None``: no reward from the return value. The runner's ``scorer`` decides, or
   the agent recorded rewards itself (``ctx.emit_reward``).
 
-With a ``scorer``, the scorer always decides (it is given the return value, whatever it is). An
+With a ``scorer``, the scorer always decides (it is given the return value, whatever it is); it returns a
+number, ``None`` or such a mapping. An
 exception raised by the agent fails the attempt with its message (never a reward of 0); upstream
 errors reach the agent as ``openai`` exceptions (e.g. ``BadRequestError`` for a prompt over the
 context limit) and fail the attempt the same way unless the agent handles them.
@@ -31,12 +35,21 @@ if TYPE_CHECKING:
 
     from agentforge.runtime.context import RolloutContext
 
-__all__ = ["Agent", "Scorer", "load_object", "build_agent", "LangGraphAgent"]
+__all__ = [
+    "Agent",
+    "Scorer",
+    "load_object",
+    "build_agent",
+    "LangGraphAgent",
+    "reward_from_output",
+    "reward_parts",
+]
 
 #: ``agent(task, ctx) -> reward | {"reward": ...} | None | Any`` (sync or async).
 Agent = Callable[[Task, "RolloutContext"], Any]
-#: ``scorer(task, output) -> reward`` (``None``: no usable reward; stored as invalid, never as 0).
-Scorer = Callable[[Task, Any], "float | None"]
+#: ``scorer(task, output) -> reward | {"reward": ..., **parts}`` (``None``: no usable reward; stored as
+#: invalid, never as 0).
+Scorer = Callable[[Task, Any], "float | Mapping[str, Any] | None"]
 
 
 def load_object(spec: str) -> Any:
@@ -152,6 +165,36 @@ def reward_from_output(output: Any) -> tuple[bool, float | None]:
             return True, float(value)
         raise UserError(f"the agent returned reward={value!r}; a reward must be a number or None")
     return False, None
+
+
+def reward_parts(output: Any) -> dict[str, Any]:
+    """The reward metadata a ``{"reward": ..., **extras}`` return value carries besides its value.
+
+    Args:
+        output: an agent's return value or a scorer's result (anything; only a mapping with a ``"reward"``
+            key has extras).
+
+    Returns:
+        ``{"parts": {name: float | None}}`` for extras whose values are numbers, bools (as 0.0/1.0) or
+        ``None``, plus ``{"unscored_keys": [name, ...]}`` for extras of other types (their values are not
+        stored: they may be large or not JSON); ``{}`` when there are no extras. NaN parts are kept as
+        ``None`` (the store's JSON has no NaN).
+    """
+    import math
+
+    if not isinstance(output, Mapping) or "reward" not in output:
+        return {}
+    parts: dict[str, float | None] = {}
+    other: list[str] = []
+    for key, value in output.items():
+        if key == "reward":
+            continue
+        if value is None or isinstance(value, int | float):
+            number = None if value is None else float(value)
+            parts[str(key)] = None if number is None or math.isnan(number) else number
+        else:
+            other.append(str(key))
+    return {**({"parts": parts} if parts else {}), **({"unscored_keys": other} if other else {})}
 
 
 class LangGraphAgent:

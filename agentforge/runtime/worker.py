@@ -29,12 +29,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import NotFoundError, UserError
-from agentforge.runtime.agents import reward_from_output
+from agentforge.runtime.agents import reward_from_output, reward_parts
 from agentforge.runtime.context import AttemptStore, RolloutContext, SharedHttpClient
 from agentforge.tracing import rollout_context
 from agentforge.types import (
@@ -345,20 +345,36 @@ class Worker:
         return AttemptState.failed
 
     def _reward(self, rollout: Rollout, attempt_id: str, output: Any) -> None:
-        """Record the reward from the scorer or the return value (nothing if there is none)."""
+        """Record the reward from the scorer or the return value (nothing if there is none), with the named
+        parts of a ``{"reward": ..., **parts}`` result in its metadata (see :func:`reward_parts`)."""
         if self.scorer is not None:
-            has, value, source = True, self.scorer(rollout.task, output), "scorer"
-            if value is not None and not isinstance(value, int | float):
-                raise UserError(f"the scorer returned {value!r}; a reward must be a number or None")
+            result, source = self.scorer(rollout.task, output), "scorer"
+            if isinstance(result, Mapping) and "reward" in result:
+                has, value = reward_from_output(result)
+            elif result is None or isinstance(result, int | float):
+                has, value = True, result
+            else:
+                raise UserError(
+                    f"the scorer returned {result!r}; a reward must be a number, None or a dict with 'reward'"
+                )
         else:
-            (has, value), source = reward_from_output(output), "agent"
+            result, source = output, "agent"
+            has, value = reward_from_output(output)
         if not has or not _still_running(self.store, rollout.rollout_id, attempt_id):
             return
+        metadata = reward_parts(result)
+        if metadata.get("unscored_keys"):
+            logger.warning(
+                "rollout %s: the %s's reward came with non-number keys %s; they are not reward parts "
+                "(only their names are stored)",
+                rollout.rollout_id, source, ", ".join(metadata["unscored_keys"]),
+            )  # fmt: skip
         self.store.add_reward(
             Reward(
-                rollout_id=rollout.rollout_id, attempt_id=attempt_id, value=value, final=True, source=source
+                rollout_id=rollout.rollout_id, attempt_id=attempt_id, value=value, final=True, source=source,
+                metadata=metadata,
             )
-        )
+        )  # fmt: skip
 
 
 def _still_running(store: TraceStore, rollout_id: str, attempt_id: str) -> bool:

@@ -104,6 +104,32 @@ def test_rewards_from_return_values_and_scorer() -> None:
     assert [(x.value, x.valid) for x in store.list_rewards(scored[1].rollout_id)] == [(None, False)]
 
 
+def test_reward_extras_are_kept_as_named_parts(caplog: pytest.LogCaptureFixture) -> None:
+    def agent(task: Task, ctx: RolloutContext) -> Any:
+        return {"reward": 1.0, "db_match": True, "outputs": 0.5, "nan": float("nan"), "transcript": ["hi"]}
+
+    def scorer(task: Task, output: Any) -> Any:
+        return {"reward": output["outputs"], "judge": 0.25}
+
+    store = memory_store()
+    (plain,) = enqueue_tasks(store, [{}])
+    with Runner(store, agent, NO_GATEWAY, **FAST) as runner:
+        runner.run_until_done([plain.rollout_id], timeout_s=10)
+    (reward,) = store.list_rewards(plain.rollout_id)
+    assert reward.value == 1.0 and reward.source == "agent"
+    assert reward.metadata == {
+        "parts": {"db_match": 1.0, "outputs": 0.5, "nan": None},
+        "unscored_keys": ["transcript"],
+    }
+    assert "transcript" in caplog.text  # the non-number key is named, not dropped without a word
+
+    (scored,) = enqueue_tasks(store, [{}], agent="scored")
+    with Runner(store, agent, NO_GATEWAY, scorer=scorer, agent_name="scored", **FAST) as runner:
+        runner.run_until_done([scored.rollout_id], timeout_s=10)
+    (reward,) = store.list_rewards(scored.rollout_id)
+    assert (reward.value, reward.source, reward.metadata) == (0.5, "scorer", {"parts": {"judge": 0.25}})
+
+
 def test_agent_and_scorer_errors_fail_the_attempt_without_a_reward() -> None:
     def agent(task: Task, ctx: RolloutContext) -> float:
         if task.input.get("boom"):
