@@ -13,10 +13,11 @@ One process runs the whole loop (for the pieces on separate machines, see the RE
 Try it::
 
     python examples/continual_app.py --backend embedded --port 8080
-    curl -s -XPOST localhost:8080/sessions                          # -> {"session_id": "ro_..."}
+    curl -s -XPOST localhost:8080/sessions           # -> {"session_id": "ro_...", "session_token": "T", ...}
     curl -s -XPOST localhost:8080/sessions/ro_.../messages -d '{"content": "Where is my order W1001?"}' \\
-         -H 'content-type: application/json'
-    curl -s -XPOST localhost:8080/sessions/ro_.../feedback -d '{"score": 1}' -H 'content-type: application/json'
+         -H 'content-type: application/json' -H 'Authorization: Bearer T'
+    curl -s -XPOST localhost:8080/sessions/ro_.../feedback -d '{"score": 1}' \\
+         -H 'content-type: application/json' -H 'Authorization: Bearer T'
 
 Ctrl-C stops the trainer (it publishes what it trained), then the app and the stack.
 """

@@ -7,7 +7,7 @@ attributed to that conversation. A user's thumbs up/down becomes the rollout's r
 Routes:
 
 * ``POST /sessions`` — ``{"user"?, "metadata"?, "prompt_version"?}`` → 201 ``{"session_id", "rollout_id",
-  "state": "running", "prompt_version"}``. The rollout is enqueued for agent :data:`AGENT` and moved to
+  "session_token", "state": "running", "prompt_version"}``. The rollout is enqueued for agent :data:`AGENT` and moved to
   ``running`` at once, without an attempt: the app, not a runner, works on it, so no heartbeat is needed
   (a conversation may idle for hours) and a runner's ``requeue_stale`` never takes it back. The system
   prompt is the versioned resource :data:`PROMPT_NAME`, read when the session starts (the active version,
@@ -24,6 +24,14 @@ Routes:
 * ``POST /sessions/{id}/close`` — the rollout goes to ``succeeded`` (idempotent) → ``{"session_id",
   "state"}``.
 
+Who may do what: every ``/sessions/{id}/...`` route needs ``Authorization: Bearer <session_token>``, the
+token ``POST /sessions`` returned for that session (401 without it or with another session's token), so
+nobody can talk in, rate or close a conversation that is not theirs; the store keeps only the token's
+SHA-256, so a rating still checks after a restart. With an app key (``--app-key`` / ``$AGENTFORGE_APP_KEY``)
+``POST /sessions`` needs ``Authorization: Bearer <app key>`` too; without one the app serves only requests
+that arrive on loopback (:class:`agentforge.loopback.LoopbackGuard`), as every agentforge server does. The
+app holds the gateway's keys; the users never see them.
+
 Run it next to a gateway (the gateway also serves the store API, so the store URL defaults to it)::
 
     python examples/app/service.py --gateway-url http://127.0.0.1:8000 --port 8080
@@ -33,8 +41,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import math
 import os
+import secrets
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
@@ -62,6 +73,8 @@ from agentforge import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits next to this file
 
 import chat_agent  # noqa: E402
+
+from agentforge.loopback import LoopbackGuard, check_bind  # noqa: E402
 
 __all__ = ["AGENT", "PROMPT_NAME", "create_app", "main"]
 
@@ -103,11 +116,26 @@ class Feedback(BaseModel):
 
 @dataclass
 class Conversation:
-    """An open conversation: its rollout, its message history, and a lock (one turn at a time)."""
+    """An open conversation: its rollout, its token's digest, its message history, and a lock (one turn at a
+    time)."""
 
     rollout_id: str
+    token_digest: str
     messages: list[dict[str, Any]] = field(default_factory=chat_agent.new_conversation)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+#: Where a session's token digest is kept (``Rollout.metadata``); the token itself is never stored.
+TOKEN_KEY = "session_token_sha256"
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _bearer(authorization: str | None) -> str:
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _unknown(session_id: str) -> HTTPException:
@@ -123,6 +151,7 @@ def create_app(
     model: str = "policy",
     api_key: str | None = None,
     max_tokens: int = 48,
+    app_key: str | None = None,
 ) -> FastAPI:
     """Build the app.
 
@@ -133,6 +162,7 @@ def create_app(
         model: the model name the agent asks for (the gateway's alias).
         api_key: the gateway's API key, if it has one.
         max_tokens: completion limit per model call, tokens.
+        app_key: the key ``POST /sessions`` needs (``None``: loopback only; see the module docstring).
 
     Returns:
         The FastAPI app (routes in the module docstring). Conversations live in this process's memory;
@@ -147,20 +177,43 @@ def create_app(
         yield
         await client.close()
 
-    app = FastAPI(title="agentforge example: customer-service app", lifespan=lifespan)
+    app = FastAPI(
+        title="agentforge example: customer-service app", lifespan=lifespan, docs_url=None, redoc_url=None,
+        openapi_url=None,
+    )  # fmt: skip
+    if app_key is None:
+        app.add_middleware(LoopbackGuard, what="example app")
 
-    def session_rollout(session_id: str) -> Rollout:
+    def session_rollout(session_id: str, authorization: str | None) -> Rollout:
+        """The session's rollout, once the caller proved it holds the session's token (404, 401)."""
         try:
             rollout = store.get_rollout(session_id)
         except NotFoundError:
             raise _unknown(session_id) from None
         if rollout.agent != AGENT:
             raise _unknown(session_id)
+        expected = str(rollout.metadata.get(TOKEN_KEY, ""))
+        given = _bearer(authorization)
+        if not expected or not given or not hmac.compare_digest(_digest(given), expected):
+            raise HTTPException(
+                401,
+                detail=f"session {session_id!r} needs 'Authorization: Bearer <session_token>' with the token "
+                "POST /sessions returned for it",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return rollout
 
     @app.post("/sessions", status_code=201)
-    def new_session(body: NewSession | None = None) -> dict[str, Any]:
+    def new_session(
+        body: NewSession | None = None, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        if app_key is not None and not hmac.compare_digest(_bearer(authorization), app_key):
+            raise HTTPException(
+                401, detail="POST /sessions needs 'Authorization: Bearer <app key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
         body = body or NewSession()
+        token = secrets.token_urlsafe(24)
         try:  # read at every session start: a newly published version applies from the next session
             prompt = get_prompt(store, PROMPT_NAME, version=body.prompt_version, default=chat_agent.SYSTEM)
         except NotFoundError as exc:
@@ -169,24 +222,27 @@ def create_app(
             agent=AGENT,
             task=Task(input={"channel": "app"}, metadata={"user": body.user}),
             resources={PROMPT_NAME: str(prompt.version)},
-            metadata={**body.metadata, "user": body.user},
+            metadata={**body.metadata, "user": body.user, TOKEN_KEY: _digest(token)},
         )
         rollout = store.enqueue_rollout(rollout)
         rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
         system = str(prompt.payload.get("template", ""))
         open_sessions[rollout.rollout_id] = Conversation(
-            rollout.rollout_id, chat_agent.new_conversation(system)
+            rollout.rollout_id, _digest(token), chat_agent.new_conversation(system)
         )
         return {
-            "session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "state": rollout.state,
-            "prompt_version": prompt.version,
+            "session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "session_token": token,
+            "state": rollout.state, "prompt_version": prompt.version,
         }  # fmt: skip
 
     @app.post("/sessions/{session_id}/messages", response_model=None)
-    async def message(session_id: str, body: UserMessage) -> dict[str, Any] | StreamingResponse:
+    async def message(
+        session_id: str, body: UserMessage, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any] | StreamingResponse:
         conv = open_sessions.get(session_id)
+        if conv is None or not hmac.compare_digest(_digest(_bearer(authorization)), conv.token_digest):
+            rollout = await asyncio.to_thread(session_rollout, session_id, authorization)  # 404, 401
         if conv is None:
-            rollout = await asyncio.to_thread(session_rollout, session_id)  # 404 when unknown
             raise HTTPException(
                 409,
                 detail=f"session {session_id!r} is not open (its rollout is {rollout.state.value}); "
@@ -210,8 +266,10 @@ def create_app(
         return {"reply": text, "tool_calls": tools}
 
     @app.post("/sessions/{session_id}/feedback")
-    def feedback(session_id: str, body: Feedback) -> dict[str, Any]:
-        session_rollout(session_id)
+    def feedback(
+        session_id: str, body: Feedback, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        session_rollout(session_id, authorization)
         reward = emit_reward(
             body.score,
             name="user_feedback",
@@ -224,8 +282,8 @@ def create_app(
         return {"session_id": session_id, "reward_id": reward.reward_id, "value": reward.value}
 
     @app.post("/sessions/{session_id}/close")
-    async def close(session_id: str) -> dict[str, str]:
-        rollout = await asyncio.to_thread(session_rollout, session_id)
+    async def close(session_id: str, authorization: str | None = Header(default=None)) -> dict[str, str]:
+        rollout = await asyncio.to_thread(session_rollout, session_id, authorization)
         conv = open_sessions.pop(session_id, None)
         if conv is not None:
             async with conv.lock:  # let a turn in progress finish first
@@ -269,12 +327,20 @@ def main() -> None:
     parser.add_argument(  # the first session publishes the built-in system prompt as version 1
         "--admin-key", default=os.environ.get("AGENTFORGE_ADMIN_KEY"), help="the store's admin key"
     )
+    parser.add_argument(
+        "--app-key",
+        default=os.environ.get("AGENTFORGE_APP_KEY"),
+        help="key for POST /sessions (required off loopback)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
+    check_bind(args.host, args.app_key, "example app")
     store = open_store(args.store_url or args.gateway_url, api_key=args.api_key, admin_key=args.admin_key)
     try:
-        app = create_app(args.gateway_url, store, model=args.model, api_key=args.api_key)
+        app = create_app(
+            args.gateway_url, store, model=args.model, api_key=args.api_key, app_key=args.app_key
+        )
         uvicorn.run(app, host=args.host, port=args.port)
     finally:
         store.close()

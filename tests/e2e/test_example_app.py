@@ -60,15 +60,31 @@ def app_client(stack) -> Iterator[TestClient]:
         yield client
 
 
-def new_session(client: TestClient) -> str:
-    resp = client.post("/sessions", json={"user": "u-1"})
+#: session id → the session token ``POST /sessions`` returned (what the app's user holds).
+TOKENS: dict[str, str] = {}
+
+
+def auth(session_id: str) -> dict[str, str]:
+    """The ``Authorization`` header of a session's owner (none for a session this test never started)."""
+    token = TOKENS.get(session_id)
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
+def started(resp: Any) -> str:
+    """Remember the token of a session ``POST /sessions`` just started; returns its id."""
     assert resp.status_code == 201, resp.text
-    assert resp.json()["state"] == "running"
+    TOKENS[resp.json()["session_id"]] = resp.json()["session_token"]
     return resp.json()["session_id"]
 
 
+def new_session(client: TestClient) -> str:
+    resp = client.post("/sessions", json={"user": "u-1"})
+    assert resp.json()["state"] == "running"
+    return started(resp)
+
+
 def say(client: TestClient, session_id: str, text: str) -> dict[str, Any]:
-    resp = client.post(f"/sessions/{session_id}/messages", json={"content": text})
+    resp = client.post(f"/sessions/{session_id}/messages", json={"content": text}, headers=auth(session_id))
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -109,7 +125,9 @@ def test_conversation_is_a_rollout_and_feedback_is_its_reward(stack, app_client:
     assert spans[1].llm.request["messages"][-1]["content"] == "delivered, 1 water bottle"
     assert spans[2].llm.request["messages"][-1] == {"role": "user", "content": "Thanks!"}
 
-    resp = app_client.post(f"/sessions/{sid}/feedback", json={"score": 1, "comment": "quick and right"})
+    resp = app_client.post(
+        f"/sessions/{sid}/feedback", json={"score": 1, "comment": "quick and right"}, headers=auth(sid)
+    )
     assert resp.status_code == 200, resp.text
     reward = store.final_reward(sid)
     assert reward is not None and reward.reward_id == resp.json()["reward_id"]
@@ -117,11 +135,13 @@ def test_conversation_is_a_rollout_and_feedback_is_its_reward(stack, app_client:
     assert reward.final and reward.metadata["comment"] == "quick and right"
     assert reward.span_id == spans[-1].span_id  # attached after the conversation's last call
 
-    resp = app_client.post(f"/sessions/{sid}/close")
+    resp = app_client.post(f"/sessions/{sid}/close", headers=auth(sid))
     assert resp.status_code == 200 and resp.json()["state"] == "succeeded"
     assert store.get_rollout(sid).state is RolloutState.succeeded
-    assert app_client.post(f"/sessions/{sid}/close").json()["state"] == "succeeded"  # idempotent
-    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "one more thing"})
+    assert (
+        app_client.post(f"/sessions/{sid}/close", headers=auth(sid)).json()["state"] == "succeeded"
+    )  # idempotent
+    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "one more thing"}, headers=auth(sid))
     assert resp.status_code == 409 and "POST /sessions" in resp.json()["detail"]
 
 
@@ -134,11 +154,16 @@ def test_late_feedback_after_close_attaches_over_http(stack) -> None:
     ):
         sid = new_session(client)
         say(client, sid, "Where is my order W1001?")
-        assert client.post(f"/sessions/{sid}/close").status_code == 200
+        assert client.post(f"/sessions/{sid}/close", headers=auth(sid)).status_code == 200
 
-        assert client.post(f"/sessions/{sid}/feedback", json={"score": -1}).status_code == 200
+        assert (
+            client.post(f"/sessions/{sid}/feedback", json={"score": -1}, headers=auth(sid)).status_code == 200
+        )
         assert store.final_reward(sid).value == -1.0
-        assert client.post(f"/sessions/{sid}/feedback", json={"score": 0.25}).status_code == 200
+        assert (
+            client.post(f"/sessions/{sid}/feedback", json={"score": 0.25}, headers=auth(sid)).status_code
+            == 200
+        )
 
     rewards = store.list_rewards(sid)
     assert [r.value for r in rewards] == [-1.0, 0.25]
@@ -150,17 +175,25 @@ def test_unknown_session_is_404_with_a_clear_message(stack, app_client: TestClie
     _, store, _ = stack
     other = store.enqueue_rollout(Rollout(agent="some-runner-agent"))  # a rollout, but not a session
     for sid in ("no-such-session", other.rollout_id):
-        resp = app_client.post(f"/sessions/{sid}/feedback", json={"score": 1})
+        resp = app_client.post(f"/sessions/{sid}/feedback", json={"score": 1}, headers=auth(sid))
         assert resp.status_code == 404
         assert (
             resp.json()["detail"] == f"no session {sid!r}: unknown session id (start one with POST /sessions)"
         )
-        assert app_client.post(f"/sessions/{sid}/messages", json={"content": "hi"}).status_code == 404
-        assert app_client.post(f"/sessions/{sid}/close").status_code == 404
+        assert (
+            app_client.post(
+                f"/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(sid)
+            ).status_code
+            == 404
+        )
+        assert app_client.post(f"/sessions/{sid}/close", headers=auth(sid)).status_code == 404
     assert store.list_rewards(other.rollout_id) == []
     assert store.get_rollout(other.rollout_id).state is RolloutState.queued
     sid = new_session(app_client)
-    assert app_client.post(f"/sessions/{sid}/feedback", json={"score": "great"}).status_code == 422
+    assert (
+        app_client.post(f"/sessions/{sid}/feedback", json={"score": "great"}, headers=auth(sid)).status_code
+        == 422
+    )
 
 
 def test_streamed_turn_is_valid_sse_with_the_same_spans(stack, app_client: TestClient) -> None:
@@ -170,7 +203,9 @@ def test_streamed_turn_is_valid_sse_with_the_same_spans(stack, app_client: TestC
     plain = say(app_client, plain_sid, "Where is my order W1001?")
 
     resp = app_client.post(
-        f"/sessions/{streamed_sid}/messages", json={"content": "Where is my order W1001?", "stream": True}
+        f"/sessions/{streamed_sid}/messages",
+        json={"content": "Where is my order W1001?", "stream": True},
+        headers=auth(streamed_sid),
     )
 
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
@@ -200,9 +235,11 @@ def test_failed_model_call_is_502_and_the_turn_is_dropped(stack, app_client: Tes
     upstream.add(error, error, "Hello again.")
     sid = new_session(app_client)
 
-    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "first try"})
+    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "first try"}, headers=auth(sid))
     assert resp.status_code == 502 and "prompt too long" in resp.json()["detail"]
-    resp = app_client.post(f"/sessions/{sid}/messages", json={"content": "streamed try", "stream": True})
+    resp = app_client.post(
+        f"/sessions/{sid}/messages", json={"content": "streamed try", "stream": True}, headers=auth(sid)
+    )
     ((kind, data),) = parse_sse(resp.text)
     assert kind == "error" and "prompt too long" in data["detail"]
     assert say(app_client, sid, "second try")["reply"] == "Hello again."
@@ -228,7 +265,7 @@ def test_new_prompt_version_applies_to_the_next_session_without_restart(
     say(app_client, first, "Still there?")  # an open session keeps the version it started with
     resp = app_client.post("/sessions", json={"prompt_version": 1})
     assert resp.status_code == 201 and resp.json()["prompt_version"] == 1
-    say(app_client, resp.json()["session_id"], "Hello")
+    say(app_client, started(resp), "Hello")
 
     systems = [r.body["messages"][0]["content"] for r in upstream.requests]
     v1 = service.chat_agent.SYSTEM
@@ -238,3 +275,35 @@ def test_new_prompt_version_applies_to_the_next_session_without_restart(
     assert [r.rollout_id for r in rollouts_with_prompt(store, service.PROMPT_NAME, 2)] == [second]
     resp = app_client.post("/sessions", json={"prompt_version": 9})
     assert resp.status_code == 404 and "has no version 9 (versions: [1, 2])" in resp.json()["detail"]
+
+
+def test_only_the_session_owner_may_talk_rate_or_close_it(stack, app_client: TestClient) -> None:
+    """Each session's routes need the token POST /sessions returned for it; the store keeps only its hash."""
+    _, store, upstream = stack
+    upstream.add("Hi.", "Hi.")
+    mine, theirs = new_session(app_client), new_session(app_client)
+    assert TOKENS[mine] not in str(store.get_rollout(mine).model_dump())
+    for headers in ({}, auth(theirs), {"Authorization": TOKENS[mine]}, {"Authorization": "Bearer nope"}):
+        for route, body in (("messages", {"content": "hi"}), ("feedback", {"score": -1}), ("close", None)):
+            resp = app_client.post(f"/sessions/{mine}/{route}", json=body, headers=headers)
+            assert resp.status_code == 401 and "session_token" in resp.json()["detail"], (route, headers)
+    assert store.list_rewards(mine) == [] and store.get_rollout(mine).state is RolloutState.running
+    assert say(app_client, mine, "hello")["reply"] == "Hi."
+    assert app_client.post(f"/sessions/{mine}/close", headers=auth(mine)).status_code == 200
+    resp = app_client.post(f"/sessions/{mine}/feedback", json={"score": 1}, headers=auth(theirs))
+    assert resp.status_code == 401  # also after close, when only the stored hash can say who owns it
+    assert (
+        app_client.post(f"/sessions/{mine}/feedback", json={"score": 1}, headers=auth(mine)).status_code
+        == 200
+    )
+
+
+def test_an_app_key_guards_new_sessions(stack) -> None:
+    gateway, store, _ = stack
+    key = "app-key-0123456789abcdef"
+    with TestClient(service.create_app(gateway.url, store, app_key=key)) as client:
+        assert client.post("/sessions", json={}).status_code == 401
+        assert client.post("/sessions", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            client.post("/sessions", json={}, headers={"Authorization": f"Bearer {key}"}).status_code == 201
+        )

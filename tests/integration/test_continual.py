@@ -52,11 +52,12 @@ service = _load_service()
 
 
 def _conversation(client: TestClient, text: str, score: float) -> str:
-    sid = client.post("/sessions", json={"user": "u-1"}).json()["session_id"]
-    resp = client.post(f"/sessions/{sid}/messages", json={"content": text})
+    started = client.post("/sessions", json={"user": "u-1"}).json()
+    sid, owner = started["session_id"], {"Authorization": f"Bearer {started['session_token']}"}
+    resp = client.post(f"/sessions/{sid}/messages", json={"content": text}, headers=owner)
     assert resp.status_code == 200, resp.text
-    assert client.post(f"/sessions/{sid}/feedback", json={"score": score}).status_code == 200
-    assert client.post(f"/sessions/{sid}/close").status_code == 200
+    assert client.post(f"/sessions/{sid}/feedback", json={"score": score}, headers=owner).status_code == 200
+    assert client.post(f"/sessions/{sid}/close", headers=owner).status_code == 200
     return sid
 
 
@@ -94,8 +95,12 @@ def test_openings_of_rated_conversations_are_read_marked_and_offered_once(script
     upstream.add(ScriptedTurn(tool_calls=[call]), "Your order W1001 is delivered.")
     rated = _conversation(client, "Where is my order W1001?", 1)
     upstream.add("Hello!")
-    sid = client.post("/sessions", json={}).json()["session_id"]  # unrated: never offered
-    client.post(f"/sessions/{sid}/messages", json={"content": "hi"})
+    started = client.post("/sessions", json={}).json()  # unrated: never offered
+    sid = started["session_id"]
+    client.post(
+        f"/sessions/{sid}/messages", json={"content": "hi"},
+        headers={"Authorization": f"Bearer {started['session_token']}"},
+    )  # fmt: skip
 
     stop = threading.Event()
     inner = RolloutSource(store, {}, 2, lambda: "policy@v0", agent="continual:replay")
