@@ -45,6 +45,9 @@ class HotSwapPublisher:
         return version or self.swapper.register_base()
 
     def publish(self, adapter_dir: Path, step: int) -> str:
+        """Record, hot-swap and then activate the adapter; the store keeps its absolute, resolved path, so
+        an ``agentforge serve`` started from another directory loads the same files."""
+        adapter_dir = Path(adapter_dir).resolve()
         info = read_adapter(adapter_dir)
         record = self.store.publish_resource(
             ResourceVersion(
