@@ -37,7 +37,16 @@ def train(
     swap_every: Annotated[int, typer.Option(help="Publish + hot-swap the adapter every k steps.")] = 5,
     learning_rate: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
     lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
-    max_completion_length: Annotated[int, typer.Option(help="Longest completion trained on, tokens.")] = 256,
+    max_completion_length: Annotated[
+        int,
+        typer.Option(
+            help="TRL's completion length |o_i|, tokens: with agentforge's rollouts it counts every token after "
+            "the first prompt (sampled tokens plus the tool outputs and user turns between calls), truncates "
+            "nothing and caps no sampling (cap that with max_tokens in the agent's requests); only "
+            "loss_type dr_grpo uses it, as its length normaliser. `agentforge traces show` counts the "
+            "sampled (mask 1) and other tokens of each trajectory.",
+        ),
+    ] = 256,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     report_to: Annotated[
