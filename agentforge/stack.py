@@ -38,6 +38,7 @@ class LocalStack:
         alias: the model alias agents request (``"policy"``).
         max_lora_rank: the largest LoRA rank the engine accepts.
         runner_kwargs: passed to :class:`agentforge.runtime.Runner` (``agent_name``, ``timeout_s``…).
+        max_model_len: the engine's context length, tokens (prompt + completion; tool schemas count).
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
     ``None``), ``base_version`` (e.g. ``"policy@v0"``).
@@ -58,6 +59,7 @@ class LocalStack:
         alias: str = "policy",
         max_lora_rank: int = 16,
         runner_kwargs: dict[str, Any] | None = None,
+        max_model_len: int = 2048,
     ) -> None:
         from agentforge.errors import UserError
 
@@ -67,6 +69,7 @@ class LocalStack:
         self.backend, self.alias, self.max_lora_rank = backend, alias, max_lora_rank
         self.runner_kwargs = dict(runner_kwargs or {})
         self._exit = ExitStack()
+        self.max_model_len = max_model_len
         self.server: Any = None
         self.router: ModelRouter | None = None
         self.swapper: HotSwapper | None = None
@@ -86,11 +89,13 @@ class LocalStack:
             if self.backend == "vllm":
                 from agentforge.serving.vllm import VLLMServer
 
-                server = VLLMServer(model, max_lora_rank=self.max_lora_rank, max_loras=4)
+                server = VLLMServer(
+                    model, max_lora_rank=self.max_lora_rank, max_loras=4, max_model_len=self.max_model_len
+                )
             else:
                 from agentforge.serving.embedded import EmbeddedServer
 
-                server = EmbeddedServer(model)
+                server = EmbeddedServer(model, max_model_len=self.max_model_len)
             self.server = self._exit.enter_context(server)
             self.router = ModelRouter()
             self.swapper = HotSwapper(self.server, self.router, alias=self.alias)

@@ -47,6 +47,14 @@ def train(
             "sampled (mask 1) and other tokens of each trajectory.",
         ),
     ] = 256,
+    max_model_len: Annotated[
+        int,
+        typer.Option(
+            min=16,
+            help="The engine's context length in tokens (prompt + completion; tool schemas and the system "
+            "prompt count).",
+        ),
+    ] = 2048,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     report_to: Annotated[
@@ -104,7 +112,8 @@ def train(
             )
         output_dir.mkdir(parents=True, exist_ok=True)
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
-        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate)
+        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
+                         max_model_len)  # fmt: skip
     typer.echo(json.dumps(summary))
 
 
@@ -126,7 +135,19 @@ def _config(
     )  # fmt: skip
 
 
-def _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate=None):  # type: ignore[no-untyped-def]
+def _train(
+    agent,
+    store,
+    train_tasks,
+    held_out,
+    config,
+    model,
+    backend,
+    workers,
+    resume,
+    gate=None,
+    max_model_len=2048,
+):  # type: ignore[no-untyped-def]
     from agentforge.model import prepare_default_model
     from agentforge.runtime import evaluate_tasks, task_scores
     from agentforge.serving.promoter import GatedPublisher
@@ -137,7 +158,7 @@ def _train(agent, store, train_tasks, held_out, config, model, backend, workers,
     model = model or prepare_default_model()
     summary: dict[str, object] = {}
     with LocalStack(store, agent, model=model, workers=workers, backend=backend,
-                    max_lora_rank=max(16, config.lora_r)) as stack:  # fmt: skip
+                    max_lora_rank=max(16, config.lora_r), max_model_len=max_model_len) as stack:  # fmt: skip
         if held_out:
             summary["before"] = evaluate_tasks(
                 store, held_out, {"policy": stack.base_version}, label="before"

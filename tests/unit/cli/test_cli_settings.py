@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from agentforge.cli import app
@@ -24,3 +25,26 @@ def test_max_completion_length_says_what_it_counts() -> None:
 def test_serve_has_the_context_length() -> None:
     text = _help("serve")
     assert "--max-model-len" in text and "tool schemas" in text
+
+
+def test_train_has_the_context_length() -> None:
+    text = _help("train")
+    assert "--max-model-len" in text and "tool schemas" in text
+
+
+@pytest.mark.slow
+def test_the_local_stack_gives_the_engine_its_context_length() -> None:
+    import openai
+
+    from agentforge.stack import LocalStack
+    from agentforge.testing import memory_store
+
+    store = memory_store()
+    with LocalStack(store, backend="embedded", max_model_len=64) as stack:
+        assert stack.server.max_model_len == 64
+        client = openai.OpenAI(base_url=stack.server.base_url, api_key=stack.server.api_key, max_retries=0)
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model=stack.server.base_model_name, messages=[{"role": "user", "content": "word " * 100}]
+            )
+    store.close()
