@@ -28,6 +28,7 @@ from typing import Any
 from agentforge.config import default_model_dir
 from agentforge.errors import MissingExtraError, NotFoundError, ServingError, UserError
 from agentforge.serving.adapters import check_adapter
+from agentforge.serving.sampling import sampling_problem
 from agentforge.serving.vllm import _free_port, default_chat_template
 from agentforge.serving.vllm_format import ResponseShaper, Step
 
@@ -349,12 +350,17 @@ class EmbeddedServer:
             return {"object": "list", "data": cards}
 
         def respond(body: dict[str, Any], chat: bool) -> Any:
-            if int(body.get("n") or 1) != 1:
-                raise _RequestError(400, "the embedded server supports n=1 only")
+            problem = sampling_problem(body, chat)
+            if problem is not None:
+                raise _RequestError(400, problem)
             body.setdefault("model", self.served_name)
             if body["model"] != self.served_name and body["model"] not in self._adapters:
                 self._select(body["model"])  # raises the 404
-            prompt_ids = self._prompt_ids(body, chat)
+            try:
+                prompt_ids = self._prompt_ids(body, chat)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:  # the chat template's complaint
+                what = "messages" if chat else "prompt"
+                raise _RequestError(400, f"cannot render the {what}: {type(exc).__name__}: {exc}") from None
             limit = self._limit(body, prompt_ids)
             if limit <= 0:
                 raise _RequestError(
