@@ -227,27 +227,36 @@ class LiveComparison:
 
 
 def _compare(
-    version: Sequence[float], reference: Sequence[float], margin: float, what: str, need: int
+    version: Sequence[float],
+    reference: Sequence[float],
+    margin: float,
+    what: str,
+    need: int,
+    need_reference: int = 0,
 ) -> LiveComparison:
-    """``passed`` when ``version`` has at least ``need`` rewards and its mean is not below ``reference``'s
-    by more than ``margin`` (an empty reference cannot be fallen behind)."""
+    """``passed`` when ``version`` has at least ``need`` rewards, ``reference`` at least ``need_reference``,
+    and ``version``'s mean is not below ``reference``'s by more than ``margin`` (an empty reference, where
+    allowed, cannot be fallen behind)."""
     v_mean = sum(version) / len(version) if version else math.nan
     r_mean = sum(reference) / len(reference) if reference else math.nan
-    ok = len(version) >= need and (not reference or v_mean >= r_mean - margin)
+    counts = len(version) >= need and len(reference) >= need_reference
+    ok = counts and (not reference or v_mean >= r_mean - margin)
     reason = (
         f"{what}: mean live reward {v_mean:.3f} over {len(version)} rollouts (needs {need}) vs "
-        f"{r_mean:.3f} over {len(reference)}; allowed shortfall {margin:g}"
+        f"{r_mean:.3f} over {len(reference)} (needs {need_reference}); allowed shortfall {margin:g}"
     )
     return LiveComparison(ok, len(version), v_mean, len(reference), r_mean, margin, reason)
 
 
 @dataclass(frozen=True)
 class CanaryRule:
-    """Serve ``share`` of live rollouts (by rollout id, sticky) with the candidate until it has ``rollouts``.
+    """Serve ``share`` of live rollouts (by rollout id, sticky) with the candidate until both it and the live
+    version have served ``rollouts`` of them in the same period, then compare their mean live rewards.
 
     Args:
         share: fraction of live rollouts the candidate serves, in (0, 1).
-        rollouts: live rollouts the candidate must serve (with a reward) before the decision.
+        rollouts: live rollouts (with a reward) each arm — candidate and live version — must have served
+            before the decision.
         margin: the candidate's mean live reward may be below the live version's by at most this.
         timeout_s: seconds to wait for ``rollouts``; a canary that has not got them by then is refused.
 
@@ -271,10 +280,10 @@ class CanaryRule:
         """Compare the candidate's live rewards with the live version's over the same period.
 
         Returns:
-            ``passed`` when the candidate served at least :attr:`rollouts` rollouts and its mean is at least
-            the live mean minus :attr:`margin` (with no live rollout in the period, the count alone decides).
+            ``passed`` when each arm served at least :attr:`rollouts` rollouts and the candidate's mean is at
+            least the live mean minus :attr:`margin`.
         """
-        return _compare(candidate, live, self.margin, "canary", self.rollouts)
+        return _compare(candidate, live, self.margin, "canary", self.rollouts, self.rollouts)
 
 
 @dataclass(frozen=True)

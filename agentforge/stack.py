@@ -37,6 +37,8 @@ class LocalStack:
         backend: ``"vllm"`` (a separate vLLM process) or ``"embedded"`` (transformers + PEFT in-process).
         alias: the model alias agents request (``"policy"``).
         max_lora_rank: the largest LoRA rank the engine accepts.
+        retain: earlier versions the hot-swapper keeps loaded behind the active one (``HotSwapper(retain=)``);
+            at least 1 for a :class:`~agentforge.serving.promoter.GatedPublisher` with automatic rollback.
         runner_kwargs: passed to :class:`agentforge.runtime.Runner` (``agent_name``, ``timeout_s``…).
         max_model_len: the engine's context length, tokens (prompt + completion; tool schemas count).
 
@@ -58,6 +60,7 @@ class LocalStack:
         backend: str = "vllm",
         alias: str = "policy",
         max_lora_rank: int = 16,
+        retain: int = 0,
         runner_kwargs: dict[str, Any] | None = None,
         max_model_len: int = 2048,
     ) -> None:
@@ -67,7 +70,7 @@ class LocalStack:
             raise UserError(f"unknown backend {backend!r}: choose 'vllm' or 'embedded'")
         self.store, self.agent, self.model, self.workers = store, agent, model, workers
         self.backend, self.alias, self.max_lora_rank = backend, alias, max_lora_rank
-        self.runner_kwargs = dict(runner_kwargs or {})
+        self.runner_kwargs, self.retain = dict(runner_kwargs or {}), retain
         self._exit = ExitStack()
         self.max_model_len = max_model_len
         self.server: Any = None
@@ -98,7 +101,7 @@ class LocalStack:
                 server = EmbeddedServer(model, max_model_len=self.max_model_len)
             self.server = self._exit.enter_context(server)
             self.router = ModelRouter()
-            self.swapper = HotSwapper(self.server, self.router, alias=self.alias)
+            self.swapper = HotSwapper(self.server, self.router, alias=self.alias, retain=self.retain)
             self.base_version = self.swapper.register_base()
             self.gateway = self._exit.enter_context(GatewayServer(self.store, self.router))
             if self.agent is not None:

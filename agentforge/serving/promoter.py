@@ -7,7 +7,7 @@ being handed one instead of a :class:`~agentforge.serving.publisher.HotSwapPubli
     record the adapter in the store (not active)  →  stage it: load + canary request, alias untouched
     →  eval gate: per-example scores of live and candidate on a fixed held-out slice, paired test
     →  traffic canary: a share of live rollouts (sticky by rollout id) is served by the candidate until it
-       served ``rollouts`` of them; its mean live reward must not trail the live version's by > margin
+       and the live version served ``rollouts`` each; its mean live reward must not trail the live one's by > margin
     →  promote: the alias flips (one write), the store activates the version
     →  watch (background): after ``window`` live rollouts of the new version, roll back to the previous one
        when its mean live reward trails the previous version's by > margin
@@ -156,8 +156,8 @@ class GatedPublisher:
     def publish(self, adapter_dir: Path, step: int) -> str:
         """Put the adapter through the gate; return the version that serves by default afterwards.
 
-        Blocks through staging, the eval gate and the canary (until ``canary.rollouts`` live rollouts were
-        served by the candidate, at most ``canary.timeout_s``); first waits for a running watch of the
+        Blocks through staging, the eval gate and the canary (until the candidate and the live version each
+        served ``canary.rollouts`` live rollouts, at most ``canary.timeout_s``); first waits for a running watch of the
         previous promotion to end. The watch of this promotion runs in the background (:meth:`wait_watch`).
 
         Args:
@@ -170,6 +170,8 @@ class GatedPublisher:
         Raises:
             AdapterIncompatibleError, ServingError: staging failed (as :meth:`HotSwapper.swap`); the live
                 version keeps serving.
+            Whatever ``evaluate`` raises (e.g. ``RolloutTimeout``): the candidate is refused (recorded) and
+                unloaded first.
         """
         self.wait_watch()
         live = self.current()
@@ -180,16 +182,20 @@ class GatedPublisher:
             ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
         )
         candidate = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
-        if not self._eval_passes(candidate, live):
+        try:
+            passed = self._eval_passes(candidate, live)
+            if passed and self.canary is not None:
+                passed = self._run_canary(candidate, live).passed
+        except (
+            BaseException
+        ) as exc:  # an evaluation that cannot finish refuses the candidate, then propagates
+            self._decide("eval", "refused", candidate, live, f"the gate could not decide: {exc!r}")
+            self.swapper.discard(candidate)
+            raise
+        if not passed:
             self.swapper.discard(candidate)
             return live
-        reference: list[float] | None = None
-        if self.canary is not None:
-            result = self._run_canary(candidate, live)
-            if not result.passed:
-                self.swapper.discard(candidate)
-                return live
-            reference = self._canary_live
+        reference = self._canary_live if self.canary is not None else None
         self.swapper.promote(candidate)
         self.store.activate_resource(record.name, record.version)
         self._decide("promote", "promoted", candidate, live, f"{candidate} serves {self.alias} (was {live})")
@@ -237,7 +243,8 @@ class GatedPublisher:
         try:
             while True:
                 rewards = self.live.collect(since)
-                if len(rewards.get(candidate, [])) >= rule.rollouts or time.monotonic() > deadline:
+                arms = min(len(rewards.get(candidate, [])), len(rewards.get(live, [])))
+                if arms >= rule.rollouts or time.monotonic() > deadline:
                     break
                 time.sleep(self.poll_s)
         finally:

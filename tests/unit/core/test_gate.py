@@ -57,6 +57,8 @@ def test_canary_and_rollback_rules() -> None:
     assert not regressed.passed and regressed.version_mean == 0.25 and regressed.reference_mean == 0.75
     too_few = rule.judge([1.0, 1.0], [0.0])
     assert not too_few.passed and "needs 4" in too_few.reason
+    no_reference = rule.judge([1.0] * 4, [1.0, 1.0])  # the live arm must have served as many in the period
+    assert not no_reference.passed and no_reference.reference_n == 2
     with pytest.raises(ConfigError, match="share=1.0"):
         CanaryRule(share=1.0)
     watch = RollbackRule(window=3, margin=0.2)

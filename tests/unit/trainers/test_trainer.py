@@ -14,17 +14,19 @@ from adapters import assert_only_lora_moved
 from trainer_process import letter_agent
 
 from agentforge.config import default_model_dir
+from agentforge.gate import EvalGate, list_decisions
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
-from agentforge.runtime import Runner
+from agentforge.runtime import Runner, task_scores
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.promoter import GatedPublisher
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.grpo_trainer import LightningTrainer
-from agentforge.types import Task
+from agentforge.types import Task, Version
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +129,39 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
         trainer.trainer.accelerator.__class__ = original
     assert swapper.router.alias("policy") == "policy@v3" and len(trainer.versions) == 3
     assert len(store.list_spans(orphans=True)) == spans_before and len(trainer.history) == 3
+
+
+def test_lightning_trainer_publishes_through_the_promotion_gate(stack) -> None:
+    """The trainer's publish path goes through the gate: each adapter is scored against the live version on
+    held-out tasks (rollouts the runner executes, pinned to each version); a refused one is never served, so
+    the next step samples from the live version again."""
+    tmp, store, swapper = stack
+    tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
+    held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bdmp"]
+    config = TrainConfig(
+        output_dir=str(tmp / "gated"), num_generations=4, tasks_per_step=2, max_steps=2, swap_every=1,
+        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+        bf16=False, seed=1, max_completion_length=8, rollout_timeout_s=120, wait_timeout_s=300,
+    )  # fmt: skip
+    # a gain above 1.0 is impossible for 0/1 rewards: the gate refuses every adapter, deterministically
+    gate = EvalGate(max_p=None, min_gain=1.0)
+    evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
+    publisher = GatedPublisher(swapper, store, evaluate=evaluate, gate=gate)
+    live = publisher.current()
+    trainer = LightningTrainer(default_model_dir(), store, tasks, config, publisher)
+    result = trainer.train()
+
+    assert result["steps"] == 2 and trainer.versions == [live, live]
+    assert swapper.router.alias("policy") == live and set(swapper.live_versions()) <= {live}  # none left
+    rollouts = [r for r in store.list_rollouts() if r.metadata.get("trainer_run") == trainer.run_id]
+    assert {r.resources["policy"] for r in rollouts} == {live}  # both steps sampled from the live version
+    decisions = [d for d in list_decisions(store, "policy") if d.live == live]
+    assert [(d.stage, d.outcome) for d in decisions] == [("eval", "refused"), ("eval", "refused")]
+    for d in decisions:
+        assert len(d.evidence["live_scores"]) == len(d.evidence["candidate_scores"]) == 4
+        assert d.evidence["min_gain"] == 1.0 and "needs gain > 1" in d.reason
+        assert d.candidate not in swapper.router.models()  # unloaded again
+    candidates = {Version.parse(d.candidate).number for d in decisions}
+    assert not any(r.active for r in store.list_resources("policy") if r.version in candidates)
+    gate_rollouts = [r for r in store.list_rollouts() if r.metadata.get("eval") == "gate"]
+    assert {r.resources["policy"] for r in gate_rollouts} == {live} | {d.candidate for d in decisions}
