@@ -69,8 +69,9 @@ class HotSwapPublisher:
     def restore(self) -> str:
         """Serve the store's active adapter version again (after a restart); returns the version served.
 
-        If the alias already serves it, nothing happens. With no adapter in the store, the base model
-        (``{alias}@v0``) is registered and served.
+        If the alias already serves it, nothing happens. With no adapter in the store, or when the active record
+        marks the base model (``{"base": True}``, a rollback to version 0), the base model (``{alias}@v0``) is
+        registered and served.
         """
         self.swapper.register_base()
         try:
@@ -79,4 +80,6 @@ class HotSwapPublisher:
             return self.current()
         if self.router.alias(self.swapper.alias) == active.ref:
             return active.ref
+        if active.payload.get("base"):  # a rollback to the base model (rollback_adapter, GatedPublisher)
+            return self.swapper.reset_to_base()
         return self.swapper.swap(active.payload["path"], version=active.ref)

@@ -17,7 +17,9 @@ from agentforge.gateway.router import ModelRouter
 from agentforge.serving.canary import CanaryResult
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.promoter import GatedPublisher, LiveRewards
+from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.testing import memory_store
+from agentforge.trainers.publish import rollback_adapter
 from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind
 
 
@@ -86,3 +88,14 @@ def test_promote_and_roll_back_are_flips_between_loaded_versions() -> None:
     swapper.promote(first, retire_old=True)  # the rollback
     assert router.alias("policy") == first and swapper.wait_drained(10)
     assert server.loaded == [first] and staged not in router.models()
+
+
+def test_restore_after_a_rollback_to_the_base_serves_the_base() -> None:
+    store, router = memory_store(), ModelRouter()
+    swapper = HotSwapper(FakeServer(4), router, canary=ok)
+    publisher = HotSwapPublisher(swapper, store)
+    first = publisher.publish(rank_adapter(8), step=1)
+    assert router.alias("policy") == first
+    rollback_adapter(store, 0)  # the store's active record now marks the base model
+    assert publisher.restore() == "policy@v0" and router.alias("policy") == "policy@v0"
+    store.close()
