@@ -178,16 +178,27 @@ def _print_list(rows: list[dict[str, Any]], total: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table("rollout", "agent", "state", "reward", "version", "calls", "created (UTC)", box=None)
+    # 19 + 10 + 9 + 6 + 7 + 5 + 11 characters and 12 of padding: 79 columns, ids never cut (copy them)
+    table = Table(box=None, pad_edge=False)
+    table.add_column("rollout", no_wrap=True, min_width=19)
+    table.add_column("agent", no_wrap=True, max_width=10, overflow="ellipsis")
+    table.add_column("state", no_wrap=True)
+    table.add_column("reward", no_wrap=True, max_width=6)
+    table.add_column("version", no_wrap=True, max_width=7, overflow="ellipsis")
+    table.add_column("calls", no_wrap=True, justify="right")
+    table.add_column("created", no_wrap=True)
     for row in rows:
         reward = "—" if row["reward"] is None else f"{row['reward']:.3g}"
         versions = ",".join(v.removeprefix("policy@") for v in row["versions"]) or "—"
+        created = datetime.fromtimestamp(row["created_at"], UTC).strftime("%m-%d %H:%M")
         table.add_row(
-            row["rollout_id"], escape(row["agent"][:12]), row["state"], reward, escape(versions[:10]),
-            str(row["llm_calls"]), _clock(row["created_at"]),
+            row["rollout_id"], escape(row["agent"]), row["state"], reward, escape(versions), str(row["llm_calls"]),
+            created,
         )  # fmt: skip
     console.print(table)
-    console.print(f"{len(rows)} shown of {total} rollouts; `agentforge traces show ROLLOUT_ID` for one")
+    console.print(
+        f"{len(rows)} shown of {total} rollouts (times UTC); `agentforge traces show ROLLOUT_ID` for one"
+    )
 
 
 def show_cmd(

@@ -67,7 +67,7 @@ def filled(tmp_path: Path) -> tuple[str, list[str]]:
     with SQLStore(url) as store:
         ids = [
             _rollout(store, "shop", 1.0, "policy@v0"),
-            _rollout(store, "shop", 0.0, "policy@v2"),
+            _rollout(store, "library.agent:library_agent", 0.0, "policy@v12"),
             _rollout(store, "triage", None, "policy@v2"),
         ]
         store.enqueue_rollout(Rollout(agent="shop"))  # still queued
@@ -88,7 +88,8 @@ def test_list_filters_by_agent_state_reward_version_and_age(filled: tuple[str, l
     assert len(_json("list", "--store-url", url, "--state", "queued")) == 1
     assert [r["rollout_id"] for r in _json("list", "--store-url", url, "--min-reward", "0.5")] == [ids[0]]
     assert [r["rollout_id"] for r in _json("list", "--store-url", url, "--max-reward", "0.5")] == [ids[1]]
-    assert [r["rollout_id"] for r in _json("list", "--store-url", url, "--version", "v2")] == ids[1:]
+    assert [r["rollout_id"] for r in _json("list", "--store-url", url, "--version", "v2")] == [ids[2]]
+    assert [r["rollout_id"] for r in _json("list", "--store-url", url, "--version", "policy@v12")] == [ids[1]]
     assert _json("list", "--store-url", url, "--since", "2026-01-01T00:00:00") != []
     assert _json("list", "--store-url", url, "--since", "2100-01-01") == []
     assert [
