@@ -39,10 +39,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentforge.errors import NotFoundError, UserError
+from agentforge.errors import NotFoundError
 from agentforge.gateway.call import (
     CallContext,
-    clean_text,
     health_response,
     http_error,
     not_found,
@@ -51,6 +50,7 @@ from agentforge.gateway.call import (
 from agentforge.gateway.capture import llm_call_from_response
 from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
 from agentforge.gateway.pins import PinCache
+from agentforge.gateway.record import SpanRecorder
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
 from agentforge.gateway.upstream import (
@@ -75,10 +75,6 @@ from agentforge.types import (
     ATTEMPT_ID_HEADER,
     ROLLOUT_ID_HEADER,
     ROLLOUT_PATH_PREFIX,
-    LLMCall,
-    Span,
-    SpanKind,
-    now,
 )
 
 if TYPE_CHECKING:
@@ -91,8 +87,8 @@ logger = logging.getLogger("agentforge.gateway")
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
 
 
-class _Gateway:
-    """State and handlers behind one gateway app."""
+class _Gateway(SpanRecorder):
+    """State and handlers behind one gateway app (recording: :class:`~agentforge.gateway.record.SpanRecorder`)."""
 
     def __init__(
         self,
@@ -101,12 +97,11 @@ class _Gateway:
         transport: httpx.AsyncBaseTransport | None,
         timeout_s: float,
     ) -> None:
-        self.store, self.router = store, router
+        super().__init__(store)
+        self.router = router
         self._transport, self._timeout_s = transport, timeout_s
         self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
-        self._orphan_warned = False
         self.pins = PinCache(store, router)
-        self.orphans = 0
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> Any:
@@ -121,89 +116,6 @@ class _Gateway:
         if self._client is None:
             self._client = upstream_client(self._transport, self._timeout_s)
         return self._client
-
-    # --- recording ------------------------------------------------------------------------------
-    async def record(
-        self,
-        ctx: CallContext,
-        llm: LLMCall,
-        error: str | None = None,
-        *,
-        shield: bool = False,
-        **attributes: Any,
-    ) -> None:
-        """Write the call's span; store failures are logged, not raised. The write itself always finishes
-        (``asyncio.shield``); ``shield`` also shields the wait from anyio cancel scopes (a streamed
-        response's task group cancels when its client leaves; a unary call has none)."""
-        span = Span(
-            rollout_id=ctx.rollout_id,
-            attempt_id=ctx.attempt_id,
-            kind=SpanKind.llm,
-            name=f"{ctx.endpoint}.completions" if ctx.endpoint == "chat" else "completions",
-            status="error" if error else "ok",
-            error=clean_text(error) if error else None,
-            llm=llm,
-            attributes={"endpoint": ctx.endpoint, **attributes},
-            started_at=ctx.started_at,
-            ended_at=now(),
-        )
-        if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
-            self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
-        if shield:
-            with anyio.CancelScope(shield=True):
-                await self._write(span)
-        else:
-            await self._write(span)
-
-    def _orphan(self, span: Span, why: str) -> None:
-        span.attributes["orphan"] = True
-        self.orphans += 1
-        level = logging.DEBUG if self._orphan_warned else logging.WARNING
-        self._orphan_warned = True
-        logger.log(
-            level,
-            "gateway call stored as an orphan span (%s); point the client at <gateway>/rollouts/<rollout_id>/v1 "
-            "or send the X-Rollout-Id header to attribute it",
-            why,
-        )
-
-    async def _write(self, span: Span) -> None:
-        """Hand the span to the store's group-commit writer and wait until it is committed (the event loop
-        is never blocked; concurrent calls share one transaction). A span the store rejects for its
-        rollout is kept as an orphan with ``claimed_rollout_id``."""
-        try:
-            try:  # shielded: a caller that leaves must not cancel the queued write
-                stored = await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
-                if stored.attributes.get("late") is True:  # quarantined by the store (DESIGN fact 8)
-                    logger.warning(
-                        "late call stored as a late span %s (not training data): %s",
-                        span.span_id,
-                        stored.attributes.get("late_reason"),
-                    )
-            except (NotFoundError, UserError) as exc:
-                if span.rollout_id is None:
-                    raise
-                claimed = span.rollout_id
-                span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
-                span.attributes = {**span.attributes, "claimed_rollout_id": clean_text(claimed)}
-                self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
-                await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
-        except Exception:
-            logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
-
-    def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
-        """The LLMCall of a call that produced no answer."""
-        return LLMCall(
-            model=ctx.model, version=ctx.version, endpoint=ctx.endpoint, stream=bool(ctx.body.get("stream")),
-            request=ctx.body, latency_s=ctx.latency_s(), trainable=False, **fields,
-        )  # fmt: skip
-
-    async def fail(self, ctx: CallContext, status: int, body: dict[str, Any], flag: str) -> JSONResponse:
-        """Record a failed span and return the OpenAI-style error to the client."""
-        await self.record(
-            ctx, self.failed_call(ctx, flags=[flag]), error=body["error"]["message"], http_status=status
-        )
-        return JSONResponse(body, status_code=status)
 
     # --- handlers -------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
