@@ -157,8 +157,8 @@ class GatedPublisher:
         """Put the adapter through the gate; return the version that serves by default afterwards.
 
         Blocks through staging, the eval gate and the canary (until the candidate and the live version each
-        served ``canary.rollouts`` live rollouts, at most ``canary.timeout_s``); first waits for a running watch of the
-        previous promotion to end. The watch of this promotion runs in the background (:meth:`wait_watch`).
+        served ``canary.rollouts`` live rollouts, at most ``canary.timeout_s``); first waits for a running
+        watch of the previous promotion to end. The watch of this promotion runs in the background (:meth:`wait_watch`).
 
         Args:
             adapter_dir: the PEFT adapter directory.
@@ -182,14 +182,16 @@ class GatedPublisher:
             ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
         )
         candidate = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        stage: Stage = "eval"
         try:
             passed = self._eval_passes(candidate, live)
             if passed and self.canary is not None:
+                stage = "canary"
                 passed = self._run_canary(candidate, live).passed
-        except (
-            BaseException
-        ) as exc:  # an evaluation that cannot finish refuses the candidate, then propagates
-            self._decide("eval", "refused", candidate, live, f"the gate could not decide: {exc!r}")
+        except BaseException as exc:
+            # a stage that cannot finish refuses the candidate (after the canary's grace), then propagates
+            self._decide(stage, "refused", candidate, live, f"the gate could not decide: {exc!r}")
+            time.sleep(self.grace_s if stage == "canary" else 0.0)
             self.swapper.discard(candidate)
             raise
         if not passed:
