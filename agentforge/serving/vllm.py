@@ -26,67 +26,31 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from agentforge.config import default_model_dir, home_dir, vllm_python
-from agentforge.errors import ConfigError, NotFoundError, ServingError, UserError
-from agentforge.serving.adapters import check_adapter, check_max_lora_rank
+from agentforge.errors import ConfigError, ServingError, UserError
+from agentforge.serving.adapters import check_max_lora_rank
+from agentforge.serving.vllm_admin import VLLMAdapterRoutes
+from agentforge.serving.vllm_files import (
+    _die_with_parent,
+    _free_port,
+    default_chat_template,
+    guard_dir,
+    tool_chat_template,
+)
 
 __all__ = ["VLLMServer", "tool_chat_template", "default_chat_template", "guard_dir"]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def tool_chat_template() -> Path:
-    """Path of agentforge's SmolLM2 chat template with Hermes-style tool calls (``<tool_call>``)."""
-    return Path(str(resources.files("agentforge.serving") / "templates" / "smollm2_tools.jinja"))
-
-
-def guard_dir() -> Path:
-    """The folder holding ``agentforge_vllm_guard.py``, put on the vLLM process's ``PYTHONPATH``."""
-    return Path(str(resources.files("agentforge.serving") / "vllm_guard"))
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def default_chat_template(model: str | Path) -> Path | None:
-    """The chat template to serve ``model`` with tool calls: ``None`` (its own) if the checkpoint's template
-    mentions tools, else :func:`tool_chat_template` (SmolLM2 format with Hermes-style tool calls)."""
-    texts = []
-    for name in ("chat_template.jinja", "tokenizer_config.json"):
-        with contextlib.suppress(OSError):
-            texts.append((Path(model) / name).read_text())
-    return None if any("tools" in text for text in texts) else tool_chat_template()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the starting thread's process dies.
-
-    Without this, a parent killed by SIGTERM/SIGKILL (no ``atexit``) leaves vLLM running and holding memory.
-    Linux delivers the signal when the *thread* that started vLLM exits, so start the server from a
-    long-lived thread (the main thread, as the examples and test fixtures do). No-op off Linux.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
-
-
-class VLLMServer:
+class VLLMServer(VLLMAdapterRoutes):
     """A vLLM server process serving one base model plus runtime-loaded LoRA adapters.
 
     Implements :class:`agentforge.serving.base.PolicyServer`. Use as a context manager or call
@@ -390,91 +354,6 @@ class VLLMServer:
         with contextlib.suppress(ProcessLookupError):  # engine workers that outlived the API process
             os.killpg(proc.pid, signal.SIGKILL)
         atexit.unregister(self.stop)
-
-    def load_adapter(self, name: str, path: str | Path) -> None:
-        """Validate, then load the PEFT adapter at ``path`` under the new name ``name``.
-
-        Args:
-            name: a name never used on this server before (e.g. ``policy@v8``).
-            path: the adapter directory.
-
-        Raises:
-            UserError: ``name`` is already loaded or is the base model's name.
-            AdapterIncompatibleError: wrong base model or rank above ``max_lora_rank`` (nothing is sent).
-            ServingError: vLLM refused or failed to load it.
-        """
-        info = check_adapter(path, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
-        in_use = UserError(
-            f"adapter name {name!r} is already in use on {self.base_url}; load every adapter "
-            "version under a new name (reloading in place would serve stale prefix-cache KV)"
-        )
-        if name == self.served_name:
-            raise in_use
-        # vLLM refuses a name it already serves (400 "has already been loaded"; we never send load_inplace),
-        # so no /v1/models round trip is needed first (≈ 0.05 s on 2 CPU cores, on the hot-swap path).
-        response = self._request("/load_lora_adapter", {"lora_name": name, "lora_path": str(info.path)}, 120)
-        if response.status_code == 400 and "already been loaded" in response.text:
-            raise in_use
-        self._check(response, "/load_lora_adapter")
-
-    def unload_adapter(self, name: str) -> None:
-        """Unload adapter ``name``.
-
-        Raises:
-            NotFoundError: no adapter of that name is loaded.
-            ServingError: vLLM failed to unload it.
-        """
-        response = self._request("/unload_lora_adapter", {"lora_name": name}, 60)
-        if response.status_code == 404:
-            raise NotFoundError(f"adapter {name!r} is not loaded on {self.base_url}")
-        self._check(response, "/unload_lora_adapter")
-
-    def adapters(self) -> list[str]:
-        """Names of the adapters vLLM currently serves (from ``/v1/models``).
-
-        Raises:
-            ServingError: the server does not answer.
-        """
-        try:
-            cards = (
-                self._client()
-                .get(f"{self.base_url}/models", headers=self._admin(), timeout=10)
-                .raise_for_status()
-                .json()["data"]
-            )
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise ServingError(f"vLLM at {self.base_url} did not list its models: {exc}") from exc
-        return sorted(card["id"] for card in cards if card.get("parent"))
-
-    # -- helpers ------------------------------------------------------------------------------------
-
-    def _client(self) -> httpx.Client:
-        """One keep-alive client per server object (``httpx.post`` builds a client per call: ≈ 30 ms)."""
-        client = getattr(self, "_http", None)
-        if client is None:
-            client = self._http = httpx.Client()
-        return client
-
-    def _admin(self) -> dict[str, str]:
-        """The admin key's ``Authorization`` header (``{}`` for a connected server without keys)."""
-        return {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
-
-    def _request(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
-        try:
-            return self._client().post(
-                f"{self.base_url}{route}", json=body, headers=self._admin(), timeout=timeout_s
-            )
-        except httpx.HTTPError as exc:
-            raise ServingError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
-
-    @staticmethod
-    def _check(response: httpx.Response, route: str) -> httpx.Response:
-        if response.status_code != 200:
-            raise ServingError(f"vLLM refused {route} ({response.status_code}): {response.text[:500]}")
-        return response
-
-    def _post(self, route: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
-        return self._check(self._request(route, body, timeout_s), route)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server log ('' when there is none)."""
