@@ -105,8 +105,9 @@ class GatedPublisher:
             previous version stays loaded and a rollback is one flip.
         store: the trace store (version lineage, live rewards, decisions).
         evaluate: scores a version on the fixed held-out slice (``evaluate("policy@v3") -> [1.0, 0.0, …]``,
-            same examples in the same order every call; e.g. greedy rollouts pinned to the version). ``None``
-            skips the eval gate (recorded as ``skipped``).
+            same examples in the same order every call; e.g. greedy rollouts pinned to the version); each
+            version is scored once per publisher (a promoted candidate's scores serve as the live ones next
+            time). ``None`` skips the eval gate (recorded as ``skipped``).
         gate: the eval gate's rule (default :class:`EvalGate`: ``p <= 0.05`` and a positive gain).
         canary: the traffic canary's rule, or ``None`` to skip it (a trainer with no live traffic: its own
             rollouts pin versions and never count as live).
@@ -146,6 +147,7 @@ class GatedPublisher:
         self.live = LiveRewards(store, self.alias)
         self.decisions: list[Decision] = []  #: every decision this publisher stored, in order
         self._canary_live: list[float] = []  # the live version's rewards during the last canary
+        self._scores: dict[str, list[float]] = {}  # version → its scores on the held-out slice
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -227,8 +229,10 @@ class GatedPublisher:
         if self.evaluate is None:
             self._decide("eval", "skipped", candidate, live, "no held-out slice configured")
             return True
-        live_scores = [float(x) for x in self.evaluate(live)]
+        # the slice is fixed, so a version's scores are measured once (the live one's usually as a candidate)
+        live_scores = self._scores.get(live) or [float(x) for x in self.evaluate(live)]
         cand_scores = [float(x) for x in self.evaluate(candidate)]
+        self._scores.update({live: live_scores, candidate: cand_scores})
         result = self.gate.judge(live_scores, cand_scores)
         evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
                     "max_p": self.gate.max_p, "min_gain": self.gate.min_gain}  # fmt: skip

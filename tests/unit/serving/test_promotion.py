@@ -146,7 +146,13 @@ def promote_good(stack: Stack, good: Path) -> str:
 
 
 def test_bad_adapter_is_refused_by_the_eval_gate(stack: Stack, letter_adapters: dict[str, Path]) -> None:
-    publisher = GatedPublisher(stack.swapper, stack.store, evaluate=stack.evaluate, gate=EvalGate(max_p=0.05))
+    evaluated: list[str] = []
+
+    def evaluate(version: str) -> list[float]:
+        evaluated.append(version)
+        return stack.evaluate(version)
+
+    publisher = GatedPublisher(stack.swapper, stack.store, evaluate=evaluate, gate=EvalGate(max_p=0.05))
     base = publisher.current()
     good = publisher.publish(letter_adapters["A"], step=10)  # 6 wins over the base: p = 1/64
     assert good == f"{stack.alias}@v1" and publisher.current() == good
@@ -175,6 +181,7 @@ def test_bad_adapter_is_refused_by_the_eval_gate(stack: Stack, letter_adapters: 
     assert refusal["live_scores"] == [1.0] * 6 and refusal["candidate_scores"] == [0.0] * 6
     assert refusal["test"]["losses"] == 6 and refusal["test"]["p_value"] == 1.0 and refusal["gain"] == -1.0
     assert refusal["max_p"] == 0.05 and "p = 1" in decisions[2].reason
+    assert evaluated == [base, good, bad]  # the fixed slice is scored once per version
 
 
 def test_candidate_regressing_on_canary_traffic_is_refused(
