@@ -101,6 +101,15 @@ def serve(
             help="Context length in tokens (prompt + completion; tool schemas and the system prompt count).",
         ),
     ] = 2048,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Jinja chat template that renders the tool schemas and tool-call turns (default: the model's "
+            "own if it mentions tools, else agentforge's Hermes-style <tool_call> template for SmolLM2).",
+        ),
+    ] = None,
     follow: Annotated[
         bool,
         typer.Option(
@@ -130,11 +139,15 @@ def serve(
         if backend == "vllm":
             from agentforge.serving.vllm import VLLMServer
 
-            server = VLLMServer(path, max_lora_rank=max_lora_rank, max_model_len=max_model_len)
+            server = VLLMServer(
+                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template
+            )
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
-            server = EmbeddedServer(path, max_lora_rank=max_lora_rank, max_model_len=max_model_len)
+            server = EmbeddedServer(
+                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template
+            )
         store = open_store(store_url, api_key=store_api_key or api_key)
         _check_store_answers(store, alias="policy")  # before the engine's slow start
         console.print(f"starting {backend} with {path} …")

@@ -41,6 +41,8 @@ class LocalStack:
             at least 1 for a :class:`~agentforge.serving.promoter.GatedPublisher` with automatic rollback.
         runner_kwargs: passed to :class:`agentforge.runtime.Runner` (``agent_name``, ``timeout_s``…).
         max_model_len: the engine's context length, tokens (prompt + completion; tool schemas count).
+        chat_template: the engine's chat template file (default: the model's own if it renders tools, else
+            agentforge's Hermes-style tool-call template).
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
     ``None``), ``base_version`` (e.g. ``"policy@v0"``).
@@ -63,6 +65,7 @@ class LocalStack:
         retain: int = 0,
         runner_kwargs: dict[str, Any] | None = None,
         max_model_len: int = 2048,
+        chat_template: str | Path | None = None,
     ) -> None:
         from agentforge.errors import UserError
 
@@ -72,7 +75,7 @@ class LocalStack:
         self.backend, self.alias, self.max_lora_rank = backend, alias, max_lora_rank
         self.runner_kwargs, self.retain = dict(runner_kwargs or {}), retain
         self._exit = ExitStack()
-        self.max_model_len = max_model_len
+        self.max_model_len, self.chat_template = max_model_len, chat_template
         self.server: Any = None
         self.router: ModelRouter | None = None
         self.swapper: HotSwapper | None = None
@@ -93,12 +96,15 @@ class LocalStack:
                 from agentforge.serving.vllm import VLLMServer
 
                 server = VLLMServer(
-                    model, max_lora_rank=self.max_lora_rank, max_loras=4, max_model_len=self.max_model_len
-                )
+                    model, max_lora_rank=self.max_lora_rank, max_loras=4, max_model_len=self.max_model_len,
+                    chat_template=self.chat_template,
+                )  # fmt: skip
             else:
                 from agentforge.serving.embedded import EmbeddedServer
 
-                server = EmbeddedServer(model, max_model_len=self.max_model_len)
+                server = EmbeddedServer(
+                    model, max_model_len=self.max_model_len, chat_template=self.chat_template
+                )
             self.server = self._exit.enter_context(server)
             self.router = ModelRouter()
             self.swapper = HotSwapper(self.server, self.router, alias=self.alias, retain=self.retain)

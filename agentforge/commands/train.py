@@ -55,6 +55,15 @@ def train(
             "prompt count).",
         ),
     ] = 2048,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Jinja chat template that renders the tool schemas and tool-call turns (default: the model's "
+            "own if it mentions tools, else agentforge's Hermes-style <tool_call> template for SmolLM2).",
+        ),
+    ] = None,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     report_to: Annotated[
@@ -112,8 +121,9 @@ def train(
             )
         output_dir.mkdir(parents=True, exist_ok=True)
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
+        engine = {"max_model_len": max_model_len, "chat_template": chat_template}
         summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
-                         max_model_len)  # fmt: skip
+                         engine)  # fmt: skip
     typer.echo(json.dumps(summary))
 
 
@@ -146,7 +156,7 @@ def _train(
     workers,
     resume,
     gate=None,
-    max_model_len=2048,
+    engine=None,
 ):  # type: ignore[no-untyped-def]
     from agentforge.model import prepare_default_model
     from agentforge.runtime import evaluate_tasks, task_scores
@@ -158,7 +168,7 @@ def _train(
     model = model or prepare_default_model()
     summary: dict[str, object] = {}
     with LocalStack(store, agent, model=model, workers=workers, backend=backend,
-                    max_lora_rank=max(16, config.lora_r), max_model_len=max_model_len) as stack:  # fmt: skip
+                    max_lora_rank=max(16, config.lora_r), **(engine or {})) as stack:  # fmt: skip
         if held_out:
             summary["before"] = evaluate_tasks(
                 store, held_out, {"policy": stack.base_version}, label="before"

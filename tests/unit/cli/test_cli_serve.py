@@ -13,6 +13,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from engine_helpers import marked_template, rendered_prompt
 from openai import OpenAI
 
 from agentforge.stores.sql import SQLStore
@@ -43,7 +44,8 @@ def test_serve_prints_the_engine_for_a_customer_and_stops_cleanly_on_sigterm(tmp
     port = _free_port()
     db = f"sqlite:///{tmp_path / 'traces.db'}"
     proc = subprocess.Popen(
-        [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", db, "--max-model-len", "64"],
+        [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", db, "--max-model-len", "256",
+         "--chat-template", str(marked_template(tmp_path))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:
@@ -60,12 +62,16 @@ def test_serve_prints_the_engine_for_a_customer_and_stops_cleanly_on_sigterm(tmp
             model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, temperature=0
         )
         assert said.choices[0].message is not None
+        from agentforge.config import default_model_dir
+
+        prompt = rendered_prompt(base_url, key, model, str(default_model_dir()))
+        assert prompt.startswith("LIBRARY-DESK-MARK")  # --chat-template reached the engine
         with SQLStore(db) as store:  # the customer's call bypassed the gateway: nothing recorded
             assert store.list_spans(orphans=True) == [] and store.list_rollouts() == []
 
-        with pytest.raises(openai.BadRequestError):  # --max-model-len 64 reached the engine
+        with pytest.raises(openai.BadRequestError):  # --max-model-len 256 reached the engine
             customer.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "word " * 200}], max_tokens=2
+                model=model, messages=[{"role": "user", "content": "word " * 400}], max_tokens=2
             )
 
         proc.send_signal(signal.SIGTERM)

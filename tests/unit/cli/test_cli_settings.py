@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+from engine_helpers import marked_template, rendered_prompt
 from typer.testing import CliRunner
 
 from agentforge.cli import app
@@ -32,19 +34,29 @@ def test_train_has_the_context_length() -> None:
     assert "--max-model-len" in text and "tool schemas" in text
 
 
+def test_train_and_serve_take_a_chat_template_that_must_exist(tmp_path: Path) -> None:
+    assert "--chat-template" in _help("train") and "--chat-template" in _help("serve")
+    missing = CliRunner().invoke(app, ["serve", "--chat-template", str(tmp_path / "nope.jinja")])
+    assert missing.exit_code == 2 and "nope.jinja" in missing.output
+
+
 @pytest.mark.slow
-def test_the_local_stack_gives_the_engine_its_context_length() -> None:
+def test_the_local_stack_gives_the_engine_its_context_length_and_chat_template(tmp_path: Path) -> None:
     import openai
 
     from agentforge.stack import LocalStack
     from agentforge.testing import memory_store
 
     store = memory_store()
-    with LocalStack(store, backend="embedded", max_model_len=64) as stack:
-        assert stack.server.max_model_len == 64
+    template = marked_template(tmp_path)
+    with LocalStack(store, backend="embedded", max_model_len=256, chat_template=template) as stack:
+        assert stack.server.max_model_len == 256
+        server = stack.server
+        text = rendered_prompt(server.base_url, server.api_key, server.base_model_name, server.base_model)
+        assert text.startswith("LIBRARY-DESK-MARK") and "find_book" in text
         client = openai.OpenAI(base_url=stack.server.base_url, api_key=stack.server.api_key, max_retries=0)
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(
-                model=stack.server.base_model_name, messages=[{"role": "user", "content": "word " * 100}]
+                model=stack.server.base_model_name, messages=[{"role": "user", "content": "word " * 400}]
             )
     store.close()
