@@ -124,3 +124,37 @@ def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     assert summary, summary
     adapters = sorted((folder / "runs" / "library").rglob("adapter_config.json"))
     assert adapters, "no adapter was saved"
+
+
+class _Customer:
+    """A scripted customer with the simulator's interface (``respond``, ``done``)."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies, self.heard, self.done = list(replies), [], False
+
+    def respond(self, agent_message: str) -> str:
+        self.heard.append(agent_message)
+        reply = self.replies.pop(0)
+        self.done = not self.replies
+        return reply
+
+
+def test_the_guides_agent_talks_with_a_customer(domain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import functools
+
+    folder, _, agent_module = domain
+    turns = [
+        ScriptedTurn("Which member are you?"),
+        ScriptedTurn(tool_calls=[ScriptedToolCall("find_book", '{"title": "Dune"}')]),
+        ScriptedTurn(tool_calls=[ScriptedToolCall("lend_book", '{"book_id": "b1", "member_id": "m7"}')]),
+        ScriptedTurn("Done."),
+    ]
+    customer = _Customer(["I am m7.", "Thanks!"])
+    with gateway_env(tmp_path, turns) as (store, gateway, _, _url):
+        (task,) = load_tasks(folder / "tasks.jsonl")[:1]
+        (rollout,) = enqueue_tasks(store, [task])
+        agent = functools.partial(agent_module.library_agent, customer=customer)
+        with Runner(store, agent, gateway.url, workers=1) as runner:
+            runner.run_until_done([rollout.rollout_id], timeout_s=60)
+        assert customer.heard == ["Which member are you?", "Done."] and customer.done
+        assert [r.value for r in store.list_rewards(rollout.rollout_id)] == [1.0]
