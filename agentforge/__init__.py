@@ -18,7 +18,8 @@ The front door: everything a user needs is importable from here::
   :func:`rollback_prompt` to activate any version) and adapters (:class:`AdapterPublisher` with its
   ``publish``/``current``, :class:`HotSwapPublisher`, :class:`StorePublisher`, :func:`rollback_adapter`);
 * gated promotion: :class:`GatedPublisher` (an adapter becomes the default only through :class:`EvalGate`, a
-  :class:`CanaryRule` on live traffic, and is rolled back by :class:`RollbackRule`), :func:`list_decisions`;
+  :class:`CanaryRule` on live traffic, and is rolled back by :class:`RollbackRule`), :class:`PromptPromoter` (the
+  same canary and rollback for prompt versions), :func:`list_decisions`;
 * training: :class:`TrainConfig` + :class:`LightningTrainer` (online GRPO), :class:`ContinualTrainer` (from
   user feedback), :class:`ReplaySFTConfig` + :func:`run_replay_sft` and :func:`run_offline_grpo` (stored
   traces picked by a :class:`TraceFilter`), :func:`optimize_prompt`, :func:`plot_reward_curves`.
@@ -74,6 +75,7 @@ if _typing.TYPE_CHECKING:
     from agentforge.trainers.grpo_config import TrainConfig
     from agentforge.trainers.grpo_trainer import LightningTrainer
     from agentforge.trainers.prompt_opt import optimize_prompt
+    from agentforge.trainers.prompt_promote import PromptPromoter
     from agentforge.trainers.publish import StorePublisher, rollback_adapter
     from agentforge.trainers.replay.grpo import run_offline_grpo
     from agentforge.trainers.replay.select import TraceFilter
@@ -107,6 +109,7 @@ _LAZY = {
     "CanaryRule": "agentforge.gate",
     "RollbackRule": "agentforge.gate",
     "list_decisions": "agentforge.gate",
+    "PromptPromoter": "agentforge.trainers.prompt_promote",
     "StorePublisher": "agentforge.trainers.publish",
     "rollback_adapter": "agentforge.trainers.publish",
     "TrainConfig": "agentforge.trainers.grpo_config",
@@ -173,6 +176,7 @@ __all__ = [
     "CanaryRule",
     "RollbackRule",
     "list_decisions",
+    "PromptPromoter",
     # training
     "TrainConfig",
     "LightningTrainer",

@@ -14,6 +14,7 @@ version changes the next rollouts with nothing restarted, and a rollout records 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,13 @@ __all__ = [
     "rollback_prompt",
     "list_prompts",
     "rollouts_with_prompt",
+    "start_prompt_canary",
+    "end_prompt_canary",
+    "canary_prompt_version",
 ]
+
+#: The traffic canary of prompt ``name`` is the active version of the resource ``f"{CANARY_PREFIX}{name}"``.
+CANARY_PREFIX = "canary:"
 
 
 def publish_prompt(
@@ -71,8 +78,9 @@ def get_prompt(
     name: str,
     version: int | str | None = None,
     default: str | None = None,
+    rollout_id: str | None = None,
 ) -> ResourceVersion:
-    """Read a prompt version: the pinned ``version``, else the active one.
+    """Read a prompt version: the pinned ``version``, else the canary's for this rollout, else the active one.
 
     When the store has no version of ``name`` at all and ``default`` is given, ``default`` is published
     (and activated) as version 1 first. Writers racing to do so may each publish an inactive copy; every one
@@ -85,6 +93,8 @@ def get_prompt(
         version: a pinned version (``Rollout.resources[name]``: ``"2"``, ``2``, ``"v2"`` or ``"name@v2"``);
             ``None``: the active version.
         default: the template to publish as version 1 when ``name`` is absent.
+        rollout_id: the rollout that reads it; while a traffic canary runs for ``name``
+            (:func:`start_prompt_canary`), an unpinned rollout in its share gets the canary's version.
 
     Returns:
         The resource; the text is ``payload["template"]``.
@@ -94,6 +104,8 @@ def get_prompt(
             ``default`` (the message lists the versions that exist).
         UserError: ``version`` is not a version number.
     """
+    if version is None and rollout_id is not None:
+        version = canary_prompt_version(store, name, rollout_id)
     if version is not None:
         number = parse_version_number(version, name=name)
         try:
@@ -118,6 +130,42 @@ def get_prompt(
             key=lambda r: r.version,
         )
         return first if first.active else store.activate_resource(name, first.version)
+
+
+def start_prompt_canary(store: TraceStore, name: str, version: int, share: float) -> None:
+    """Let ``share`` (in (0, 1)) of the unpinned rollouts that read prompt ``name`` use ``version`` instead of
+    the active one, sticky by rollout id (``crc32(rollout_id) / 2**32 < share``, as the model router's canary).
+
+    Stored as the active version of ``canary:{name}``, so every runner on the store sees it at its next read.
+
+    Raises:
+        UserError: ``share`` outside (0, 1). NotFoundError: ``version`` does not exist.
+    """
+    if not 0.0 < share < 1.0:
+        raise UserError(f"canary share {share} must be in (0, 1)")
+    store.get_resource(name, version)
+    record = ResourceVersion(
+        name=CANARY_PREFIX + name, kind="other", payload={"version": version, "share": share}
+    )
+    store.publish_resource(record, activate=True)
+
+
+def end_prompt_canary(store: TraceStore, name: str) -> None:
+    """End the traffic canary of prompt ``name``: every unpinned rollout reads the active version again."""
+    store.publish_resource(
+        ResourceVersion(name=CANARY_PREFIX + name, kind="other", payload={"version": None})
+    )
+
+
+def canary_prompt_version(store: TraceStore, name: str, rollout_id: str) -> int | None:
+    """The canary's version of prompt ``name`` for this rollout, or ``None`` (no canary, or outside its share)."""
+    try:
+        canary = store.get_resource(CANARY_PREFIX + name).payload
+    except NotFoundError:
+        return None
+    if canary.get("version") is None or zlib.crc32(rollout_id.encode()) / 2**32 >= canary.get("share", 0.0):
+        return None
+    return int(canary["version"])
 
 
 def rollback_prompt(store: TraceStore, name: str, version: int | str) -> ResourceVersion:

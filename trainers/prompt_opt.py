@@ -25,6 +25,7 @@ from agentforge.errors import ConfigError, MissingExtraError, RunError
 from agentforge.gate import Decision, EvalGate, record_decision
 from agentforge.prompts import list_prompts, publish_prompt
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
+from agentforge.trainers.prompt_promote import PromptPromoter
 from agentforge.trainers.prompt_reflection import REFLECTION_TEMPLATE, Feedback, ReflectionLM, label_feedback
 from agentforge.trainers.prompt_report import PairedTest, PromptCandidate, PromptOptResult, paired_test
 from agentforge.types import RolloutState, SpanKind, Task, Version, new_id
@@ -228,6 +229,7 @@ def optimize_prompt(
     show_progress: bool = True,
     min_gain: float = 0.0,
     max_p: float | None = None,
+    promoter: PromptPromoter | None = None,
 ) -> PromptOptResult:
     """Optimise prompt ``name`` with GEPA over real rollouts; activate the winner only if it is better.
 
@@ -261,6 +263,9 @@ def optimize_prompt(
             On small sets one example decides a 0.0 gain; e.g. 0.02 on 150 messages asks for 4 more right.
         max_p: also require the paired test of winner against seed to reach this one-sided p-value (e.g.
             0.05); ``None`` (default): no significance test is required (it is still computed and reported).
+        promoter: a winner that passed the held-out gate then goes through this promoter's traffic canary
+            and post-activation watch (:class:`~agentforge.trainers.prompt_promote.PromptPromoter`, on live
+            rollouts) instead of being activated at once; ``None``: activated at once.
 
     Returns:
         The candidates with their validation (and test) scores, what was activated, and the budget used.
@@ -340,7 +345,10 @@ def optimize_prompt(
                     "max_p": max_p, "min_gain": min_gain}  # fmt: skip
         record_decision(store, Decision(name, "eval", "passed" if better else "refused", best_ref, seed_ref,
                                         f"{basis} set: {verdict.reason}", evidence))  # fmt: skip
-        if better:
+        if better and promoter is not None:  # the canary on live traffic decides the rest (and records it)
+            live_v = next((r.version for r in list_prompts(store, name) if r.active), seed_cand.version)
+            better = promoter.promote(best.version, live=live_v) == best.version
+        elif better:
             store.activate_resource(name, best.version)
             record_decision(store, Decision(name, "promote", "promoted", best_ref, seed_ref,
                                             f"{best_ref} is the active prompt (was {seed_ref})"))  # fmt: skip

@@ -129,7 +129,8 @@ class RolloutContext(TraceContext):
         """The text of prompt ``name`` for this rollout, recorded on the rollout.
 
         The version is the one the rollout pins (``resources[name]``, e.g. a prompt optimiser's
-        candidate), else the active one (published as version 1 from ``default`` when the store has
+        candidate), else a running traffic canary's when this rollout falls in its share
+        (:func:`agentforge.prompts.start_prompt_canary`), else the active one (published as version 1 from ``default`` when the store has
         none; see :func:`agentforge.prompts.get_prompt`). The version used is written to
         ``Rollout.resources[name]`` (``"2"``) so traces can be filtered by prompt version, and to
         :attr:`resources`, so later calls in this attempt (and its retries) get the same version.
@@ -148,7 +149,7 @@ class RolloutContext(TraceContext):
         from agentforge.prompts import get_prompt
 
         pinned = self.resources.get(name)
-        resource = get_prompt(self.store, name, version=pinned, default=default)
+        resource = get_prompt(self.store, name, version=pinned, default=default, rollout_id=self.rollout_id)
         used = str(resource.version)
         if pinned != used:
             rollout = self.store.get_rollout(self.rollout_id)

@@ -32,6 +32,7 @@ from agentforge.runtime import Runner
 from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedTurn, ScriptedUpstream
 from agentforge.trainers.prompt_opt import ReflectionLM, label_feedback, optimize_prompt, paired_test
+from agentforge.trainers.prompt_promote import PromptPromoter
 from agentforge.types import Task
 
 LABELS = ("account", "refund")
@@ -146,6 +147,23 @@ def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup
     evidence = decisions[0].evidence
     assert evidence["candidate_scores"] == [1.0] * 6 and evidence["live_scores"] == [0.0] * 6
     assert evidence["test"]["p_value"] == 1 / 64 and evidence["basis"] == "test"
+
+
+def test_a_winner_goes_through_the_promoter_when_one_is_given(setup, good_reflector) -> None:
+    store, _engine, runner = setup
+    promoter = PromptPromoter(store, TRIAGE_PROMPT_NAME)  # no canary configured: it activates and records
+    result = optimize_prompt(
+        store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), reflection=good_reflector[0], max_rollouts=20,
+        testset=_tasks(6, 200), feedback=label_feedback(LABELS), minibatch_size=2, check=runner.check_workers,
+        show_progress=False, promoter=promoter,
+    )  # fmt: skip
+    assert result.activated_version == 2 and get_prompt(store, TRIAGE_PROMPT_NAME).version == 2
+    assert [(d.stage, d.outcome) for d in promoter.decisions] == [("promote", "promoted")]
+    stored = [(d.stage, d.outcome) for d in list_decisions(store, TRIAGE_PROMPT_NAME)]
+    assert stored == [
+        ("eval", "passed"),
+        ("promote", "promoted"),
+    ]  # the optimiser's eval, then the promoter's
 
 
 def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector) -> None:
