@@ -36,10 +36,12 @@ def versions(
     from rich.table import Table
 
     from agentforge.gate import DECISION_PREFIX, list_decisions
+    from agentforge.prompts import CANARY_PREFIX
 
     with reported():
         store = _store(store_url)
-        resources = [r for r in store.list_resources(name) if not r.name.startswith(DECISION_PREFIX)]
+        internal = (DECISION_PREFIX, CANARY_PREFIX)  # the decision log and prompt canaries: shown below
+        resources = [r for r in store.list_resources(name) if not r.name.startswith(internal)]
         decisions = list_decisions(store, name)
     by_version: dict[str, list[dict[str, object]]] = {}
     for d in decisions:

@@ -11,7 +11,7 @@ from pathlib import Path
 from adapters import rank_adapter
 
 from agentforge.gate import Decision, record_decision
-from agentforge.prompts import get_prompt, publish_prompt
+from agentforge.prompts import get_prompt, publish_prompt, start_prompt_canary
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.publish import StorePublisher
 from agentforge.types import ResourceVersion
@@ -77,6 +77,9 @@ def test_versions_shows_the_promotion_history(tmp_path: Path) -> None:
             activate=step == 5,
         )
     evidence = {"live_scores": [1.0, 1.0], "candidate_scores": [0.0, 0.0], "test": {"p_value": 1.0}}
+    publish_prompt(store, "prompt:triage", "Reply.")
+    publish_prompt(store, "prompt:triage", "Reply briefly.", activate=False)
+    start_prompt_canary(store, "prompt:triage", 2, 0.2)  # its state record is no version to list
     record_decision(
         store, Decision("policy", "eval", "refused", "policy@v2", "policy@v1", "gain -1.000, p = 1", evidence)
     )
@@ -86,6 +89,10 @@ def test_versions_shows_the_promotion_history(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     listed = {v["version"]: v for v in json.loads(out.stdout)}
+    everything = json.loads(
+        subprocess.run([*CLI, "versions", "--store-url", url], capture_output=True, text=True).stdout
+    )
+    assert {v["name"] for v in everything} == {"policy", "prompt:triage"}
     assert set(listed) == {1, 2} and listed[1]["decisions"] == []  # the decision log is no version row
     (refusal,) = listed[2]["decisions"]
     assert (refusal["stage"], refusal["outcome"], refusal["live"]) == ("eval", "refused", "policy@v1")
