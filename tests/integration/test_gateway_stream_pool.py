@@ -115,16 +115,17 @@ def test_streams_through_the_example_app_and_the_gateway_hold_no_store_connectio
         serve_gateway(store, upstream.router(base_url=f"{engine.url}/v1")) as gw,
         AppServer(service.create_app(gw.url, store)) as app,
     ):
-        sessions = [
-            httpx.post(f"{app.url}/sessions", json={}, timeout=30).json()["session_id"] for _ in range(3)
-        ]
+        started = [httpx.post(f"{app.url}/sessions", json={}, timeout=30).json() for _ in range(3)]
+        sessions = [s["session_id"] for s in started]
+        owners = {s["session_id"]: {"Authorization": f"Bearer {s['session_token']}"} for s in started}
         opened = threading.Barrier(7)
         errors: list[BaseException] = []
         done: list[str] = []
 
-        def read(url: str, body: dict) -> None:
+        def read(url: str, body: dict, headers: dict | None = None) -> None:
             try:
-                with httpx.stream("POST", url, json=body, timeout=60) as r:
+                with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
+                    assert r.status_code == 200, r.read()
                     lines = r.iter_lines()
                     got = [next(lines)]
                     opened.wait(timeout=30)
@@ -136,7 +137,8 @@ def test_streams_through_the_example_app_and_the_gateway_hold_no_store_connectio
         chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
         targets = [(f"{gw.rollout_base_url(r.rollout_id)}/chat/completions", chat) for r in rollouts[:3]]
         targets += [
-            (f"{app.url}/sessions/{sid}/messages", {"content": "hi", "stream": True}) for sid in sessions
+            (f"{app.url}/sessions/{sid}/messages", {"content": "hi", "stream": True}, owners[sid])
+            for sid in sessions
         ]
         threads = [threading.Thread(target=read, args=target) for target in targets]
         for t in threads:
