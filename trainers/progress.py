@@ -54,10 +54,13 @@ __all__ = [
     "adopt_activation_checkpointing",
     "format_seconds",
     "library_noise_filtered",
+    "no_signal_warning",
     "quiet",
     "show_progress",
     "write_metrics_row",
 ]
+
+logger = logging.getLogger("agentforge.trainers")
 
 #: The log key under which a run reports a held-out score measured during training (accuracy or mean
 #: reward, as the run defines it), e.g. ``trainer.trainer.log({HELD_OUT_KEY: 0.47})``; the console shows it.
@@ -240,6 +243,9 @@ class StepConsole(TrainerCallback):
         version = self.version() if self.version is not None else None
         line = self.render(step, max_steps, logs or {}, eta_s=eta, version=version, width=self.console.width)
         self.console.print(line)
+        if _number(logs or {}, "frac_reward_zero_std") == 1.0:  # TRL's share of groups with equal rewards
+            self.console.print(no_signal_warning(step), style="yellow", overflow="fold")
+            logger.warning("%s", no_signal_warning(step))
 
     def render(
         self,
@@ -293,6 +299,16 @@ class StepConsole(TrainerCallback):
                 parts = [(key, text) for key, text in parts if key != optional]
                 line = _join(parts)
         return line
+
+
+def no_signal_warning(step: int) -> str:
+    """The warning for a step in which every group's rewards were equal (TRL's ``frac_reward_zero_std`` is
+    1): each GRPO advantage is 0, so the step changes nothing however long training runs."""
+    return (
+        f"step {step}: no learning signal - every group's rewards were equal, so every advantage is 0 and "
+        "this step changed nothing; give partial credit, raise the group size or the temperature, or start "
+        "from a policy that sometimes succeeds (e.g. replay SFT on its successful traces)"
+    )
 
 
 def _join(parts: list[tuple[str, Text]]) -> Text:

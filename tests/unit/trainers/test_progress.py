@@ -216,3 +216,24 @@ def test_an_open_ended_run_shows_no_total_and_no_eta() -> None:
     step_console.on_train_begin(None, transformers.TrainerState(global_step=0, max_steps=10**9), None)
     step_console.on_log(None, state, None, logs={"reward": 0.5, "reward_std": 0.5, "train/step_s": 2.0})
     assert console.export_text() == "step 3  reward 0.500 ±0.50  2.0 s/step  policy@v4\n"
+
+
+def test_a_step_without_learning_signal_says_so(caplog) -> None:
+    """Every group's rewards equal (TRL's frac_reward_zero_std == 1): the console and the log warn, since the
+    step changed nothing (a new user trained a zero adapter without a word)."""
+    import logging
+
+    from agentforge.trainers.progress import no_signal_warning
+
+    console = _recording_console()
+    state = transformers.TrainerState(global_step=2, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="agentforge.trainers"):
+        StepConsole(console).on_log(
+            None, state, None, logs={"reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0}
+        )
+        StepConsole(console).on_log(
+            None, state, None, logs={"reward": 0.5, "reward_std": 0.5, "frac_reward_zero_std": 0.5}
+        )
+    text = console.export_text()
+    assert "no learning signal" in text and text.count("no learning signal") == 1
+    assert [r.getMessage() for r in caplog.records] == [no_signal_warning(2)]
