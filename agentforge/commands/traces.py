@@ -276,6 +276,8 @@ def _span_row(span: Span) -> dict[str, Any]:
         else len(llm.completion_token_ids),
         "finish_reason": llm.finish_reason if llm else None,
         "late": bool(span.attributes.get("late")),
+        "error": span.error,
+        "flags": list(llm.flags) if llm else [],
     }
 
 
@@ -360,6 +362,12 @@ def _print_details(data: dict[str, Any], max_chars: int) -> None:
         )  # fmt: skip
     console.rule(f"spans ({len(data['spans'])})")
     console.print(spans)
+    for s in data["spans"]:  # why a call failed, in the engine's or the gateway's words
+        if s["error"]:
+            flags = f" [{', '.join(s['flags'])}]" if s["flags"] else ""
+            console.print(
+                f"[red]span {s['sequence']}:[/] {escape(s['error'])}{escape(flags)}", soft_wrap=True
+            )
     rewards = Table("seq", "name", "value", "final", "source", "parts", box=None)
     for w in data["rewards"]:
         value = "None (invalid)" if w["value"] is None else f"{w['value']:.4g}"

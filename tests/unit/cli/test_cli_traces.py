@@ -163,3 +163,21 @@ def test_parse_since_and_mask_runs() -> None:
     assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
     assert parse_since("1970-01-01T00:01:00") == 60.0
     assert mask_runs([]) == "" and mask_runs([1, 1, 0, 1]) == "1×2 0×1 1×1"
+
+
+def test_show_says_why_a_call_failed(tmp_path: Path) -> None:
+    """A failed call's span shows its error and flags (a new user saw only 'error' and could not tell why)."""
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    with SQLStore(url) as store:
+        rid = store.enqueue_rollout(Rollout(agent="shop")).rollout_id
+        failed = LLMCall(model="policy", trainable=False, flags=["client_disconnected"])
+        store.add_span(
+            Span(rollout_id=rid, kind=SpanKind.llm, llm=failed, status="error",
+                 error="client disconnected before the engine answered")
+        )  # fmt: skip
+    data = _json("show", rid, "--store-url", url)
+    assert data["spans"][0]["error"] == "client disconnected before the engine answered"
+    assert data["spans"][0]["flags"] == ["client_disconnected"]
+    text = runner.invoke(app, ["traces", "show", rid, "--store-url", url], env={"COLUMNS": "80"})
+    assert "client disconnected before the engine answered" in text.stderr
+    assert "[client_disconnected]" in text.stderr
