@@ -74,6 +74,7 @@ def run(
         )
     pins = parse_pins(pin)
     user_code_importable()
+    terminate_like_ctrl_c()  # SIGTERM cleans up as Ctrl-C does: nothing of this run is left running
     with reported():
         task_list = load_tasks(tasks) if tasks is not None else None
         build_agent(agent)  # a wrong spec fails here, before any store or queue is touched
@@ -177,6 +178,21 @@ def _check_pins(store, pins: dict[str, str]) -> None:  # type: ignore[no-untyped
             raise NotFoundError(
                 f"--pin {name}={value}: the store has no such version (versions: {have or 'none'})"
             )
+
+
+def terminate_like_ctrl_c() -> None:
+    """Make SIGTERM (``kill``, a container stop, a process manager) raise ``KeyboardInterrupt`` in the main
+    thread, so it takes Ctrl-C's path: the runner gives its running rollouts back and this run's queued
+    ones are cancelled, instead of the process dying with rollouts left ``running`` until their heartbeat
+    times out. No-op outside the main thread."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def _cancel_queued(store, ids: list[str]) -> None:  # type: ignore[no-untyped-def]

@@ -208,6 +208,34 @@ def test_run_cancels_what_it_leaves_unfinished(tmp_path: Path) -> None:
         assert store.list_rollouts(state=RolloutState.cancelled)
 
 
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
+    """``kill`` of ``agentforge run`` leaves none of its rollouts running or queued (a new user found them
+    still ``running`` after a SIGTERM, waiting for their heartbeats to time out)."""
+    import signal
+    import time
+
+    (tmp_path / "my_agents.py").write_text(AGENTS_PY)
+    tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}] * 3)
+    with gateway_env(tmp_path, []) as (store, gw, _, url):
+        proc = subprocess.Popen(
+            [*CLI, "run", "my_agents:slow", "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
+             "--workers", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not store.list_rollouts(state=RolloutState.running) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.list_rollouts(state=RolloutState.running), "no rollout started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, err
+        left = store.list_rollouts(state=RolloutState.running) + store.list_rollouts(
+            state=RolloutState.queued
+        )
+        assert left == [], err
+        assert len(store.list_rollouts(state=RolloutState.cancelled)) == 3
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
