@@ -12,27 +12,16 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import FUZZ, json_values
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentforge.gateway.app import create_gateway
 from agentforge.testing import ScriptedUpstream, memory_store
 
-_SETTINGS = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    derandomize=True,
-)
+_SETTINGS = settings(FUZZ, max_examples=150)
 
-_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
-)  # fmt: skip
-_json = st.recursive(
-    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20,
-)  # fmt: skip
+_json = json_values(max_leaves=20, max_text=40)
 _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "", "🤖"])},
     optional={"content": st.one_of(st.text(max_size=60), _json), "tool_calls": _json, "name": _json},

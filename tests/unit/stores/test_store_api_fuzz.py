@@ -13,29 +13,18 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import FUZZ, json_values
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
 from agentforge.types import Rollout, RolloutState
 
-_SETTINGS = settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+_SETTINGS = settings(FUZZ, max_examples=200)
 KEY, ADMIN = "store-key-0123456789", "store-admin-0123456789"
 
-_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30),
-)  # fmt: skip
-_json = st.recursive(
-    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=16,
-)  # fmt: skip
+_json = json_values(max_leaves=16, max_text=30)
 _ids = st.one_of(
     st.sampled_from(
         ["ro-known", "at-known", "nope", "", "a" * 300, "..", "%2F", "ro known", "🤖", "\u0000x"]
