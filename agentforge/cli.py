@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from agentforge.commands.common import ChatTemplate, MaxModelLen
+
 app = typer.Typer(
     name="agentforge",
     help="Agents that improve themselves while they serve users. Run `agentforge COMMAND --help`.",
@@ -94,22 +96,8 @@ def serve(
         Path | None, typer.Option(help="Serve this LoRA adapter as the first version.")
     ] = None,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank the engine accepts.")] = 16,
-    max_model_len: Annotated[
-        int,
-        typer.Option(
-            min=16,
-            help="Context length in tokens (prompt + completion; tool schemas and the system prompt count).",
-        ),
-    ] = 2048,
-    chat_template: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="Jinja chat template that renders the tool schemas and tool-call turns (default: the model's "
-            "own if it mentions tools, else agentforge's Hermes-style <tool_call> template for SmolLM2).",
-        ),
-    ] = None,
+    max_model_len: MaxModelLen = 2048,
+    chat_template: ChatTemplate = None,
     follow: Annotated[
         bool,
         typer.Option(

@@ -4,12 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-__all__ = ["console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable"]
+__all__ = [
+    "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
+    "ChatTemplate",
+]  # fmt: skip
+
+#: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
+MaxModelLen = Annotated[
+    int,
+    typer.Option(
+        min=16,
+        help="The engine's context length in tokens (prompt + completion; tool schemas and the system "
+        "prompt count).",
+    ),
+]
+#: ``--chat-template`` of the commands that start an engine.
+ChatTemplate = Annotated[
+    Path | None,
+    typer.Option(
+        exists=True,
+        dir_okay=False,
+        help="Jinja chat template that renders the tool schemas and tool-call turns (default: the model's "
+        "own if it mentions tools, else agentforge's Hermes-style <tool_call> template for SmolLM2).",
+    ),
+]
+
 
 #: Everything human-facing goes to stderr; stdout carries only machine-readable results.
 console = Console(stderr=True)

@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from agentforge.commands.common import console, open_store_url, reported, user_code_importable
+from agentforge.commands.common import (
+    ChatTemplate,
+    MaxModelLen,
+    console,
+    open_store_url,
+    reported,
+    user_code_importable,
+)
 
 __all__ = ["train"]
 
@@ -47,23 +54,8 @@ def train(
             "sampled (mask 1) and other tokens of each trajectory.",
         ),
     ] = 256,
-    max_model_len: Annotated[
-        int,
-        typer.Option(
-            min=16,
-            help="The engine's context length in tokens (prompt + completion; tool schemas and the system "
-            "prompt count).",
-        ),
-    ] = 2048,
-    chat_template: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="Jinja chat template that renders the tool schemas and tool-call turns (default: the model's "
-            "own if it mentions tools, else agentforge's Hermes-style <tool_call> template for SmolLM2).",
-        ),
-    ] = None,
+    max_model_len: MaxModelLen = 2048,
+    chat_template: ChatTemplate = None,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     report_to: Annotated[
