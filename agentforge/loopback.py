@@ -20,7 +20,7 @@ from agentforge.errors import UserError
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "LoopbackGuard"]
+__all__ = ["MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "bearer_token", "LoopbackGuard"]
 
 #: The shortest API key a server accepts (a key an attacker can guess is no key).
 MIN_KEY_LENGTH = 16
@@ -34,6 +34,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header value (the scheme is case-insensitive,
+    RFC 9110 §11.1), stripped; ``""`` for no header, another scheme (``Basic ...``) or a bare value."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def check_key(key: str | None, what: str) -> None:

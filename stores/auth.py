@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 
 from agentforge.errors import UserError
-from agentforge.loopback import MIN_KEY_LENGTH  # one policy for every agentforge server
+from agentforge.loopback import MIN_KEY_LENGTH, bearer_token  # one policy for every agentforge server
 
 __all__ = ["MIN_KEY_LENGTH", "presented_key", "key_matches", "check_keys"]
 
@@ -35,12 +35,7 @@ def presented_key(authorization: str | None, x_api_key: str | None) -> str | Non
     """
     if x_api_key is not None and x_api_key.strip():
         return x_api_key.strip()
-    if authorization is None:
-        return None
-    scheme, _, value = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
-        return None
-    return value.strip()
+    return bearer_token(authorization) or None
 
 
 def key_matches(given: str | None, expected: str) -> bool:

@@ -8,18 +8,12 @@ from typing import TYPE_CHECKING
 from fastapi.responses import JSONResponse
 
 from agentforge.gateway.wire import error_body
+from agentforge.loopback import bearer_token
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["ApiKeyMiddleware", "bearer_token"]
-
-
-def bearer_token(authorization: bytes) -> bytes:
-    """The token of an ``Authorization: Bearer <token>`` header value (the scheme is case-insensitive,
-    RFC 9110 §11.1), or ``b""`` for any other scheme or a bare value."""
-    scheme, _, token = authorization.strip().partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else b""
+__all__ = ["ApiKeyMiddleware"]
 
 
 class ApiKeyMiddleware:
@@ -34,7 +28,9 @@ class ApiKeyMiddleware:
             path = path[len(root) :]
         if scope["type"] == "http" and path != "/health" and not path.startswith("/api/"):
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"x-api-key") or bearer_token(headers.get(b"authorization", b""))
+            given = headers.get(b"x-api-key") or bearer_token(
+                headers.get(b"authorization", b"").decode("latin-1")
+            ).encode("latin-1")
             if not hmac.compare_digest(given, self._key):
                 body = error_body(
                     "missing or wrong API key for the agentforge gateway",

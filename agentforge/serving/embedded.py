@@ -27,6 +27,7 @@ from typing import Any
 
 from agentforge.config import default_model_dir
 from agentforge.errors import MissingExtraError, NotFoundError, ServingError, UserError
+from agentforge.loopback import bearer_token
 from agentforge.serving.adapters import check_adapter
 from agentforge.serving.sampling import sampling_problem
 from agentforge.serving.vllm import _free_port, default_chat_template
@@ -295,8 +296,7 @@ class EmbeddedServer:
         key = (self.api_key or "").encode()
 
         def authorize(authorization: str = Header("")) -> None:
-            scheme, _, token = authorization.partition(" ")
-            if not key or scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            if not key or not hmac.compare_digest(bearer_token(authorization).encode(), key):
                 raise _RequestError(
                     401, "this engine port needs the serving layer's key", "AuthenticationError"
                 )

@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits n
 
 import chat_agent  # noqa: E402
 
-from agentforge.loopback import LoopbackGuard, check_bind  # noqa: E402
+from agentforge.loopback import LoopbackGuard, bearer_token, check_bind  # noqa: E402
 
 __all__ = ["AGENT", "PROMPT_NAME", "create_app", "main"]
 
@@ -133,11 +133,6 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _bearer(authorization: str | None) -> str:
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
 def _unknown(session_id: str) -> HTTPException:
     return HTTPException(
         404, detail=f"no session {session_id!r}: unknown session id (start one with POST /sessions)"
@@ -193,7 +188,7 @@ def create_app(
         if rollout.agent != AGENT:
             raise _unknown(session_id)
         expected = str(rollout.metadata.get(TOKEN_KEY, ""))
-        given = _bearer(authorization)
+        given = bearer_token(authorization)
         if not expected or not given or not hmac.compare_digest(_digest(given), expected):
             raise HTTPException(
                 401,
@@ -207,7 +202,7 @@ def create_app(
     def new_session(
         body: NewSession | None = None, authorization: str | None = Header(default=None)
     ) -> dict[str, Any]:
-        if app_key is not None and not hmac.compare_digest(_bearer(authorization), app_key):
+        if app_key is not None and not hmac.compare_digest(bearer_token(authorization), app_key):
             raise HTTPException(
                 401, detail="POST /sessions needs 'Authorization: Bearer <app key>'",
                 headers={"WWW-Authenticate": "Bearer"},
@@ -240,7 +235,7 @@ def create_app(
         session_id: str, body: UserMessage, authorization: str | None = Header(default=None)
     ) -> dict[str, Any] | StreamingResponse:
         conv = open_sessions.get(session_id)
-        if conv is None or not hmac.compare_digest(_digest(_bearer(authorization)), conv.token_digest):
+        if conv is None or not hmac.compare_digest(_digest(bearer_token(authorization)), conv.token_digest):
             rollout = await asyncio.to_thread(session_rollout, session_id, authorization)  # 404, 401
         if conv is None:
             raise HTTPException(
