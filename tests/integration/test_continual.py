@@ -10,7 +10,6 @@ object, never restarted) is served by that version (``span.llm.version``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from example_app import load_service
 from fastapi.testclient import TestClient
 
 from agentforge.gateway.router import ModelRouter
@@ -36,19 +36,7 @@ from agentforge.trainers.continual import (
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import SpanKind
 
-SERVICE = Path(__file__).resolve().parents[2] / "examples" / "app" / "service.py"
-
-
-def _load_service():
-    spec = importlib.util.spec_from_file_location("agentforge_continual_app_service", SERVICE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-service = _load_service()
+service = load_service("agentforge_continual_app_service")
 
 
 def _conversation(client: TestClient, text: str, score: float) -> str:
