@@ -9,15 +9,22 @@ fails to load or fails its canary) is logged once and skipped — the old versio
 active version is moved back to what is served (the previous store version, or a new base-model marker
 ``{"base": true, "refused": N}`` when the base model is served), so the store never names a version active that
 serving refused. A newer activation is then followed as usual.
+
+A swap cut short because the engine went down (its process exited, or the
+:class:`~agentforge.serving.supervise.EngineSupervisor` has it marked down) refuses nothing: the version is not
+at fault. The follower leaves the store as it is, waits while the engine is down (the supervisor restarts it
+and loads what served before, so the old version serves again), then retries the swap; after
+``engine_retries`` such cut-short swaps of one version (an adapter that crashes the engine each time) it is
+refused as above.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Self
 
-from agentforge.errors import AgentForgeError, NotFoundError
+from agentforge.errors import AgentForgeError, ConfigError, NotFoundError
+from agentforge.serving.polling import PollingThread
 from agentforge.types import ResourceVersion
 
 if TYPE_CHECKING:
@@ -29,32 +36,38 @@ __all__ = ["StoreFollower"]
 log = logging.getLogger(__name__)
 
 
-class StoreFollower:
+class StoreFollower(PollingThread):
     """Poll the store's active ``{alias}`` adapter version and serve it.
 
     Args:
         swapper: the engine's hot-swapper (its ``alias`` is the resource name followed).
         store: the trace store the publishers write to.
         poll_s: seconds between polls.
+        engine_retries: swaps of one version the engine's going down may cut short before the version is
+            refused.
 
     Attributes:
         applied: the store version number served now (``None`` before the first one).
         failed: store version numbers that could not be served (each logged once).
+        cut_short: store version number → its swaps cut short by the engine going down.
+
+    Raises:
+        ConfigError: ``poll_s`` is not positive or ``engine_retries`` is below 1.
     """
 
-    def __init__(self, swapper: HotSwapper, store: TraceStore, poll_s: float = 2.0) -> None:
-        if poll_s <= 0:
-            from agentforge.errors import ConfigError
-
-            raise ConfigError(f"poll_s={poll_s} must be > 0 seconds")
-        self.swapper, self.store, self.poll_s = swapper, store, poll_s
+    def __init__(
+        self, swapper: HotSwapper, store: TraceStore, poll_s: float = 2.0, engine_retries: int = 3
+    ) -> None:
+        super().__init__(poll_s, name="store-follower")
+        if engine_retries < 1:
+            raise ConfigError(f"engine_retries={engine_retries} must be >= 1")
+        self.swapper, self.store, self.engine_retries = swapper, store, engine_retries
         self.applied: int | None = None
         self.failed: set[int] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.cut_short: dict[int, int] = {}
 
     def sync(self) -> str | None:
-        """One poll: serve the store's active version if it is new.
+        """One poll: serve the store's active version if it is new (nothing while the engine is down).
 
         Returns:
             The version now served through the alias when this call changed it (``policy@v3``, or
@@ -65,8 +78,9 @@ class StoreFollower:
             active = self.store.get_resource(alias)
         except NotFoundError:
             return None
-        if active.version == self.applied or active.version in self.failed:
+        if active.version == self.applied or active.version in self.failed or self.engine_down():
             return None
+        pid = getattr(self.swapper.server, "pid", None)
         try:
             if active.payload.get("base"):
                 served = self.swapper.reset_to_base()
@@ -75,6 +89,9 @@ class StoreFollower:
             else:
                 served = self.swapper.swap(active.payload["path"], version=active.ref)
         except (AgentForgeError, KeyError, OSError) as exc:
+            down = self.engine_down() or (pid != getattr(self.swapper.server, "pid", None) and "restarted")
+            if down and self._cut_short(active, down, exc):
+                return None
             self.failed.add(active.version)
             log.error(
                 "cannot serve %s (%s); %s keeps serving", active.ref, exc, self.swapper.router.alias(alias)
@@ -85,6 +102,26 @@ class StoreFollower:
         if served is not None:
             log.info("now serving %s (activated in the store)", served)
         return served
+
+    def _cut_short(self, active: ResourceVersion, down: str, exc: BaseException) -> bool:
+        """Count a swap of ``active`` the engine's going down cut short; True while it may be retried."""
+        tries = self.cut_short[active.version] = self.cut_short.get(active.version, 0) + 1
+        if tries > self.engine_retries:
+            return False
+        log.warning(
+            "the engine went down (%s) while %s was swapped in (%s); the old version serves again once the "
+            "engine is back, then the swap is retried (%d/%d)",
+            down, active.ref, exc, tries, self.engine_retries,
+        )  # fmt: skip
+        return True
+
+    def engine_down(self) -> str | None:
+        """Why the engine cannot take a swap now (its process exited, or a supervisor marked it down), or
+        ``None`` while it serves."""
+        server = self.swapper.server
+        if getattr(server, "pid", None) is not None and not server.running:  # type: ignore[attr-defined]
+            return f"exit code {server.exit_code}"  # type: ignore[attr-defined]
+        return self.swapper.router.engines_down().get(self.swapper.base_version)
 
     def _restore_active(self, refused: ResourceVersion) -> None:
         """Point the store's active version back at what serving serves, unless another was activated since."""
@@ -107,29 +144,11 @@ class StoreFollower:
             return
         log.warning("the store's active %s is %s again (%s was refused)", alias, back.ref, refused.ref)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                self.sync()
-            except Exception:  # a store hiccup must not kill the follower; the next poll retries
-                log.exception("store follower poll failed")
+    def poll(self) -> None:
+        """One poll on the follower's thread (see :meth:`sync`)."""
+        self.sync()
 
     def start(self) -> Self:
         """Sync once now, then poll in a daemon thread."""
         self.sync()
-        self._thread = threading.Thread(target=self._loop, name="store-follower", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop polling (safe to call twice)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.poll_s + 5)
-            self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().start()

@@ -100,6 +100,7 @@ class HotSwapper:
         self._weights: dict[str, AdapterWeights] = {}  # version → its weights' summary, where known
         self._probes: dict[str, CanaryResult] = {}  # version → its last canary answer (fingerprint)
         self._paths: dict[str, str] = {}  # live version → its adapter directory (to reload after a restart)
+        self._aborted: set[str] = set()  # names loaded by a swap that failed: free again after a restart
 
     @property
     def base_version(self) -> str:
@@ -187,6 +188,8 @@ class HotSwapper:
             try:
                 self.last_canary = self._canary(name, upstream, canary or self.canary)
             except BaseException as exc:
+                with self._state:
+                    self._aborted.add(name)
                 self._retire(name)
                 if isinstance(exc, AgentForgeError):
                     raise
@@ -323,6 +326,8 @@ class HotSwapper:
         Re-registers the base version and each live version (active and draining) with the engine's current
         URL and key, loads each under its own name again (the fresh engine has never served it, so no stale
         prefix cache exists), then runs the canary on the version the alias points at. Aliases do not move.
+        The names of swaps that failed after their load (say, the engine died during the canary) may be used
+        again: the fresh engine never served them, so a swap cut short by the crash can be retried as it was.
 
         Returns:
             The versions loaded again, sorted.
@@ -334,6 +339,8 @@ class HotSwapper:
             self.register_base()
             with self._state:
                 paths = dict(sorted(self._paths.items()))
+                self._used -= self._aborted
+                self._aborted.clear()
             for name, path in paths.items():
                 self.server.load_adapter(name, path)
                 self.router.register(name, self._upstream(name))

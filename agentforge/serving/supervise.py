@@ -9,7 +9,8 @@ thread. When the process is gone (killed, crashed, OOM-killed), within ``poll_s`
    and hold gigabytes), so nothing runs on orphaned;
 3. starts vLLM again (same port, new keys) and has the :class:`~agentforge.serving.hotswap.HotSwapper` load
    every live adapter version again under its own name, canary on the alias target, aliases unchanged;
-4. marks the engine up; requests succeed again.
+4. marks the engine up; requests succeed again; ``on_restart`` (if given) hears of the new engine (its key is
+   new at each start: ``agentforge serve`` prints the engine line again).
 
 A restart that fails is retried after ``backoff_s`` (doubling, at most 60 s); after ``max_restarts`` failed
 attempts in a row it gives up, logs ``CRITICAL`` and leaves the engine marked down.
@@ -22,11 +23,12 @@ supervisor only when the engine is being stopped too.
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Self
 
 from agentforge.errors import AgentForgeError, ConfigError
+from agentforge.serving.polling import PollingThread
 
 if TYPE_CHECKING:
     from agentforge.serving.hotswap import HotSwapper
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 State = Literal["up", "restarting", "failed", "stopped"]
 
 
-class EngineSupervisor:
+class EngineSupervisor(PollingThread):
     """Restart a dead vLLM process and reload its adapter versions (see the module docstring).
 
     Args:
@@ -48,6 +50,8 @@ class EngineSupervisor:
         poll_s: seconds between liveness checks (the delay before a death is noticed).
         max_restarts: failed restart attempts in a row before giving up.
         backoff_s: seconds before the second attempt (doubling, at most 60 s).
+        on_restart: called with the server after each successful restart (on the supervisor's thread; an
+            exception it raises is logged and ignored).
 
     Attributes:
         state: ``"up"``, ``"restarting"``, ``"failed"`` (gave up) or ``"stopped"``.
@@ -66,18 +70,18 @@ class EngineSupervisor:
         poll_s: float = 1.0,
         max_restarts: int = 5,
         backoff_s: float = 2.0,
+        on_restart: Callable[[VLLMServer], object] | None = None,
     ) -> None:
         if poll_s <= 0 or backoff_s <= 0 or max_restarts < 1:
             raise ConfigError(
                 f"poll_s={poll_s} and backoff_s={backoff_s} must be > 0 seconds, max_restarts={max_restarts} >= 1"
             )
-        self.server, self.swapper = server, swapper
-        self.poll_s, self.max_restarts, self.backoff_s = poll_s, max_restarts, backoff_s
+        super().__init__(poll_s, name="engine-supervisor")
+        self.server, self.swapper, self.on_restart = server, swapper, on_restart
+        self.max_restarts, self.backoff_s = max_restarts, backoff_s
         self.state: State = "stopped"
         self.restarts = 0
         self.last_exit_code: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> Self:
         """Watch the engine from a daemon thread.
@@ -90,23 +94,17 @@ class EngineSupervisor:
                 "EngineSupervisor needs a VLLMServer started by this process (call start() first)"
             )
         self.state = "up"
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="engine-supervisor", daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         """Stop watching (safe to call twice); the engine itself is left as it is."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.poll_s + 5)
-            self._thread = None
+        super().stop()
         self.state = "stopped"
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            if self.state == "up" and not self.server.running:
-                self._recover()
+    def poll(self) -> None:
+        """One liveness check (on the supervisor's thread): recover a dead engine."""
+        if self.state == "up" and not self.server.running:
+            self._recover()
 
     def _recover(self) -> None:
         """The engine died: report it, clear its process group, restart it and reload the versions."""
@@ -142,15 +140,14 @@ class EngineSupervisor:
                 self.server.pid,
                 ", ".join(reloaded) or "none (base model only)",
             )
+            if self.on_restart is not None:
+                try:
+                    self.on_restart(self.server)
+                except Exception:  # noqa: BLE001 - a reporting hook must not undo the restart
+                    log.exception("on_restart hook failed")
             return
         self.state = "failed"
         router.mark_engine(url, f"engine exited with code {code}; gave up after {self.max_restarts} restarts")
         log.critical(
             "vLLM could not be restarted after %d attempts; the gateway answers 502", self.max_restarts
         )
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

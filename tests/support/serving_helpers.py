@@ -1,15 +1,21 @@
 """Shared helpers for the serving tests: greedy letter requests, span checks through the gateway, and the
-few-shot tool-calling conversation (see ``test_serving_tools``), and a fake ``PolicyServer`` for bookkeeping."""
+few-shot tool-calling conversation (see ``test_serving_tools``), a fake ``PolicyServer`` for bookkeeping and
+one backed by a real process group for the supervision tests."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import httpx
 from adapters import LETTER_MESSAGES
 from fixtures_serving import WEATHER_TOOL
 
 from agentforge.config import default_model_dir
+from agentforge.errors import ServingError
 from agentforge.gateway.server import GatewayServer
 from agentforge.types import Rollout, Span
 
@@ -96,6 +102,8 @@ __all__ = [
     "call",
     "result",
     "example",
+    "FakeServer",
+    "ProcessEngine",
 ]
 
 
@@ -121,6 +129,69 @@ class FakeServer:
 
     def adapters(self) -> list[str]:
         return list(self.loaded)
+
+
+class ProcessEngine(FakeServer):
+    """A FakeServer backed by a real process group standing in for vLLM: ``sh`` with two ``sleep`` children
+    in their own process group (like vLLM's API server and its engine core), so killing the leader with
+    SIGKILL leaves the children running until someone clears the group. A start takes ``start_s`` seconds,
+    or fails while ``fail_starts`` is set; a fresh start serves no adapter."""
+
+    api_key = "k" * 32
+
+    def __init__(self, start_s: float = 0.5) -> None:
+        super().__init__(max_loras=4)
+        self.start_s, self.fail_starts, self.starts = start_s, False, 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def start(self) -> None:
+        time.sleep(self.start_s)
+        if self.fail_starts:
+            raise ServingError("the engine did not come up")
+        self._proc = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True)
+        self.loaded, self.starts = [], self.starts + 1
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        self._answers("/load_lora_adapter")
+        super().load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        self._answers("/unload_lora_adapter")
+        super().unload_adapter(name)
+
+    def _answers(self, route: str) -> None:
+        """Raise as VLLMServer does when nothing answers on its port."""
+        if not self.running:
+            raise ServingError(
+                f"vLLM at {self.base_url} failed on {route}: ConnectError('connection refused')"
+            )
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (as a crash or the OOM killer would) and wait until the leader is dead."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait(5)
 
 
 def alive(pid: int) -> bool:

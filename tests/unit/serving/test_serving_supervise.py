@@ -1,8 +1,9 @@
 """EngineSupervisor with a real process group standing in for vLLM, the real HotSwapper, router and gateway.
 
-The stand-in engine is ``sh`` with two ``sleep`` children in their own process group (like vLLM's API server
-and its engine core); killing the leader with SIGKILL leaves the children running until the supervisor
-clears the group. The real-vLLM version of this test is ``tests/integration/test_serving_supervise.py``.
+The stand-in engine (``serving_helpers.ProcessEngine``) is ``sh`` with two ``sleep`` children in their own
+process group (like vLLM's API server and its engine core); killing the leader with SIGKILL leaves the children
+running until the supervisor clears the group. The real-vLLM versions of these tests are
+``tests/integration/test_serving_supervise_vllm.py`` and ``test_serving_swap_kill_vllm.py``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import time
 
 import httpx
 import pytest
 from adapters import rank_adapter
-from serving_helpers import FakeServer, alive, process_group, wait_for
+from serving_helpers import ProcessEngine, alive, process_group, wait_for
 
 from agentforge.errors import ConfigError, ServingError
 from agentforge.gateway.app import create_gateway
@@ -25,45 +25,6 @@ from agentforge.serving.canary import CanaryResult
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.supervise import EngineSupervisor
 from agentforge.testing import memory_store
-
-
-class ProcessEngine(FakeServer):
-    """A FakeServer backed by a real process group; a start takes ``start_s`` seconds, or fails."""
-
-    api_key = "k" * 32
-
-    def __init__(self, start_s: float = 0.5) -> None:
-        super().__init__(max_loras=4)
-        self.start_s, self.fail_starts, self.starts = start_s, False, 0
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def exit_code(self) -> int | None:
-        return self._proc.poll() if self._proc else None
-
-    def start(self) -> None:
-        time.sleep(self.start_s)
-        if self.fail_starts:
-            raise ServingError("the engine did not come up")
-        self._proc = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True)
-        self.loaded, self.starts = [], self.starts + 1  # a fresh engine serves no adapter
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
 
 
 def ok_canary(upstream):  # type: ignore[no-untyped-def]
@@ -95,7 +56,8 @@ async def test_a_killed_engine_is_reported_cleared_restarted_and_reloaded(stack,
     old = process_group(engine.pid)
     assert len(old) == 3 and engine.loaded == [version]
     with caplog.at_level(logging.WARNING, logger="agentforge.serving.supervise"):
-        with EngineSupervisor(engine, swapper, poll_s=0.05) as supervisor:
+        restarted: list[object] = []
+        with EngineSupervisor(engine, swapper, poll_s=0.05, on_restart=restarted.append) as supervisor:
             os.kill(engine.pid, signal.SIGKILL)
             killed = time.monotonic()
             wait_for(lambda: supervisor.state == "restarting", 5, "the supervisor to notice")
@@ -106,6 +68,7 @@ async def test_a_killed_engine_is_reported_cleared_restarted_and_reloaded(stack,
             }
             wait_for(lambda: supervisor.restarts == 1 and supervisor.state == "up", 10, "the restart")
             assert time.monotonic() - killed < 5
+            assert restarted == [engine]  # serve prints the engine's new key from this hook
         assert not any(alive(pid) for pid in old)  # the orphaned children went with the group
         assert engine.starts == 2 and engine.loaded == [version]  # the live version is loaded again
         assert router.alias("policy") == version
