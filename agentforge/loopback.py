@@ -11,6 +11,7 @@ address in ``scope["server"]``, while in-process transports (httpx's ``ASGITrans
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from typing import TYPE_CHECKING
@@ -83,6 +84,14 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=64)
+def _serves(interface: str) -> bool:
+    """Whether a request that arrived on ``interface`` (the server's own address) may be served without a
+    key: a loopback address, or a name that is no IP address (a Unix socket path). Cached: a server has
+    a handful of interfaces, and parsing one on every request showed in the gateway's profile."""
+    return not _is_ip(interface) or is_loopback(interface)
+
+
 class LoopbackGuard:
     """ASGI middleware for an app without a key: a request that arrived on a non-loopback interface gets
     a 403 with a JSON error body and never reaches the app.
@@ -97,7 +106,7 @@ class LoopbackGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = scope.get("server") if scope["type"] in ("http", "websocket") else None
-        if server is None or not _is_ip(str(server[0])) or is_loopback(str(server[0])):
+        if server is None or _serves(str(server[0])):
             await self.app(scope, receive, send)
             return
         message = (
