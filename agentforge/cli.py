@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from agentforge.commands.common import ChatTemplate, MaxModelLen
+from agentforge.commands.common import ChatTemplate, MaxCpuLoras, MaxLoras, MaxModelLen
 
 app = typer.Typer(
     name="agentforge",
@@ -98,6 +98,17 @@ def serve(
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank the engine accepts.")] = 16,
     max_model_len: MaxModelLen = 2048,
     chat_template: ChatTemplate = None,
+    max_loras: MaxLoras = 4,
+    max_cpu_loras: MaxCpuLoras = None,
+    retain: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Earlier adapter versions kept loaded behind the active one, so rollouts still pinned to "
+            "them finish there: set it to the trainer's max_staleness (train's default: 1). vLLM must hold "
+            "retain + 2 versions (--max-cpu-loras, else --max-loras); a smaller limit is refused at start.",
+        ),
+    ] = 1,
     follow: Annotated[
         bool,
         typer.Option(
@@ -128,20 +139,21 @@ def serve(
             from agentforge.serving.vllm import VLLMServer
 
             server = VLLMServer(
-                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template
-            )
+                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template,
+                max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+            )  # fmt: skip
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
             server = EmbeddedServer(
                 path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template
             )
+        router = ModelRouter()  # the swapper refuses limits that cannot hold `retain` before the slow start
+        swapper = HotSwapper(server, router, alias="policy", retain=retain)
         store = open_store(store_url, api_key=store_api_key or api_key)
         _check_store_answers(store, alias="policy")  # before the engine's slow start
         console.print(f"starting {backend} with {path} …")
         server.start()
-        router = ModelRouter()
-        swapper = HotSwapper(server, router, alias="policy")
         swapper.register_base()
         if adapter is not None and not follow:
             swapper.swap(adapter)
@@ -167,12 +179,13 @@ def serve(
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
 
-            supervisor = EngineSupervisor(server, swapper).start()
+            supervisor = EngineSupervisor(server, swapper, on_restart=_print_engine).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     console.print(
-        f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, store {store!r})"
+        f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, retain {retain}, "
+        f"store {store!r})"
     )
     _print_engine(server)
     typer.echo(gateway.url)
@@ -220,7 +233,8 @@ def _print_engine(server) -> None:  # type: ignore[no-untyped-def]
     """Print the engine's own address, model and inference key: the endpoint for a simulated customer.
 
     Its calls bypass the gateway, so they are neither recorded nor trained on (a customer pointed at the
-    gateway would make unattributed calls). The key is new at each engine start; it cannot load adapters.
+    gateway would make unattributed calls). The key is new at each engine start (printed again after the
+    supervisor restarted vLLM); it cannot load adapters.
     """
     key = server.auth_headers().get("Authorization", "").removeprefix("Bearer ")
     console.print(

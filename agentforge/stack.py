@@ -37,8 +37,12 @@ class LocalStack:
         backend: ``"vllm"`` (a separate vLLM process) or ``"embedded"`` (transformers + PEFT in-process).
         alias: the model alias agents request (``"policy"``).
         max_lora_rank: the largest LoRA rank the engine accepts.
-        retain: earlier versions the hot-swapper keeps loaded behind the active one (``HotSwapper(retain=)``);
-            at least 1 for a :class:`~agentforge.serving.promoter.GatedPublisher` with automatic rollback.
+        retain: earlier versions the hot-swapper keeps loaded behind the active one (``HotSwapper(retain=)``):
+            the trainer's ``max_staleness``, so rollouts still pinned to a recent version finish there; at
+            least 1 for a :class:`~agentforge.serving.promoter.GatedPublisher` with automatic rollback.
+        max_loras: vLLM's ``--max-loras`` (adapters one batch may mix).
+        max_cpu_loras: vLLM's ``--max-cpu-loras`` (adapters kept loaded; default ``max_loras``); with
+            ``max_loras`` it must hold ``retain + 2`` versions (checked before the engine starts).
         runner_kwargs: passed to :class:`agentforge.runtime.Runner` (``agent_name``, ``timeout_s``…).
         max_model_len: the engine's context length, tokens (prompt + completion; tool schemas count).
         chat_template: the engine's chat template file (default: the model's own if it renders tools, else
@@ -49,6 +53,8 @@ class LocalStack:
 
     Raises:
         UserError: unknown backend, or no vLLM interpreter (run ``make setup``).
+        ConfigError: the engine's adapter limits cannot hold ``retain + 2`` versions (raised by ``start``
+            before the engine starts).
         ServingError: the engine did not come up.
     """
 
@@ -63,6 +69,8 @@ class LocalStack:
         alias: str = "policy",
         max_lora_rank: int = 16,
         retain: int = 0,
+        max_loras: int = 4,
+        max_cpu_loras: int | None = None,
         runner_kwargs: dict[str, Any] | None = None,
         max_model_len: int = 2048,
         chat_template: str | Path | None = None,
@@ -74,6 +82,7 @@ class LocalStack:
         self.store, self.agent, self.model, self.workers = store, agent, model, workers
         self.backend, self.alias, self.max_lora_rank = backend, alias, max_lora_rank
         self.runner_kwargs, self.retain = dict(runner_kwargs or {}), retain
+        self.max_loras, self.max_cpu_loras = max_loras, max_cpu_loras
         self._exit = ExitStack()
         self.max_model_len, self.chat_template = max_model_len, chat_template
         self.server: Any = None
@@ -96,7 +105,8 @@ class LocalStack:
                 from agentforge.serving.vllm import VLLMServer
 
                 server = VLLMServer(
-                    model, max_lora_rank=self.max_lora_rank, max_loras=4, max_model_len=self.max_model_len,
+                    model, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
+                    max_cpu_loras=self.max_cpu_loras, max_model_len=self.max_model_len,
                     chat_template=self.chat_template,
                 )  # fmt: skip
             else:
@@ -105,9 +115,10 @@ class LocalStack:
                 server = EmbeddedServer(
                     model, max_model_len=self.max_model_len, chat_template=self.chat_template
                 )
-            self.server = self._exit.enter_context(server)
+            # the swapper checks the engine's adapter limits against `retain` before the engine's slow start
             self.router = ModelRouter()
-            self.swapper = HotSwapper(self.server, self.router, alias=self.alias, retain=self.retain)
+            self.swapper = HotSwapper(server, self.router, alias=self.alias, retain=self.retain)
+            self.server = self._exit.enter_context(server)
             self.base_version = self.swapper.register_base()
             self.gateway = self._exit.enter_context(GatewayServer(self.store, self.router))
             if self.agent is not None:

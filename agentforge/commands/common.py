@@ -12,7 +12,7 @@ from rich.console import Console
 
 __all__ = [
     "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
-    "ChatTemplate",
+    "ChatTemplate", "MaxLoras", "MaxCpuLoras",
 ]  # fmt: skip
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
@@ -35,6 +35,24 @@ ChatTemplate = Annotated[
     ),
 ]
 
+#: ``--max-loras`` of the commands that start an engine (vLLM only).
+MaxLoras = Annotated[
+    int,
+    typer.Option(
+        min=2,
+        help="vLLM's --max-loras: adapter versions one batch may mix (at least the old and the new one of a "
+        "hot swap).",
+    ),
+]
+#: ``--max-cpu-loras`` of the commands that start an engine (vLLM only).
+MaxCpuLoras = Annotated[
+    int | None,
+    typer.Option(
+        min=2,
+        help="vLLM's --max-cpu-loras: adapter versions kept loaded (default: --max-loras); it must hold the "
+        "active version, the earlier ones kept for stale rollouts and the one being swapped in.",
+    ),
+]
 
 #: Everything human-facing goes to stderr; stdout carries only machine-readable results.
 console = Console(stderr=True)

@@ -10,6 +10,8 @@ import typer
 
 from agentforge.commands.common import (
     ChatTemplate,
+    MaxCpuLoras,
+    MaxLoras,
     MaxModelLen,
     console,
     open_store_url,
@@ -56,6 +58,17 @@ def train(
     ] = 256,
     max_model_len: MaxModelLen = 2048,
     chat_template: ChatTemplate = None,
+    max_staleness: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Train on samples at most this many adapter versions old; serving keeps that many earlier "
+            "versions loaded behind the active one, so rollouts pinned to them finish (vLLM must hold "
+            "max_staleness + 2 versions: --max-cpu-loras, else --max-loras).",
+        ),
+    ] = 1,
+    max_loras: MaxLoras = 4,
+    max_cpu_loras: MaxCpuLoras = None,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     report_to: Annotated[
@@ -104,7 +117,7 @@ def train(
 
             gate = EvalGate(max_p=gate_max_p, min_gain=gate_min_gain)
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
-                         max_completion_length, seed, report_to)  # fmt: skip
+                         max_completion_length, seed, report_to, max_staleness)  # fmt: skip
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
 
@@ -113,14 +126,25 @@ def train(
             )
         output_dir.mkdir(parents=True, exist_ok=True)
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
-        engine = {"max_model_len": max_model_len, "chat_template": chat_template}
+        engine = {"max_model_len": max_model_len, "chat_template": chat_template, "max_loras": max_loras,
+                  "max_cpu_loras": max_cpu_loras, "retain": config.max_staleness}  # fmt: skip
         summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
                          engine)  # fmt: skip
     typer.echo(json.dumps(summary))
 
 
 def _config(
-    output_dir, steps, group_size, tasks_per_step, swap_every, lr, lora_r, max_len, seed, report_to="none"
+    output_dir,
+    steps,
+    group_size,
+    tasks_per_step,
+    swap_every,
+    lr,
+    lora_r,
+    max_len,
+    seed,
+    report_to="none",
+    max_staleness=1,
 ):  # type: ignore[no-untyped-def]
     import torch
 
@@ -133,7 +157,7 @@ def _config(
         lora_r=lora_r, lora_alpha=2 * lora_r, max_completion_length=max_len, logging_steps=1,
         save_strategy="steps", save_steps=swap_every, save_total_limit=1,
         report_to=[name.strip() for name in report_to.split(",") if name.strip()] or "none",
-        use_cpu=not gpu, bf16=True, gradient_checkpointing=False,
+        use_cpu=not gpu, bf16=True, gradient_checkpointing=False, max_staleness=max_staleness,
     )  # fmt: skip
 
 

@@ -2,12 +2,14 @@
 seconds, ``/health`` reports the engine down, vLLM's whole process group goes, vLLM comes back with the
 active adapter version loaded again, and requests succeed after the restart.
 
+After the restart ``serve`` prints the engine line again, with the new engine's key (the old one is refused).
 It starts its own ``agentforge serve`` (not the session's shared vLLM server), so it costs two vLLM starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -111,6 +113,20 @@ def test_killed_vllm_is_reported_restarted_and_serves_its_versions_again(tmp_pat
         new_group = process_group(second)
         assert ask(url) == "A"  # the active adapter version was loaded again
         assert any("versions loaded again: policy@v1" in line for line in errors), "".join(errors)[-3000:]
+        engines = [
+            m.groups() for line in errors if (m := re.search(r"engine (\S+)\s+model \S+\s+key (\S+)", line))
+        ]
+        assert len(engines) == 2 and engines[0][1] != engines[1][1], engines  # printed again: a new key
+        (engine_url, key) = engines[1]
+        assert (
+            httpx.get(f"{engine_url}/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        )
+        assert (
+            httpx.get(
+                f"{engine_url}/models", headers={"Authorization": f"Bearer {engines[0][1]}"}
+            ).status_code
+            == 401
+        )
         print(f"\nkill -9 logged after {logged_s:.1f}s; restarted in {time.monotonic() - killed:.0f}s")
     finally:
         serve.send_signal(signal.SIGINT)
