@@ -27,9 +27,12 @@ class TrainConfig(LoraFields, GRPOConfig):
     """GRPO hyper-parameters (TRL) plus the decoupled-loop settings of agentforge.
 
     Attributes:
-        tasks_per_step: distinct tasks per optimizer step; each runs ``num_generations`` rollouts. The
-            batch size is derived from it (``per_device_train_batch_size = tasks_per_step ×
-            num_generations``) and overrides any value passed.
+        tasks_per_step: distinct tasks per optimizer step (per process); each runs ``num_generations``
+            rollouts, sampled as one batch. ``gradient_accumulation_steps`` splits that batch into equal
+            micro-batches (a memory knob: the update is the same, issue 15): ``per_device_train_batch_size
+            = tasks_per_step × num_generations / gradient_accumulation_steps``, derived, overriding any
+            value passed. ``steps_per_generation`` equals the accumulation (set anything else: an error);
+            TRL's ``bnpo`` loss, whose normaliser is local to a micro-batch, is refused (use ``dapo``).
         swap_every: publish and hot-swap the adapter every this many optimizer steps (k).
         max_staleness: samples produced by a version more than this many versions behind the
             current one are dropped (masked and counted), never trained on.
@@ -62,12 +65,16 @@ class TrainConfig(LoraFields, GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        # One optimizer step trains on exactly one batch of groups: the batch size is derived, not set.
-        self.per_device_train_batch_size = self.tasks_per_step * self.num_generations
+        # One optimizer step trains on exactly one generation batch of ``tasks_per_step`` groups per process;
+        # gradient accumulation splits that batch into micro-batches, it never adds groups to the step.
+        problems = _split_problems(self)
+        if problems:  # before TRL's own checks, which would report the overridden values instead
+            raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
+        rows = self.tasks_per_step * self.num_generations
+        self.per_device_train_batch_size = max(1, rows // max(1, self.gradient_accumulation_steps))
         self.steps_per_generation = self.gradient_accumulation_steps
         adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
-        problems = []
         if self.num_generations < 2:
             problems.append(f"num_generations={self.num_generations} (GRPO needs a group of at least 2)")
         if self.tasks_per_step < 1:
@@ -83,3 +90,48 @@ class TrainConfig(LoraFields, GRPOConfig):
             )
         if problems:
             raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
+
+
+#: TRL loss types whose normaliser is local to a micro-batch, so the update changes with the split.
+SPLIT_DEPENDENT_LOSSES = {"bnpo": "dapo (the same token mean, over the whole step's batch)"}
+
+
+def _split_problems(config: TrainConfig) -> list[str]:
+    """What makes the update depend on how a step's batch is split (issue 15, item 1), before TRL sees it.
+
+    Checked: ``gradient_accumulation_steps`` divides the step's ``tasks_per_step × num_generations`` rows;
+    ``steps_per_generation`` / ``generation_batch_size`` are not set to something else (agentforge samples
+    one batch per optimizer step, and the publish callback and TRL's normalisers count on it); the loss type
+    normalises over the whole step (not TRL's micro-batch-local ``bnpo``); ``vespo`` gets the token-level
+    importance-sampling mode TRL requires (TRL checks it only for a vLLM it starts itself, and
+    :func:`~agentforge.trainers.trl_private.use_engine_logprobs` turns the correction on after that check).
+    """
+    problems = []
+    rows, accumulation = config.tasks_per_step * config.num_generations, config.gradient_accumulation_steps
+    if accumulation < 1 or rows % accumulation:
+        problems.append(
+            f"gradient_accumulation_steps={accumulation} must divide the step's tasks_per_step × "
+            f"num_generations = {rows} rows (each micro-batch holds rows / gradient_accumulation_steps)"
+        )
+    if config.steps_per_generation not in (None, accumulation) or config.generation_batch_size is not None:
+        problems.append(
+            f"steps_per_generation={config.steps_per_generation} / generation_batch_size="
+            f"{config.generation_batch_size}: agentforge samples one batch per optimizer step "
+            f"(steps_per_generation = gradient_accumulation_steps = {accumulation}); leave both unset"
+        )
+    if config.loss_type in SPLIT_DEPENDENT_LOSSES:
+        problems.append(
+            f"loss_type={config.loss_type!r} normalises each micro-batch by its own token count, so the update "
+            f"changes with gradient_accumulation_steps and the number of processes; use "
+            f"{SPLIT_DEPENDENT_LOSSES[config.loss_type]}"
+        )
+    mode = config.vllm_importance_sampling_mode
+    if (
+        config.loss_type == "vespo"
+        and config.vllm_importance_sampling_correction
+        and not mode.startswith("token")
+    ):
+        problems.append(
+            f"loss_type='vespo' needs vllm_importance_sampling_mode 'token_truncate' or 'token_mask' (got {mode!r})"
+        )
+    return problems

@@ -1,0 +1,77 @@
+"""A tiny random Llama with SmolLM2's tokenizer, built offline once and cached, for trainer contract tests.
+
+``tiny_model()`` saves a 2-layer, 32-wide ``LlamaForCausalLM`` (random weights from a fixed seed, tied
+embeddings over SmolLM2's 49 152-token vocabulary) next to the prepared default model's tokenizer, so ids,
+special tokens (``bos`` ``<|im_start|>`` = 1, ``eos`` = ``pad`` = ``<|im_end|>`` = 2) and the chat template
+are the real ones while a forward + backward takes milliseconds. ``chat_template=`` saves a copy whose
+tokenizer carries another template. Cached under ``$AGENTFORGE_HOME/test-models/`` keyed by the recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+from pathlib import Path
+
+from agentforge.config import default_model_dir, home_dir
+from agentforge.model import prepare_default_model
+
+__all__ = ["BOS_TEMPLATE", "BOS_TEMPLATE_BOS", "tiny_model"]
+
+#: A chat template that begins with ``{{ bos_token }}`` (as Llama 3's and Gemma's do), then renders every turn
+#: (tool turns included) in SmolLM2's ``<|im_start|>role`` format. Saved by ``tiny_model(BOS_TEMPLATE)``
+#: with a tokenizer whose BOS is ``<|endoftext|>`` (id 0) and which adds it when asked to
+#: (``add_special_tokens=True``): rendering to text and tokenising that again doubles the BOS.
+BOS_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+#: The BOS that ``tiny_model(BOS_TEMPLATE)``'s tokenizer adds and its template renders.
+BOS_TEMPLATE_BOS = "<|endoftext|>"
+_RECIPE_VERSION = 2
+_lock = threading.Lock()
+
+
+def tiny_model(chat_template: str | None = None) -> Path:
+    """The directory of the tiny random Llama (weights + SmolLM2 tokenizer), built on first use.
+
+    Args:
+        chat_template: a Jinja chat template to save with the tokenizer (default: SmolLM2's own);
+            :data:`BOS_TEMPLATE` also makes ``<|endoftext|>`` the BOS the tokenizer adds.
+
+    Returns:
+        A checkpoint directory ``AutoModelForCausalLM`` / ``AutoTokenizer`` load offline.
+    """
+    recipe = {"v": _RECIPE_VERSION, "template": chat_template}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    target = home_dir() / "test-models" / f"tiny-llama-{key}"
+    with _lock:
+        if (target / "config.json").exists():
+            return target
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        extra = (
+            {"bos_token": BOS_TEMPLATE_BOS, "add_bos_token": True} if chat_template == BOS_TEMPLATE else {}
+        )
+        tokenizer = AutoTokenizer.from_pretrained(prepare_default_model(default_model_dir()), **extra)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        return target
