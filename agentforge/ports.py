@@ -277,6 +277,9 @@ class BatchReport:
         groups: groups (tasks) in the batch.
         zero_variance_groups: groups whose valid rewards are all equal (zero advantage, reported).
         truncated: samples whose last call ended with ``finish_reason == "length"``.
+        extra_trajectories: trajectories beyond one per trained rollout (a conversation that split: only its
+            last trajectory trains); logged as ``batch/extra_trajectories`` and ``batch/split_share``.
+        split_rollouts: trained rollouts whose calls split into more than one trajectory.
         skipped: count per skip reason (``failed``, ``missing_reward``, ``invalid``, ``stale``,
             ``no_trainable_tokens``).
         rewards: the valid rewards, in batch order.
@@ -289,6 +292,7 @@ class BatchReport:
     zero_variance_groups: int = 0
     truncated: int = 0
     extra_trajectories: int = 0
+    split_rollouts: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     rewards: list[float] = field(default_factory=list)
     sampled_tokens: int = 0
@@ -300,6 +304,8 @@ class BatchReport:
         mean = sum(self.rewards) / len(self.rewards) if self.rewards else math.nan
         var = sum((r - mean) ** 2 for r in self.rewards) / len(self.rewards) if self.rewards else math.nan
         out = {
+            "batch/extra_trajectories": float(self.extra_trajectories),
+            "batch/split_share": self.split_rollouts / n,
             "batch/reward_mean": mean,
             "batch/reward_std": math.sqrt(var) if self.rewards else math.nan,
             "batch/zero_variance_share": self.zero_variance_groups / max(self.groups, 1),

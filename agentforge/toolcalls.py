@@ -28,6 +28,8 @@ Rules (one place, used by the gateway's capture and by the helper):
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "EMPTY_ARGUMENTS",
     "MALFORMED_ARGUMENTS",
     "parse_tool_arguments",
+    "parse_tool_calls",
     "tool_call_from_openai",
     "malformed_tool_calls",
     "tool_error_message",
@@ -141,3 +144,36 @@ def tool_error_messages(message: Mapping[str, Any] | Any) -> list[dict[str, Any]
         Messages to append after the assistant message (empty when every call is usable).
     """
     return [tool_error_message(c) for c in malformed_tool_calls(message)]
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split model text into content and OpenAI tool calls, as vLLM's ``hermes`` parser does.
+
+    Args:
+        text: the decoded completion.
+
+    Returns:
+        ``(content, tool_calls)``; text without a parsable ``<tool_call>`` comes back unchanged with no calls,
+        and content before the first tag is ``None`` when empty.
+    """
+    if "<tool_call>" not in text:
+        return text, []
+    try:
+        calls = [json.loads(a or b) for a, b in _TOOL_CALL.findall(text)]
+        tool_calls = [
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {
+                    "name": c["name"],
+                    "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False),
+                },
+            }
+            for c in calls
+        ]
+    except (ValueError, KeyError, TypeError):
+        return text, []
+    return text[: text.index("<tool_call>")] or None, tool_calls

@@ -246,6 +246,10 @@ class StepConsole(TrainerCallback):
         if _number(logs or {}, "frac_reward_zero_std") == 1.0:  # TRL's share of groups with equal rewards
             self.console.print(no_signal_warning(step), style="yellow", overflow="fold")
             logger.warning("%s", no_signal_warning(step))
+        split = _number(logs or {}, "batch/split_share")
+        if split:  # conversations split into several trajectories: only each one's last piece trained
+            self.console.print(split_warning(step, split), style="yellow", overflow="fold")
+            logger.warning("%s", split_warning(step, split))
 
     def render(
         self,
@@ -308,6 +312,16 @@ def no_signal_warning(step: int) -> str:
         f"step {step}: no learning signal - every group's rewards were equal, so every advantage is 0 and "
         "this step changed nothing; give partial credit, raise the group size or the temperature, or start "
         "from a policy that sometimes succeeds (e.g. replay SFT on its successful traces)"
+    )
+
+
+def split_warning(step: int, share: float) -> str:
+    """The warning for a step whose batch had conversations split into several trajectories (the trainer's
+    ``batch/split_share``, a fraction of the batch): each trained only on its last piece."""
+    return (
+        f"step {step}: {share:.0%} of the batch's rollouts split into several trajectories, so only their last "
+        "call trained; `agentforge traces show <rollout>` names each break (prefix_break:<reason> flags); serve "
+        "through the stack's engines (token-in continuations) and keep each rollout's messages linear"
     )
 
 

@@ -184,6 +184,7 @@ class RolloutSource:
             return {}, "no_trainable_tokens"
         traj = trajectories[-1]
         report.extra_trajectories += len(trajectories) - 1
+        report.split_rollouts += int(len(trajectories) > 1)
         oldest = min(parse_version_number(v, default=0) for v in traj.versions)
         if current - oldest > self.max_staleness:
             return {}, "stale"

@@ -210,6 +210,10 @@ class _Gateway(SpanRecorder):
             )
 
     async def _forward(self, ctx: CallContext, upstream: Upstream, release: Callable[[], None]) -> Response:
+        if self.prefix.knows(ctx):  # a rollout's follow-up call: token in, token out (gateway/prefix.py)
+            continued = await self.prefix.forward(self, ctx, upstream, release)
+            if continued is not None:
+                return continued
         stream = bool(ctx.body.get("stream"))
         response = await self._send(ctx, upstream, stream)
         if isinstance(response, JSONResponse):

@@ -28,7 +28,14 @@ from agentforge.gateway.wire import Endpoint
 from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai
 from agentforge.types import LLMCall
 
-__all__ = ["SAMPLING_KEYS", "UNTRAINABLE_FLAGS", "sampling_params", "llm_call_from_response", "StreamCapture"]
+__all__ = [
+    "SAMPLING_KEYS",
+    "TOOL_CALL_TRUNCATED",
+    "UNTRAINABLE_FLAGS",
+    "sampling_params",
+    "llm_call_from_response",
+    "StreamCapture",
+]
 
 #: Request keys copied into ``LLMCall.sampling``.
 SAMPLING_KEYS = (
@@ -36,6 +43,10 @@ SAMPLING_KEYS = (
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs",
     "tool_choice", "response_format",
 )  # fmt: skip
+
+#: Flag of a call that hit the token limit in the middle of a tool call (the client gets the partial text as
+#: content and no tool call, as vLLM answers it; the sampled ids stay trainable, so raise ``max_tokens``).
+TOOL_CALL_TRUNCATED = "tool_call_truncated"
 
 #: Flags that make a call unusable for training, with their meaning.
 UNTRAINABLE_FLAGS = {
@@ -71,6 +82,18 @@ def _logprobs(choice: dict[str, Any], endpoint: Endpoint) -> list[float] | None:
         return [float(item["logprob"]) for item in content if isinstance(item, dict) and "logprob" in item]
     values = lp.get("token_logprobs")
     return [float(v) for v in values if v is not None] if isinstance(values, list) else None
+
+
+def _cut_tool_call(request: dict[str, Any], text: Any, tool_calls: list[Any]) -> bool:
+    """Whether a call that hit the token limit was writing a tool call: a Hermes ``<tool_call>`` tag (or the
+    JSON list guided decoding writes for ``tool_choice="required"``) left in the text, or a call whose
+    arguments do not parse."""
+    if not request.get("tools") or request.get("tool_choice") == "none":
+        return False
+    written = text if isinstance(text, str) else ""
+    if "<tool_call>" in written or written.lstrip().startswith("[{"):
+        return True
+    return any(MALFORMED_ARGUMENTS in c.flags for c in tool_calls)
 
 
 def _consistency_flags(call: LLMCall) -> list[str]:
@@ -140,6 +163,8 @@ def llm_call_from_response(
         flags.append("extra_choices_dropped")
     if any(MALFORMED_ARGUMENTS in c.flags for c in tool_calls):
         flags.append("malformed_tool_call")
+    if choice.get("finish_reason") == "length" and _cut_tool_call(request, text, tool_calls):
+        flags.append(TOOL_CALL_TRUNCATED)
     call = LLMCall(
         model=model,
         version=version,

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.gateway.call import CallContext, clean_text
+from agentforge.gateway.prefix import Continuations
 from agentforge.types import LLMCall, Span, SpanKind, now
 
 if TYPE_CHECKING:
@@ -27,10 +28,13 @@ class SpanRecorder:
     Attributes:
         store: the trace store spans go to (through its group-commit writer).
         orphans: spans written without a rollout so far.
+        prefix: the rollouts' recent calls, which follow-up calls continue token-exactly
+            (:mod:`agentforge.gateway.prefix`).
     """
 
     def __init__(self, store: TraceStore) -> None:
         self.store = store
+        self.prefix = Continuations()
         self.orphans = 0
         self._orphan_warned = False
 
@@ -46,6 +50,7 @@ class SpanRecorder:
         """Write the call's span; store failures are logged, not raised. The write itself always finishes
         (``asyncio.shield``); ``shield`` also shields the wait from anyio cancel scopes (a streamed
         response's task group cancels when its client leaves; a unary call has none)."""
+        self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
         span = Span(
             rollout_id=ctx.rollout_id,
             attempt_id=ctx.attempt_id,

@@ -1,7 +1,8 @@
 """``EmbeddedServer``: an in-process transformers + peft backend for machines without vLLM.
 
 It serves the OpenAI routes the gateway uses — ``/v1/chat/completions`` (plain and streamed),
-``/v1/completions``, ``/v1/models`` — from a FastAPI app on a loopback port in a background thread, with
+``/v1/completions`` (text or token-id prompts), ``/v1/models``, and vLLM's ``/tokenize`` (a chat rendered to
+ids, for the gateway's token-in continuations) — from a FastAPI app on a loopback port in a background thread, with
 any number of LoRA adapters loaded side by side (peft multi-adapter). Responses carry
 ``prompt_token_ids``, ``choices[0].token_ids`` and ``logprobs`` in vLLM's format, with vLLM's default
 ``logprobs_mode`` (log-softmax of the raw logits, before temperature), so the gateway treats both
@@ -280,6 +281,7 @@ class EmbeddedServer:
                 chat_template=self._template,
                 tokenize=False,
                 add_generation_prompt=body.get("add_generation_prompt", True),
+                **(body.get("chat_template_kwargs") or {}),
             )
         elif isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"]):
             return list(body["prompt"])
@@ -384,6 +386,16 @@ class EmbeddedServer:
         @app.post("/v1/completions", dependencies=keyed)
         def completions(body: dict[str, Any] = Body(...)) -> Any:
             return respond(body, chat=False)
+
+        @app.post("/tokenize", dependencies=keyed)
+        def tokenize(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+            """vLLM's ``/tokenize``: ``messages`` (+ ``tools``, ``add_generation_prompt``) or ``prompt``."""
+            chat = "messages" in body
+            try:
+                ids = self._prompt_ids(body, chat)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise _RequestError(400, f"cannot render: {type(exc).__name__}: {exc}") from None
+            return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
 
         return app
 

@@ -127,7 +127,10 @@ class HotSwapper:
     def _upstream(self, model: str) -> Upstream:
         """Where the router sends ``model``: the engine's URL, with its inference key when it has one."""
         return Upstream(
-            base_url=self.server.base_url, model=model, api_key=getattr(self.server, "api_key", None)
+            base_url=self.server.base_url,
+            model=model,
+            api_key=getattr(self.server, "api_key", None),
+            token_in=True,  # vLLM and the embedded backend render on /tokenize and take token-id prompts
         )
 
     def live_versions(self) -> list[str]:

@@ -14,48 +14,17 @@ vLLM 0.32's shapes, as the gateway reads them (``return_token_ids: true``, ``log
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["Step", "parse_tool_calls", "ResponseShaper"]
+from agentforge.toolcalls import parse_tool_calls
+
+__all__ = ["Step", "parse_tool_calls", "ResponseShaper"]  # parse_tool_calls: from agentforge.toolcalls
 
 #: One generated token: ``(token_id, logprob, [(top_id, top_logprob), ...])``; logprobs are natural logs.
 Step = tuple[int, float, list[tuple[int, float]]]
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split model text into content and OpenAI tool calls, as vLLM's ``hermes`` parser does.
-
-    Args:
-        text: the decoded completion.
-
-    Returns:
-        ``(content, tool_calls)``; text without a parsable ``<tool_call>`` comes back unchanged with no calls,
-        and content before the first tag is ``None`` when empty.
-    """
-    if "<tool_call>" not in text:
-        return text, []
-    try:
-        calls = [json.loads(a or b) for a, b in _TOOL_CALL.findall(text)]
-        tool_calls = [
-            {
-                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
-                "type": "function",
-                "function": {
-                    "name": c["name"],
-                    "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False),
-                },
-            }
-            for c in calls
-        ]
-    except (ValueError, KeyError, TypeError):
-        return text, []
-    return text[: text.index("<tool_call>")] or None, tool_calls
 
 
 class ResponseShaper:
@@ -82,7 +51,9 @@ class ResponseShaper:
     ) -> None:
         self.tok, self.body, self.chat, self.prompt_ids = tokenizer, body, chat, prompt_ids
         self.stop_ids, self.limit = stop_ids, limit
-        self.want_ids, self.want_lp = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
+        self.want_ids = bool(body.get("return_token_ids"))
+        logprobs = body.get("logprobs")  # completions: an int, and 0 asks for the sampled token's (as vLLM)
+        self.want_lp = bool(logprobs) if chat else logprobs is not None and logprobs is not False
         self.tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
         kind = "chatcmpl" if chat else "cmpl"
         self.meta = {

@@ -125,6 +125,7 @@ class StoredGroupSource:
             return masked_sample(record.rollout_id, self.placeholder), "no_trainable_tokens"
         traj = record.trajectories[-1]
         report.extra_trajectories += len(record.trajectories) - 1
+        report.split_rollouts += int(len(record.trajectories) > 1)
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
         return trajectory_sample(traj, float(record.reward), record.rollout_id), None

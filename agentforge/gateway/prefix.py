@@ -1,0 +1,401 @@
+"""Token in, token out for linear conversations: a rollout's follow-up chat call is sent to the engine as ids.
+
+Why: between two calls of a tool loop the client sends the whole history back, and the chat template renders
+the assistant's turn again from the *parsed* message (tool-call arguments re-serialised, spacing changed), so
+the next prompt's ids no longer start with the previous prompt + completion ids, and the trainer's merge rule
+(:mod:`agentforge.trainers.samples`) starts a new trajectory (DESIGN fact 6).
+
+What: the gateway remembers, per rollout, the last few chat calls it answered (the client's request and the
+recorded ids). A new chat call of that rollout *continues* one of them when its ``messages`` start with that
+call's messages plus the assistant message the gateway returned (compared as the client may echo them:
+content without surrounding whitespace, tool calls by name and parsed arguments, ids ignored) and it renders
+with the same ``tools`` / ``chat_template_kwargs``. Then its prompt is built as
+
+    previous prompt ids + previous completion ids + closing + ids of the newly rendered messages
+
+where the new messages' ids are ``render(messages)[len(render(messages[:k+1], no generation prompt)):]``
+(the engine's own ``/tokenize``, with the engine's chat template and the tool schemas), and ``closing`` is
+what the template puts after an assistant turn (ChatML: ``<|im_end|>\\n``) minus the part the model sampled
+itself (its ``<|im_end|>``): the closing is the common tail of two probe renderings, cached per engine. The
+ids go to the engine's ``/v1/completions`` (a token-id prompt), and the answer is turned back into the chat
+answer the client expects, tool calls parsed in the Hermes format as vLLM's ``hermes`` parser and the
+embedded backend do (:func:`agentforge.toolcalls.parse_tool_calls`). A streamed continuation is generated
+whole and sent as a short stream (role, content and tool calls, finish, usage). The span is recorded from
+that answer with the flag :data:`CONTINUED`; the engine's echoed prompt ids are the span's prompt ids.
+
+When a call of a known rollout cannot continue, it takes the ordinary path and its span gets the flag
+``prefix_break:<reason>`` (see :data:`BREAK_REASONS`), so every split the trainer counts has a visible cause.
+Calls outside a rollout, non-chat calls and engines without ``Upstream.token_in`` never enter this module
+beyond one dictionary lookup. State lives in this gateway process (an LRU of :data:`MAX_ROLLOUTS` rollouts,
+:data:`TURNS_PER_ROLLOUT` calls each): behind several gateway replicas, pin a rollout to one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import Response, StreamingResponse
+
+from agentforge.gateway.capture import llm_call_from_response
+from agentforge.gateway.prefix_wire import chat_answer, chat_events, engine_headers
+from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
+from agentforge.gateway.wire import (
+    client_ask,
+    decode_json,
+    encode_json,
+    error_body,
+    shape_response,
+    upstream_body,
+    upstream_error_body,
+)
+
+if TYPE_CHECKING:
+    from agentforge.gateway.app import _Gateway
+    from agentforge.gateway.call import CallContext
+    from agentforge.gateway.router import Upstream
+    from agentforge.types import LLMCall
+
+__all__ = ["CONTINUED", "BREAK_PREFIX", "BREAK_REASONS", "Continuations", "MAX_ROLLOUTS", "TURNS_PER_ROLLOUT"]
+
+logger = logging.getLogger("agentforge.gateway")
+
+#: Flag on the span of a call whose prompt was built from the rollout's previous ids (token in, token out).
+CONTINUED = "token_in_continuation"
+#: Prefix of the flag on the span of a call of a known rollout that could not continue (``prefix_break:why``).
+BREAK_PREFIX = "prefix_break:"
+#: Why a call of a known rollout was not continued.
+BREAK_REASONS = {
+    "option": "the request sets an option a token-id prompt cannot carry (n > 1, a forced tool_choice, ...)",
+    "history": "its messages do not start with an earlier call's messages and the answer the gateway gave",
+    "render": "the engine could not render the messages (no /tokenize, or an error)",
+    "template": "the template's rendering of the history is not a prefix of its rendering of the new messages",
+}
+#: Rollouts whose recent calls are remembered (least recently used ones are forgotten first).
+MAX_ROLLOUTS = 2048
+#: Calls remembered per rollout (several are kept for agents that interleave independent conversations).
+TURNS_PER_ROLLOUT = 4
+
+#: Request keys a continuation carries over to ``/v1/completions`` unchanged.
+_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "user",
+)  # fmt: skip
+#: Request keys a continuation understands; any other key sends the call down the ordinary path.
+_ALLOWED = frozenset(
+    {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "max_tokens", "n", "logprobs",
+     "max_completion_tokens", "top_logprobs", "return_token_ids", "parallel_tool_calls", "chat_template_kwargs",
+     "metadata", "store", *_SAMPLING}
+)  # fmt: skip
+#: Request keys that change how the messages render: they must equal the earlier call's.
+_RENDER_KEYS = ("tools", "chat_template_kwargs")
+_PROBES = ("A", "B")
+
+
+class _Turn:
+    """One answered chat call: the client's request and the recorded call (ids, text, tool calls)."""
+
+    __slots__ = ("request", "llm")
+
+    def __init__(self, request: dict[str, Any], llm: LLMCall) -> None:
+        self.request, self.llm = request, llm
+
+
+def _arguments(raw: Any) -> str:
+    """Tool-call arguments in one canonical form (parsed JSON, sorted keys; raw text when not JSON)."""
+    if isinstance(raw, dict):
+        return json.dumps(raw, sort_keys=True)
+    if raw is None or not str(raw).strip():
+        return "{}"
+    try:
+        return json.dumps(json.loads(raw), sort_keys=True)
+    except (ValueError, TypeError):
+        return str(raw)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):  # content parts: their text, in order
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _message_key(message: Any) -> tuple[Any, ...]:
+    """What must be equal for a history message to count as the same message."""
+    if not isinstance(message, dict):
+        return ("?", repr(message))
+    calls = tuple(
+        ((c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments")))
+        for c in message.get("tool_calls") or ()
+        if isinstance(c, dict)
+    )
+    return (message.get("role"), _text(message.get("content")).strip(), calls, message.get("tool_call_id"))
+
+
+def _answer_key(llm: LLMCall) -> tuple[Any, ...]:
+    """The key of the assistant message the gateway returned for ``llm``."""
+    calls = tuple((c.name, _arguments(c.arguments)) for c in llm.tool_calls)
+    return ("assistant", (llm.response_text or "").strip(), calls, None)
+
+
+def _unsupported(body: dict[str, Any]) -> bool:
+    if body.get("n") not in (None, 1) or body.get("tool_choice") not in (None, "auto", "none"):
+        return True
+    return any(key not in _ALLOWED for key in body)
+
+
+def _common_tail(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return list(a[len(a) - n :])
+
+
+def _glue(completion: Sequence[int], closing: Sequence[int]) -> list[int]:
+    """The part of ``closing`` that follows ``completion``: the longest head of ``closing`` the completion
+    already ends with (the model's own end-of-turn token) is not repeated."""
+    for j in range(min(len(closing), len(completion)), 0, -1):
+        if list(completion[-j:]) == list(closing[:j]):
+            return list(closing[j:])
+    return list(closing)
+
+
+class Continuations:
+    """Per-rollout memory of answered chat calls, and the token-in path for the calls that continue them.
+
+    Args:
+        max_rollouts: rollouts remembered (LRU).
+        turns_per_rollout: calls remembered per rollout.
+    """
+
+    def __init__(self, max_rollouts: int = MAX_ROLLOUTS, turns_per_rollout: int = TURNS_PER_ROLLOUT) -> None:
+        self._turns: OrderedDict[str, list[_Turn]] = OrderedDict()
+        self._max, self._per = max_rollouts, turns_per_rollout
+        self._closings: dict[str, list[int]] = {}  # engine root URL → its template's closing after a turn
+        self._breaks: weakref.WeakKeyDictionary[CallContext, str] = weakref.WeakKeyDictionary()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def knows(self, ctx: CallContext) -> bool:
+        """Whether ``ctx``'s rollout has a remembered call (one dictionary lookup: the hot path's only cost)."""
+        return ctx.rollout_id in self._turns
+
+    # --- memory (called by the recorder for every recorded call) ---------------------------------
+    def remember(self, ctx: CallContext, llm: LLMCall) -> None:
+        """Keep ``llm`` as a call later calls of its rollout may continue; add a break flag found earlier.
+
+        Args:
+            ctx: the call's context (its rollout id, endpoint and body).
+            llm: the call as it is about to be recorded (``flags`` may be extended here).
+        """
+        if self._breaks:
+            why = self._breaks.pop(ctx, None)
+            if why is not None:
+                llm.flags.append(BREAK_PREFIX + why)
+        rollout_id = ctx.rollout_id
+        if rollout_id is None or ctx.endpoint != "chat" or not llm.trainable:
+            return
+        if llm.prompt_token_ids is None or llm.completion_token_ids is None:
+            return
+        turns = self._turns.get(rollout_id)
+        if turns is None:
+            turns = self._turns[rollout_id] = []
+            if len(self._turns) > self._max:
+                self._turns.popitem(last=False)
+        else:
+            self._turns.move_to_end(rollout_id)
+        turns.append(_Turn(ctx.body, llm))
+        del turns[: -self._per]
+
+    def _match(self, body: dict[str, Any], turns: list[_Turn]) -> _Turn | None:
+        messages = body.get("messages") or []
+        for turn in reversed(turns):
+            before = turn.request.get("messages") or []
+            k = len(before)
+            if len(messages) <= k + 1 or any(body.get(key) != turn.request.get(key) for key in _RENDER_KEYS):
+                continue
+            if _message_key(messages[k]) != _answer_key(turn.llm):
+                continue
+            if all(_message_key(a) == _message_key(b) for a, b in zip(messages[:k], before, strict=True)):
+                return turn
+        return None
+
+    def _break(self, ctx: CallContext, why: str) -> None:
+        self._breaks[ctx] = why
+
+    # --- the token-in path ----------------------------------------------------------------------
+    async def forward(
+        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
+    ) -> Response | None:
+        """Answer ``ctx`` with a token-id prompt when it continues a remembered call of its rollout.
+
+        Args:
+            gateway: the gateway (its upstream client and recorder).
+            ctx: the call (a chat call of a rollout the memory knows).
+            upstream: the engine serving the resolved version (``token_in`` engines only).
+            release: releases the version's in-flight count (called once the engine answered).
+
+        Returns:
+            The client's response, or ``None`` to take the ordinary path (the reason is flagged on its span).
+        """
+        turns = self._turns.get(ctx.rollout_id or "")
+        if not turns or ctx.endpoint != "chat" or not upstream.token_in:
+            return None
+        if _unsupported(ctx.body):
+            self._break(ctx, "option")
+            return None
+        turn = self._match(ctx.body, turns)
+        if turn is None:
+            self._break(ctx, "history")
+            return None
+        try:
+            built = await self._prompt(gateway, ctx, upstream, turn)
+        except (UpstreamTimeout, UpstreamUnreachable, ValueError, KeyError, TypeError) as exc:
+            logger.warning("could not render a continuation on %s: %s", upstream.base_url, exc)
+            built = None
+        if built is None:
+            self._break(ctx, "render")
+            return None
+        if isinstance(built, str):
+            self._break(ctx, built)
+            return None
+        ids, max_model_len = built
+        return await self._generate(gateway, ctx, upstream, ids, max_model_len, release)
+
+    async def _tokenize(
+        self,
+        gateway: _Gateway,
+        upstream: Upstream,
+        messages: list[Any],
+        tools: Any,
+        generation: bool,
+        **kw: Any,
+    ) -> dict[str, Any] | None:
+        body: dict[str, Any] = {
+            "model": upstream.model,
+            "messages": messages,
+            "add_generation_prompt": generation,
+        }
+        if tools:
+            body["tools"] = tools
+        body.update({k: v for k, v in kw.items() if v is not None})
+        response = await gateway.client.post(
+            upstream.base_url.rstrip("/").removesuffix("/v1") + "/tokenize",
+            encode_json(body),
+            engine_headers(upstream),
+            False,
+        )
+        if response.status_code >= 400:
+            logger.warning(
+                "the engine's /tokenize answered HTTP %d: %s", response.status_code, response.content
+            )
+            return None
+        data = decode_json(response.content or b"")
+        return data if isinstance(data, dict) and isinstance(data.get("tokens"), list) else None
+
+    async def _closing(self, gateway: _Gateway, upstream: Upstream) -> list[int] | None:
+        root = upstream.base_url
+        if root not in self._closings:
+            probes = await asyncio.gather(
+                *(
+                    self._tokenize(
+                        gateway,
+                        upstream,
+                        [{"role": "user", "content": "x"}, {"role": "assistant", "content": p}],
+                        None,
+                        False,
+                    )
+                    for p in _PROBES
+                )
+            )
+            if any(p is None for p in probes):
+                return None
+            self._closings[root] = _common_tail(probes[0]["tokens"], probes[1]["tokens"])  # type: ignore[index]
+        return self._closings[root]
+
+    async def _prompt(
+        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, turn: _Turn
+    ) -> tuple[list[int], int] | str | None:
+        """``(ids, max_model_len)`` of the continued prompt, a break reason, or ``None`` (render failed)."""
+        messages, tools = ctx.body["messages"], ctx.body.get("tools")
+        kwargs = ctx.body.get("chat_template_kwargs")
+        k = len(turn.request.get("messages") or []) + 1
+        new, history, closing = await asyncio.gather(
+            self._tokenize(gateway, upstream, messages, tools, True, chat_template_kwargs=kwargs),
+            self._tokenize(gateway, upstream, messages[:k], tools, False, chat_template_kwargs=kwargs),
+            self._closing(gateway, upstream),
+        )
+        if new is None or history is None or closing is None:
+            return None
+        full, head = new["tokens"], history["tokens"]
+        if not closing or full[: len(head)] != head or head[-len(closing) :] != closing:
+            return "template"
+        previous = turn.llm.prompt_token_ids or []
+        completion = turn.llm.completion_token_ids or []
+        ids = [*previous, *completion, *_glue(completion, closing), *full[len(head) :]]
+        return ids, int(new.get("max_model_len") or 0)
+
+    async def _generate(
+        self,
+        gateway: _Gateway,
+        ctx: CallContext,
+        upstream: Upstream,
+        ids: list[int],
+        max_model_len: int,
+        release: Callable[[], None],
+    ) -> Response:
+        body = ctx.body
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        if limit is None and max_model_len:
+            limit = max(1, max_model_len - len(ids))
+        request: dict[str, Any] = {k: body[k] for k in _SAMPLING if k in body}
+        request.update(prompt=ids, max_tokens=limit, stream=False)
+        if body.get("logprobs") and body.get("top_logprobs"):
+            request["logprobs"] = int(body["top_logprobs"])
+        content = encode_json(upstream_body(request, "completions", upstream))
+        url = upstream.base_url.rstrip("/") + "/completions"
+        try:
+            response = await gateway.client.post(url, content, engine_headers(upstream), False)
+        except asyncio.CancelledError:  # the client left: record it as the ordinary path does
+            await gateway.record(
+                ctx, gateway.failed_call(ctx, flags=["client_disconnected", CONTINUED]),
+                error="client disconnected before the engine answered", client_disconnected=True,
+            )  # fmt: skip
+            raise
+        except (UpstreamTimeout, UpstreamUnreachable) as exc:
+            release()
+            logger.warning("upstream %s for %s failed: %s", upstream.base_url, ctx.version, exc)
+            code = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_unreachable"
+            msg = f"the engine serving {ctx.version} {'timed out' if code == 'upstream_timeout' else 'is unreachable'}"
+            return await gateway.fail(
+                ctx, 504 if code == "upstream_timeout" else 502, error_body(msg, code, code), code
+            )
+        release()
+        if response.status_code >= 400:
+            err = upstream_error_body(response.status_code, response.content or b"")
+            return await gateway.fail(ctx, response.status_code, err, "upstream_error")
+        try:
+            data = decode_json(response.content or b"")
+            answer = chat_answer(data, body)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            msg = f"upstream answered a token-id prompt with a body the gateway cannot read: {exc}"
+            return await gateway.fail(
+                ctx, 502, error_body(msg, "upstream_error", "bad_upstream_response"), "bad_upstream_response"
+            )
+        ask = client_ask(body, "chat")
+        llm = llm_call_from_response(
+            answer, endpoint="chat", request=body, model=ctx.model, version=ctx.version, stream=ask.stream,
+            latency_s=ctx.latency_s(), extra_flags=[CONTINUED],
+        )  # fmt: skip
+        if llm.prompt_token_ids != ids:
+            llm.flags.append("prompt_ids_differ_from_sent")
+        await gateway.record(ctx, llm)
+        if ask.stream:
+            return StreamingResponse(chat_events(answer, ask, ctx.version), media_type="text/event-stream")
+        return Response(encode_json(shape_response(answer, ask, ctx.version)), media_type="application/json")
