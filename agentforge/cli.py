@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from agentforge.commands.common import ChatTemplate, MaxCpuLoras, MaxLoras, MaxModelLen
+from agentforge.commands.common import ChatTemplate, KeptVersions, MaxCpuLoras, MaxLoras, MaxModelLen
 
 app = typer.Typer(
     name="agentforge",
@@ -100,15 +100,7 @@ def serve(
     chat_template: ChatTemplate = None,
     max_loras: MaxLoras = 4,
     max_cpu_loras: MaxCpuLoras = None,
-    retain: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Earlier adapter versions kept loaded behind the active one, so rollouts still pinned to "
-            "them finish there: set it to the trainer's max_staleness (train's default: 1). vLLM must hold "
-            "retain + 2 versions (--max-cpu-loras, else --max-loras); a smaller limit is refused at start.",
-        ),
-    ] = 1,
+    retain: KeptVersions = 1,
     follow: Annotated[
         bool,
         typer.Option(

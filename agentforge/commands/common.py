@@ -12,7 +12,7 @@ from rich.console import Console
 
 __all__ = [
     "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
-    "ChatTemplate", "MaxLoras", "MaxCpuLoras",
+    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions",
 ]  # fmt: skip
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
@@ -51,6 +51,16 @@ MaxCpuLoras = Annotated[
         min=2,
         help="vLLM's --max-cpu-loras: adapter versions kept loaded (default: --max-loras); it must hold the "
         "active version, the earlier ones kept for stale rollouts and the one being swapped in.",
+    ),
+]
+#: ``serve --retain`` and ``train --max-staleness``: one number, the trainer's ``max_staleness``.
+KeptVersions = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Earlier adapter versions serving keeps loaded behind the active one, so rollouts still pinned "
+        "to them finish there: the trainer's max_staleness (it trains on samples at most this many versions "
+        "old). vLLM must hold this + 2 versions (--max-cpu-loras, else --max-loras); less is refused at start.",
     ),
 ]
 

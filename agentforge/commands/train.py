@@ -10,6 +10,7 @@ import typer
 
 from agentforge.commands.common import (
     ChatTemplate,
+    KeptVersions,
     MaxCpuLoras,
     MaxLoras,
     MaxModelLen,
@@ -58,15 +59,7 @@ def train(
     ] = 256,
     max_model_len: MaxModelLen = 2048,
     chat_template: ChatTemplate = None,
-    max_staleness: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Train on samples at most this many adapter versions old; serving keeps that many earlier "
-            "versions loaded behind the active one, so rollouts pinned to them finish (vLLM must hold "
-            "max_staleness + 2 versions: --max-cpu-loras, else --max-loras).",
-        ),
-    ] = 1,
+    max_staleness: KeptVersions = 1,
     max_loras: MaxLoras = 4,
     max_cpu_loras: MaxCpuLoras = None,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
