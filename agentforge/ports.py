@@ -281,7 +281,7 @@ class BatchReport:
             last trajectory trains); logged as ``batch/extra_trajectories`` and ``batch/split_share``.
         split_rollouts: trained rollouts whose calls split into more than one trajectory.
         skipped: count per skip reason (``failed``, ``missing_reward``, ``invalid``, ``stale``,
-            ``no_trainable_tokens``).
+            ``no_trainable_tokens``, ``unmatched_logprobs``: stored logprobs the trainer cannot recompute).
         rewards: the valid rewards, in batch order.
         sampled_tokens: tokens the policy sampled across trained samples.
         wait_s: seconds spent waiting for runners.
@@ -313,7 +313,15 @@ class BatchReport:
             "batch/sampled_tokens": float(self.sampled_tokens),
             "batch/wait_s": self.wait_s,
         }
-        for reason in ("failed", "missing_reward", "invalid", "stale", "no_trainable_tokens"):
+        reasons = (
+            "failed",
+            "missing_reward",
+            "invalid",
+            "stale",
+            "no_trainable_tokens",
+            "unmatched_logprobs",
+        )
+        for reason in reasons:
             out[f"batch/skipped_{reason}"] = float(self.skipped.get(reason, 0))
         return out
 

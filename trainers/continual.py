@@ -9,9 +9,11 @@ The app (``examples/app/service.py``) stores every conversation as a rollout of 
 2. **Opening.** A conversation's opening is the request of its first LLM span, exactly as the gateway
    recorded it: the messages (system prompt, the app's worked examples, the first user message) and the
    tool schemas. The *rated reply* is that call's answer (text, plus tool calls rendered as
-   ``name(arguments)``). The conversation is marked used (``metadata["continual"] = {"run", "step"}``)
-   the moment its group is enqueued, so none is trained twice (at most once: a crash after marking
-   loses it rather than repeating it).
+   ``name(arguments)``). The conversation is marked reserved (``metadata["continual"] = {"run", "step"}``)
+   the moment its group is enqueued and ``trained`` once the optimizer step is done, so none is used twice;
+   a run resumed after a crash (``run(resume_from_checkpoint=True)``, same ``output_dir``) trains the
+   conversations reserved for the step it resumes at first, so none is lost either
+   (:mod:`agentforge.trainers.feedback`).
 3. **Re-run** each opening as one GRPO group of ``G`` rollouts (agent :data:`REPLAY_AGENT`) through the
    gateway, pinned to the version serving now, executed by runner threads this trainer starts
    (:func:`replay_opening`, temperature 1.0 so the group explores; the app itself answers greedily).
@@ -34,21 +36,28 @@ is published before ``run`` returns.
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
-import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentforge.errors import UserError
-from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
+from agentforge.ports import AdapterPublisher, TraceStore
+from agentforge.trainers.feedback import (
+    APP_AGENT,
+    FeedbackSource,
+    Opening,
+    RewardFn,
+    Stopped,
+    _render,
+    feedback_reward,
+    word_f1,
+)
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.progress import show_progress
 from agentforge.trainers.rollouts import RolloutSource
-from agentforge.types import Rollout, SpanKind, Task
+from agentforge.types import Task
 
 __all__ = [
     "APP_AGENT",
@@ -64,46 +73,8 @@ __all__ = [
 
 logger = logging.getLogger("agentforge.continual")
 
-#: The agent name of the app's conversations (``examples/app/service.py``'s ``AGENT``).
-APP_AGENT = "app:customer-service"
 #: The agent name of the re-runs this trainer enqueues (its own runners claim only these).
 REPLAY_AGENT = "continual:replay"
-
-RewardFn = Callable[[str, str, float], "float | None"]
-
-
-class Stopped(Exception):
-    """Raised inside the sample source when :meth:`ContinualTrainer.stop` was called; ends ``run``."""
-
-
-def word_f1(a: str, b: str) -> float:
-    """Word-level F1 overlap of two texts in [0, 1] (SQuAD's metric; lower-cased ``\\w+`` tokens)."""
-    ta, tb = re.findall(r"\w+", a.lower()), re.findall(r"\w+", b.lower())
-    if not ta or not tb:
-        return float(ta == tb)
-    common = sum((Counter(ta) & Counter(tb)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(ta), common / len(tb)
-    return 2 * precision * recall / (precision + recall)
-
-
-def feedback_reward(reply: str, reference: str, feedback: float) -> float | None:
-    """Reward in [0, 1] for a re-run ``reply`` given the rated ``reference`` reply and its ``feedback``.
-
-    Returns:
-        ``word_f1`` for positive feedback, ``1 - word_f1`` for negative, ``None`` (masked) for 0.
-    """
-    if feedback == 0:
-        return None
-    sim = word_f1(reply, reference)
-    return sim if feedback > 0 else 1.0 - sim
-
-
-def _render(text: str | None, tool_calls: Sequence[Any]) -> str:
-    """An answer as one string: its text, then each tool call as ``name(arguments)``."""
-    calls = [f"{c.name}({c.arguments})" for c in tool_calls]
-    return " ".join([text or "", *calls]).strip()
 
 
 def _replay_call(task: Task, ctx: Any) -> str:
@@ -132,139 +103,6 @@ def replay_opening(task: Task, ctx: Any, reward_fn: RewardFn = feedback_reward) 
     """
     answer = _replay_call(task, ctx)
     return reward_fn(answer, task.input["reference"], float(task.input["feedback"]))
-
-
-class Opening:
-    """A rated conversation's opening call, as stored (see the module docstring)."""
-
-    def __init__(self, rollout: Rollout, request: dict[str, Any], reference: str, feedback: float) -> None:
-        self.rollout, self.request, self.reference, self.feedback = rollout, request, reference, feedback
-
-    def task(self, alias: str, temperature: float) -> Task:
-        """The replay task: the opening's messages and tools, the rated reply and its feedback."""
-        return Task(
-            task_id=f"opening-{self.rollout.rollout_id}",
-            input={
-                "messages": self.request.get("messages", []),
-                "tools": self.request.get("tools"),
-                "max_tokens": self.request.get("max_tokens"),
-                "model": alias,
-                "temperature": temperature,
-                "reference": self.reference,
-                "feedback": self.feedback,
-            },
-            metadata={"conversation": self.rollout.rollout_id},
-        )
-
-
-class FeedbackSource:
-    """:class:`~agentforge.ports.SampleSource` of the continual trainer (runs on the main rank).
-
-    Each call waits until ``tasks_per_step`` rated, unused conversations exist, marks them used, re-runs
-    their openings as groups (through an inner :class:`RolloutSource`) and returns the samples.
-
-    Args:
-        store: the store the app and the gateway write to.
-        rollouts: the inner source (its ``tasks`` dict receives the replay tasks).
-        tasks_per_step: conversations per call.
-        stop: set to end the run; checked at every poll.
-        app_agent: the app's agent name; poll_s: seconds between polls; temperature: replay sampling.
-        max_age_s: ignore conversations created longer ago than this (``None``: any age).
-    """
-
-    def __init__(
-        self,
-        store: TraceStore,
-        rollouts: RolloutSource,
-        tasks_per_step: int,
-        stop: threading.Event,
-        *,
-        app_agent: str = APP_AGENT,
-        poll_s: float = 2.0,
-        temperature: float = 1.0,
-        max_age_s: float | None = None,
-    ) -> None:
-        self.store, self.inner, self.tasks_per_step, self.stop = store, rollouts, tasks_per_step, stop
-        self.app_agent, self.poll_s = app_agent, poll_s
-        self.temperature, self.max_age_s = temperature, max_age_s
-        self.used: list[str] = []
-        self.skipped: Counter[str] = Counter()
-
-    @property
-    def run_id(self) -> str:
-        """The inner source's run id (on the re-runs and on the marks)."""
-        return self.inner.run_id
-
-    @run_id.setter
-    def run_id(self, value: str) -> None:
-        self.inner.run_id = value
-
-    @property
-    def reports(self) -> list[BatchReport]:
-        """The inner source's batch reports."""
-        return self.inner.reports
-
-    def prompts(self) -> list[str]:
-        """Placeholder slots, one per group of a step (the groups come from the store, not the dataset)."""
-        return [f"slot-{i}" for i in range(self.tasks_per_step)]
-
-    def pending(self) -> list[Opening]:
-        """Rated conversations not yet used, oldest first (conversations without a usable opening are
-        marked used and counted in :attr:`skipped`)."""
-        since = None if self.max_age_s is None else time.time() - self.max_age_s
-        out = []
-        for rollout in self.store.list_rollouts(agent=self.app_agent, since=since):
-            if "continual" in rollout.metadata:
-                continue
-            reward = self.store.final_reward(rollout.rollout_id)
-            if reward is None or reward.source != "user_feedback" or not reward.value:
-                continue
-            opening = self._opening(rollout, float(reward.value))
-            if opening is None:
-                self.skipped["no opening call"] += 1
-                self._mark(rollout, step=-1)
-                continue
-            out.append(opening)
-        return out
-
-    def _opening(self, rollout: Rollout, feedback: float) -> Opening | None:
-        spans = self.store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm, valid_only=True)
-        spans = [s for s in spans if s.llm is not None and s.llm.request.get("messages")]
-        if not spans:
-            return None
-        first = min(spans, key=lambda s: (s.sequence if s.sequence is not None else 0, s.started_at))
-        assert first.llm is not None
-        reference = _render(first.llm.response_text, first.llm.tool_calls)
-        return Opening(rollout, first.llm.request, reference, feedback)
-
-    def _mark(self, rollout: Rollout, step: int) -> None:
-        latest = self.store.get_rollout(rollout.rollout_id)
-        meta = {**latest.metadata, "continual": {"run": self.run_id, "step": step}}
-        self.store.update_rollout(rollout.rollout_id, metadata=meta)
-
-    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
-        """Wait for rated conversations, re-run their openings, return the samples (TRL's layout).
-
-        Raises:
-            Stopped: :attr:`stop` was set while waiting.
-        """
-        step = int(trainer.state.global_step) if trainer is not None else self.inner.step
-        while True:
-            if self.stop.is_set():
-                raise Stopped
-            openings = self.pending()[: self.tasks_per_step]
-            if len(openings) == self.tasks_per_step:
-                break
-            self.stop.wait(self.poll_s)
-        ids = []
-        for opening in openings:
-            task = opening.task(self.inner.alias, self.temperature)
-            self.inner.tasks[task.task_id] = task
-            ids += [task.task_id] * self.inner.group_size
-            self._mark(opening.rollout, step)
-            self.used.append(opening.rollout.rollout_id)
-        logger.info("step %d: re-running %d rated conversation openings", step, len(openings))
-        return self.inner(ids, trainer)
 
 
 class ContinualTrainer:
@@ -339,11 +177,15 @@ class ContinualTrainer:
         reward_fn = self.reward_fn or feedback_reward
         return lambda task, ctx: replay_opening(task, ctx, reward_fn)
 
-    def run(self, max_steps: int | None = None) -> dict[str, Any]:
+    def run(
+        self, max_steps: int | None = None, resume_from_checkpoint: bool | str | None = None
+    ) -> dict[str, Any]:
         """Train until ``max_steps`` optimizer steps are done or :meth:`stop` is called.
 
         Args:
-            max_steps: steps to take (``None``: until stopped).
+            max_steps: steps to take in all, counting those of the run being resumed (``None``: until stopped).
+            resume_from_checkpoint: as :meth:`LightningTrainer.train` (``True``: the last checkpoint in
+                ``config.output_dir``; the conversation cursor continues from the store).
 
         Returns:
             ``{"steps", "versions", "history", "conversations"}`` (the conversation ids trained on).
@@ -373,7 +215,7 @@ class ContinualTrainer:
         restore = self._install_signals()
         try:
             self.lightning.trainer.args.max_steps = self.config.max_steps
-            self.lightning.train()
+            self.lightning.train(resume_from_checkpoint=resume_from_checkpoint)
         except Stopped:
             logger.info("continual training stopped after %d steps", self.lightning.trainer.state.global_step)
             self.lightning.maybe_publish(force=True)

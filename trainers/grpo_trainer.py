@@ -55,9 +55,11 @@ from typing import Any
 
 from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
+from agentforge.trainers.checkpoints import ResumeReport, resume_checkpoint
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.progress import quiet, show_progress, write_metrics_row
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
+from agentforge.trainers.samples import TEMPERATURE_COLUMN
 from agentforge.trainers.trl_private import log_step_metrics, use_engine_logprobs
 from agentforge.types import Span, SpanKind, Task, parse_version_number
 
@@ -105,6 +107,9 @@ class _MetricsCallback(TrainerCallback):
         self.t0 = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        mark_trained = getattr(self.owner.source, "mark_trained", None)
+        if mark_trained is not None and self.owner.is_main_process:  # the update is done: record it
+            mark_trained(int(state.global_step) - 1)
         reports = self.owner.source.reports[self.seen :]
         self.seen = len(self.owner.source.reports)
         self.owner.step_metrics(time.monotonic() - self.t0, reports)
@@ -155,9 +160,8 @@ class LightningTrainer:
         try:
             from datasets import Dataset
             from transformers import AutoTokenizer
-            from trl import GRPOTrainer
 
-            from agentforge.trainers.prefix import SharedPrefixGRPOTrainer
+            from agentforge.trainers.lightning_grpo import lightning_trainer_class
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingExtraError(exc.name or "trl", "train", "the lightning trainer") from exc
 
@@ -194,7 +198,7 @@ class LightningTrainer:
                 f"{config.tasks_per_step}; lower tasks_per_step or provide more groups"
             )
         dataset = Dataset.from_list([{"prompt": p} for p in prompts])
-        trainer_cls = SharedPrefixGRPOTrainer if getattr(config, "share_prompt_prefix", True) else GRPOTrainer
+        trainer_cls = lightning_trainer_class(bool(getattr(config, "share_prompt_prefix", True)))
         self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
             model=self.model_path,
             reward_funcs=[stored_reward],
@@ -216,6 +220,11 @@ class LightningTrainer:
 
     def _rollouts(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
         """TRL's ``rollout_func``: the source runs on the main process only; each rank gets its slice."""
+        out = self._rank_samples(prompts, trainer)
+        self.trainer.set_sample_temperatures(out.pop(TEMPERATURE_COLUMN, None))  # engine_logps: per token
+        return out
+
+    def _rank_samples(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
         accelerator = self.trainer.accelerator
         if accelerator.num_processes == 1:
             return self.source(prompts, trainer)
@@ -262,28 +271,54 @@ class LightningTrainer:
 
         Args:
             resume_from_checkpoint: ``True`` resumes from the last checkpoint in ``output_dir``
-                (after a crash or ``kill -9``); a path resumes from that checkpoint.
+                (after a crash or ``kill -9``; a fresh start when there is none); a path resumes from that
+                checkpoint. The source's store cursor continues too (rollouts formed for a step before the
+                restart are trained by that step, :mod:`~agentforge.trainers.rollouts`), and the next adapter
+                is published as the next version number. A checkpoint that lacks optimizer, scheduler or
+                random state (``save_only_model=True``) resumes with a warning naming each missing part
+                (:mod:`~agentforge.trainers.checkpoints`).
 
         Returns:
-            ``{"steps", "versions", "history"}``.
+            ``{"steps", "versions", "history", "resume"}``; ``resume`` is ``None`` for a fresh start, else
+            ``{"checkpoint", "missing"}`` (``missing``: one sentence per part the checkpoint lacks).
 
         Raises:
+            UserError: the checkpoint folder cannot be resumed (no weights, no ``trainer_state.json``).
             RolloutTimeout: no runner finished any rollout of a batch within ``wait_timeout_s``.
             ServingError / AdapterIncompatibleError: publishing an adapter failed (the previous version
                 keeps serving).
         """
-        if resume_from_checkpoint is True and not list(Path(self.config.output_dir).glob("checkpoint-*")):
-            resume_from_checkpoint = None  # nothing to resume yet: a fresh start
-        if resume_from_checkpoint and hasattr(self.publisher, "restore"):
-            self.publisher.restore()  # serve the store's latest version again before sampling
-        self._resuming = bool(resume_from_checkpoint)
-        quiet(self.trainer.train)(resume_from_checkpoint=resume_from_checkpoint)
+        resume = None
+        if resume_from_checkpoint:  # None: nothing to resume yet (a fresh start)
+            resume = resume_checkpoint(self.config.output_dir, resume_from_checkpoint)
+        if resume is not None:
+            self._report_resume(resume)
+            if hasattr(self.publisher, "restore"):
+                self.publisher.restore()  # serve the store's latest version again before sampling
+        self._resuming = resume is not None
+        quiet(self.trainer.train)(resume_from_checkpoint=resume.checkpoint if resume else None)
         quiet(self.maybe_publish)(force=True)  # as the publishes during training: same filters
         return {
             "steps": self.trainer.state.global_step,
             "versions": list(self.versions),
             "history": self.history,
+            "resume": resume and {"checkpoint": resume.checkpoint, "missing": resume.missing},
         }
+
+    def _report_resume(self, resume: ResumeReport) -> None:
+        """Say what a resume starts from: a warning (and a ``trainer.resume`` span) for each missing part."""
+        if not resume.complete:
+            logger.warning(
+                "resuming from %s, which is not a full checkpoint; it lacks: %s. Training continues from its "
+                "adapter weights and step counter, but this is not a true continuation of the interrupted run",
+                resume.checkpoint, "; ".join(resume.missing),
+            )  # fmt: skip
+        if self.is_main_process:
+            attributes = {"run_id": self.run_id, "checkpoint": resume.checkpoint, "missing": resume.missing}
+            try:
+                self.store.add_span(Span(kind=SpanKind.custom, name="trainer.resume", attributes=attributes))
+            except Exception:  # a record, never a reason to stop
+                logger.exception("could not store the resume record of %s", resume.checkpoint)
 
     def maybe_publish(self, force: bool = False) -> str | None:
         """Save and publish the adapter if ``swap_every`` steps passed since the last publish (or ``force``).

@@ -10,17 +10,30 @@ by the rules below. Every rule that drops signal is *counted* in :class:`BatchRe
   unscorable: excluded from the group baseline, advantage 0 — never 0 reward, never NaN);
 * LLM spans without engine ids/logprobs → masked, ``invalid``; no LLM call at all → ``no_trainable_tokens``;
 * produced by a version more than ``max_staleness`` versions behind → masked, ``stale``;
+* a span whose stored logprobs the trainer cannot recompute (its engine's log-prob mode or its sampling
+  settings, :mod:`.logprob_match`) → masked, ``unmatched_logprobs`` (each reason is logged);
 * a rollout whose calls split into several trajectories (see :mod:`.samples`) trains on its **last**
   trajectory (the one that produced the final answer); the others are counted as ``extra_trajectories``.
 
 A masked sample keeps its slot (TRL needs ``len(prompts)`` samples) with one placeholder token whose
 ``env_mask`` is 0, so no gradient flows from it.
+
+**The store is the cursor.** Every rollout carries ``metadata.trainer_run`` (the run id, kept across restarts
+in ``{output_dir}/agentforge-run.json``) and ``metadata.step`` (the optimizer step whose batch it belongs to,
+0-based). It gets ``metadata.trained_step`` only once that optimizer step has finished (:meth:`RolloutSource.
+mark_trained`, called by the trainer after the update), never when the batch is formed. After a restart
+(``kill -9``, a crash), the first batch of each step looks for the rollouts this run already formed for that
+step and trains on them instead of enqueuing new ones: a batch that was formed, or half enqueued, when the
+process died is trained exactly once, by the step it was formed for; a group whose task the resumed run did
+not draw again is logged as a warning (the data order changed) and left untrained.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,15 +41,19 @@ from agentforge.errors import RolloutTimeout, UserError
 from agentforge.ports import BatchReport, SampleSource, TraceStore
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.trainers.samples import (
-    SAMPLE_COLUMNS,
+    GRPO_COLUMNS,
     SampleValidationError,
+    Trajectory,
     build_trajectories,
     masked_sample,
     trajectory_sample,
+    with_temperatures,
 )
 from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id, parse_version_number
 
 __all__ = ["BatchReport", "RolloutSource", "SampleSource", "stored_reward"]
+
+logger = logging.getLogger("agentforge.trainer")
 
 
 class RolloutSource:
@@ -81,6 +98,8 @@ class RolloutSource:
         self.run_id = run_id or new_id("run")
         self.step = 0
         self.reports: list[BatchReport] = []
+        self.untrained: list[Rollout] = []  # the last batch, until mark_trained records its optimizer step
+        self._formed: dict[int, list[Rollout]] | None = None  # this run's earlier rollouts, by step
 
     def prompts(self) -> list[str]:
         """The task ids (the training dataset's ``prompt`` column)."""
@@ -103,27 +122,67 @@ class RolloutSource:
         report.wait_s = time.monotonic() - t0
         out = self.samples(finished, report)
         self.reports.append(report)
-        for rollout in finished:  # record consumption: a rollout is trained on by exactly one step
-            self.store.update_rollout(
-                rollout.rollout_id, metadata={**rollout.metadata, "trained_step": self.step}
-            )
+        self.untrained = finished  # marked by mark_trained once the optimizer step is done, not now
         return out
 
+    def mark_trained(self, step: int) -> None:
+        """Record that the optimizer step ``step`` (0-based) has trained on the last batch.
+
+        Called by the trainer after the update (the rollouts of a batch a crash interrupted stay unmarked, and
+        the resumed run trains them). Sets ``metadata.trained_step`` on each rollout of the batch; idempotent.
+        """
+        for rollout in self.untrained:
+            latest = self.store.get_rollout(rollout.rollout_id)
+            self.store.update_rollout(rollout.rollout_id, metadata={**latest.metadata, "trained_step": step})
+        self.untrained = []
+
+    def formed_earlier(self, step: int) -> list[Rollout]:
+        """The rollouts this run enqueued for ``step`` before this process started (oldest first).
+
+        The store is read once per process, at the first batch: afterwards every batch is formed here.
+        """
+        if self._formed is None:
+            self._formed = defaultdict(list)
+            for rollout in self.store.list_rollouts(agent=self.agent or None):
+                meta = rollout.metadata
+                if meta.get("trainer_run") == self.run_id and isinstance(meta.get("step"), int):
+                    self._formed[meta["step"]].append(rollout)
+        return self._formed.pop(step, [])
+
     def enqueue(self, prompts: Sequence[Any]) -> list[Rollout]:
-        """Enqueue one group of ``G`` rollouts per run of ``G`` equal prompt entries (TRL's sampler order)."""
+        """One group of ``G`` rollouts per run of ``G`` equal prompt entries (TRL's sampler order): the group this
+        run already formed for the task at this step (before a restart), else a newly enqueued one."""
         version = self.current_version()
+        earlier: dict[str, list[list[Rollout]]] = defaultdict(list)  # task id -> groups formed earlier
+        for rollout in self.formed_earlier(self.step):
+            groups = earlier[rollout.task.task_id]
+            if not groups or groups[-1][0].group_id != rollout.group_id:
+                groups.append([])
+            groups[-1].append(rollout)
         rollouts: list[Rollout] = []
         for start in range(0, len(prompts), self.group_size):
+            size = len(prompts[start : start + self.group_size])
+            formed = earlier.get(str(prompts[start]))
+            if formed and len(formed[0]) == size:  # resume: the batch formed before the restart trains now
+                rollouts += formed.pop(0)
+                continue
             rollouts += enqueue_tasks(
                 self.store,
                 [self.tasks[str(prompts[start])]],
-                group_size=len(prompts[start : start + self.group_size]),
+                group_size=size,
                 resources={self.alias: version},
                 agent=self.agent,
                 max_attempts=self.max_attempts,
                 timeout_s=self.timeout_s,
                 metadata={"trainer_run": self.run_id, "step": self.step},
             )
+        left = sorted({r.task.task_id for groups in earlier.values() for g in groups for r in g})
+        if left:
+            logger.warning(
+                "step %d: the resumed run did not draw tasks %s again, whose groups it formed for this step before "
+                "the restart; they stay untrained (the data order changed: resume with the checkpoint's full "
+                "state and the same seed, tasks and tasks_per_step)", self.step, ", ".join(left),
+            )  # fmt: skip
         return rollouts
 
     def wait(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
@@ -155,7 +214,7 @@ class RolloutSource:
     def samples(self, rollouts: Sequence[Rollout], report: BatchReport) -> dict[str, list[Any]]:
         """One sample per rollout by the module's rules; fills ``report``."""
         current = parse_version_number(self.current_version(), default=0)
-        out: dict[str, list[Any]] = {k: [] for k in SAMPLE_COLUMNS}
+        out: dict[str, list[Any]] = {k: [] for k in GRPO_COLUMNS}
         for rollout in rollouts:
             sample, reason = self._sample(rollout, current, report)
             if reason is not None:
@@ -188,15 +247,27 @@ class RolloutSource:
         oldest = min(parse_version_number(v, default=0) for v in traj.versions)
         if current - oldest > self.max_staleness:
             return {}, "stale"
+        if unmatched_logprobs(traj, self.step):
+            return {}, "unmatched_logprobs"
         reward = self.store.final_reward(rollout.rollout_id)
         if reward is None or reward.value is None or not math.isfinite(reward.value):
             return {}, "missing_reward"
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
-        return trajectory_sample(traj, float(reward.value), rollout.rollout_id), None
+        return with_temperatures(trajectory_sample(traj, float(reward.value), rollout.rollout_id), traj), None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
-        return masked_sample(rollout.rollout_id, self.placeholder)
+        return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)
+
+
+def unmatched_logprobs(traj: Trajectory, step: int) -> bool:
+    """Whether ``traj`` must be excluded because a span's stored logprobs cannot be recomputed (logged)."""
+    if traj.unmatched:
+        logger.warning(
+            "step %d: excluded rollout %s, its stored logprobs cannot be matched: %s",
+            step, traj.rollout_id, "; ".join(traj.unmatched),
+        )  # fmt: skip
+    return bool(traj.unmatched)
 
 
 def stored_reward(

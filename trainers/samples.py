@@ -14,7 +14,10 @@ never re-wrapped. Every trajectory of a rollout carries that rollout's reward.
 One sample is one trajectory laid out as the :data:`SAMPLE_COLUMNS` of TRL's ``rollout_func`` dict
 (``trl.GRPOTrainer``): :func:`trajectory_sample` builds it, :func:`masked_sample` builds the slot-keeping
 sample that trains nothing, and :func:`to_rollout_func_output` lays out a batch. Every sample source (live
-rollouts, stored groups) and the dataset export use these, so the columns are written once.
+rollouts, stored groups) and the dataset export use these, so the columns are written once. The GRPO sources
+add :data:`TEMPERATURE_COLUMN` (:func:`with_temperatures`): per completion token, the temperature at which
+the trainer recomputes the token's log-probability so that it matches the stored one
+(:mod:`agentforge.trainers.logprob_match`).
 """
 
 from __future__ import annotations
@@ -24,22 +27,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import UserError
+from agentforge.trainers.logprob_match import stored_logprob_temperature
 from agentforge.types import Span, SpanKind
 
 __all__ = [
+    "GRPO_COLUMNS",
     "SAMPLE_COLUMNS",
+    "TEMPERATURE_COLUMN",
     "SampleValidationError",
     "Trajectory",
     "build_trajectories",
     "masked_sample",
     "to_rollout_func_output",
     "trajectory_sample",
+    "with_temperatures",
 ]
 
 #: The columns of one sample, in order: TRL's required ``prompt_ids`` / ``completion_ids`` / ``logprobs``,
 #: its optional ``env_mask``, and the extra fields TRL hands reward functions (``reward``, ``rollout_id``,
 #: ``version``: the policy version that sampled the trajectory's last call).
 SAMPLE_COLUMNS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "rollout_id", "version")
+#: Per completion token, the temperature the stored log-probability was computed at (``None``: a token the
+#: policy did not sample, or a masked sample; the trainer's configured temperature applies).
+TEMPERATURE_COLUMN = "temperature"
+#: The columns the GRPO sample sources return: :data:`SAMPLE_COLUMNS` + :data:`TEMPERATURE_COLUMN`.
+GRPO_COLUMNS = (*SAMPLE_COLUMNS, TEMPERATURE_COLUMN)
 
 
 class SampleValidationError(UserError):
@@ -58,6 +70,11 @@ class Trajectory:
         versions: the policy versions that produced the sampled parts, in order.
         truncated: some call in it ended with ``finish_reason == "length"``.
         span_ids: the spans merged into it.
+        temperatures: per completion token, the temperature its stored log-probability was computed at
+            (``None`` where ``env_mask`` is 0 or the span cannot be matched), shape ``(C,)``.
+        unmatched: one line per merged span whose stored log-probabilities the trainer cannot recompute
+            (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`); GRPO excludes the
+            trajectory when any.
     """
 
     rollout_id: str | None
@@ -68,6 +85,8 @@ class Trajectory:
     versions: list[str] = field(default_factory=list)
     truncated: bool = False
     span_ids: list[str] = field(default_factory=list)
+    temperatures: list[float | None] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
 
     @property
     def ids(self) -> list[int]:
@@ -125,12 +144,17 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
             current.completion_ids += gap
             current.logprobs += [0.0] * len(gap)
             current.env_mask += [0] * len(gap)
+            current.temperatures += [None] * len(gap)
         else:
             current = Trajectory(rollout_id=span.rollout_id, prompt_ids=list(prompt))
             out.append(current)
         current.completion_ids += completion
         current.logprobs += logprobs
         current.env_mask += [1] * len(completion)
+        temperature, unmatched = stored_logprob_temperature(span)
+        current.temperatures += [temperature] * len(completion)
+        if unmatched:
+            current.unmatched.append(f"span {span.span_id}: {unmatched}")
         current.versions.append(version)
         current.truncated |= span.llm is not None and span.llm.finish_reason == "length"
         current.span_ids.append(span.span_id)
@@ -158,6 +182,12 @@ def trajectory_sample(traj: Trajectory, reward: float | None, rollout_id: str | 
         "rollout_id": rollout_id,
         "version": traj.versions[-1] if traj.versions else "",
     }
+
+
+def with_temperatures(sample: dict[str, Any], traj: Trajectory | None) -> dict[str, Any]:
+    """``sample`` with its :data:`TEMPERATURE_COLUMN` (all ``None`` for a masked sample: ``traj`` ``None``)."""
+    temperatures = traj.temperatures if traj is not None else [None] * len(sample["completion_ids"])
+    return {**sample, TEMPERATURE_COLUMN: temperatures}
 
 
 def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:

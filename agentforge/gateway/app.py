@@ -151,6 +151,7 @@ class _Gateway(SpanRecorder):
                 target = await anyio.to_thread.run_sync(self.pins.target, rollout_id, ctx.model)
         try:
             ctx.version, upstream = self.router.acquire(target)
+            ctx.logprobs_mode = upstream.logprobs_mode
         except NotFoundError as exc:
             return await self.fail(
                 ctx,

@@ -31,6 +31,7 @@ class CallContext:
         started_at: wall-clock start, seconds since the epoch.
         t0: ``time.perf_counter()`` at the start, for ``latency_s``.
         version: the resolved version (empty until resolved).
+        logprobs_mode: the resolved upstream's log-prob mode (recorded on the span; ``None``: not known).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class CallContext:
         self.rollout_id, self.attempt_id = rollout_id, attempt_id
         self.started_at, self.t0 = now(), time.perf_counter()
         self.version = ""
+        self.logprobs_mode: str | None = None
 
     @property
     def model(self) -> str:

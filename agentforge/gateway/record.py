@@ -22,6 +22,11 @@ __all__ = ["SpanRecorder"]
 logger = logging.getLogger("agentforge.gateway")
 
 
+def _mode(ctx: CallContext) -> dict[str, str]:
+    """The engine's log-prob mode as a span attribute (``trainers.logprob_match`` reads it), when known."""
+    return {"logprobs_mode": ctx.logprobs_mode} if ctx.logprobs_mode else {}
+
+
 class SpanRecorder:
     """Writes the span of each call to ``store`` (see :meth:`record`).
 
@@ -59,7 +64,7 @@ class SpanRecorder:
             status="error" if error else "ok",
             error=clean_text(error) if error else None,
             llm=llm,
-            attributes={"endpoint": ctx.endpoint, **attributes},
+            attributes={"endpoint": ctx.endpoint, **_mode(ctx), **attributes},
             started_at=ctx.started_at,
             ended_at=now(),
         )

@@ -26,6 +26,8 @@ class Upstream:
         model: the model name the engine knows this version by (vLLM's LoRA name).
         api_key: sent as ``Authorization: Bearer`` when set (hosted APIs).
         token_ids: whether the engine returns token ids/logprobs (vLLM does; hosted APIs do not).
+        logprobs_mode: what the engine's logprobs are (vLLM's ``--logprobs-mode``: ``raw_logprobs`` or
+            ``processed_logprobs``; ``None``: not known); the gateway records it on each span.
         token_in: whether the engine renders chats on ``/tokenize`` and takes token-id prompts on
             ``/v1/completions`` (vLLM, the embedded backend): a rollout's follow-up chat calls are then sent
             as ids (:mod:`agentforge.gateway.prefix`), so one conversation stays one trajectory.
@@ -35,6 +37,7 @@ class Upstream:
     model: str
     api_key: str | None = None
     token_ids: bool = True
+    logprobs_mode: str | None = None
     token_in: bool = False
 
 

@@ -4,8 +4,8 @@ It serves the OpenAI routes the gateway uses — ``/v1/chat/completions`` (plain
 ``/v1/completions`` (text or token-id prompts), ``/v1/models``, and vLLM's ``/tokenize`` (a chat rendered to
 ids, for the gateway's token-in continuations) — from a FastAPI app on a loopback port in a background thread, with
 any number of LoRA adapters loaded side by side (peft multi-adapter). Responses carry
-``prompt_token_ids``, ``choices[0].token_ids`` and ``logprobs`` in vLLM's format, with vLLM's default
-``logprobs_mode`` (log-softmax of the raw logits, before temperature), so the gateway treats both
+``prompt_token_ids``, ``choices[0].token_ids`` and ``logprobs`` in vLLM's format, by default with vLLM's default
+``logprobs_mode`` (log-softmax of the raw logits, before temperature; ``logprobs_mode=`` picks), so the gateway treats both
 backends alike. One request generates at a time (a lock); it is meant for tests, demos and small CPUs,
 not throughput.
 
@@ -73,6 +73,9 @@ class EmbeddedServer:
         max_model_len: prompt + completion limit (tokens).
         dtype: torch dtype name of the weights (``float32`` is the safe choice on CPU).
         chat_template: template file (default: as :class:`~agentforge.serving.vllm.VLLMServer`).
+        logprobs_mode: what the returned logprobs are, as vLLM's ``--logprobs-mode``: ``"raw_logprobs"``
+            (vLLM's default: log-softmax of the raw logits) or ``"processed_logprobs"`` (of the distribution
+            sampled from: after temperature and ``top_p``); the gateway records it on every span.
 
     Attributes:
         api_key: the key every route but ``/health`` needs (``None`` before :meth:`start`; new per start).
@@ -89,7 +92,11 @@ class EmbeddedServer:
         max_model_len: int = 2048,
         dtype: str = "float32",
         chat_template: str | Path | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
+        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise UserError(f"logprobs_mode={logprobs_mode!r}: use 'raw_logprobs' or 'processed_logprobs'")
+        self.logprobs_mode = logprobs_mode
         self.base_model = str(model if model is not None else default_model_dir())
         self.host, self.port, self.served_name = host, port or _free_port(host), served_name
         self.max_lora_rank, self.max_model_len, self.dtype = max_lora_rank, max_model_len, dtype
@@ -256,6 +263,12 @@ class EmbeddedServer:
                             sorted_p[(sorted_p.cumsum(0) - sorted_p) > top_p] = 0.0
                             probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
                         token = int(torch.multinomial(probs, 1, generator=generator))
+                        if self.logprobs_mode == "processed_logprobs":  # the distribution sampled from
+                            logp = (
+                                torch.log_softmax(logits / temperature, -1)
+                                if top_p >= 1.0
+                                else (probs / probs.sum()).log()
+                            )
                     top = (
                         [(int(i), float(v)) for v, i in zip(*logp.topk(top_n), strict=True)] if top_n else []
                     )

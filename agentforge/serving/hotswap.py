@@ -131,6 +131,7 @@ class HotSwapper:
             model=model,
             api_key=getattr(self.server, "api_key", None),
             token_in=True,  # vLLM and the embedded backend render on /tokenize and take token-id prompts
+            logprobs_mode=getattr(self.server, "logprobs_mode", None),
         )
 
     def live_versions(self) -> list[str]:

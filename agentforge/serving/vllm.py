@@ -78,6 +78,10 @@ class VLLMServer(VLLMAdapterRoutes):
         warmup: send one tiny request in :meth:`start` so the first real request is not slowed by
             compilation (≈ 20 s on CPU).
         log_path: file receiving vLLM's stdout and stderr (default ``$AGENTFORGE_HOME/logs/vllm-PORT.log``).
+        logprobs_mode: ``--logprobs-mode``, what the returned logprobs are: ``"raw_logprobs"`` (vLLM's default,
+            the raw logits' log-softmax) or ``"processed_logprobs"`` (of the distribution sampled from, after
+            temperature and truncation: what TRL's importance-sampling correction expects); serving registers
+            it with each version, and the gateway records it on every span.
         env: extra environment variables for the process.
 
     Attributes:
@@ -111,7 +115,11 @@ class VLLMServer(VLLMAdapterRoutes):
         warmup: bool = True,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
+        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ConfigError(f"logprobs_mode={logprobs_mode!r}: use 'raw_logprobs' or 'processed_logprobs'")
+        self.logprobs_mode = logprobs_mode
         self.python = Path(python) if python else vllm_python()
         if self.python is None or not self.python.exists():
             raise UserError(
@@ -246,6 +254,8 @@ class VLLMServer(VLLMAdapterRoutes):
             str(self.gpu_memory_utilization),
             "--dtype",
             self.dtype,
+            "--logprobs-mode",
+            self.logprobs_mode,
         ]
         if self.enable_tools:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

@@ -1,15 +1,27 @@
-"""A whole self-improving stack in one process, for the kill -9 / resume test.
+"""A whole self-improving stack in one process, for the kill -9 / resume tests.
 
-    python tests/support/trainer_process.py OUT_DIR MAX_STEPS
+    python tests/support/trainer_process.py OUT_DIR MAX_STEPS [--model DIR] [--kill-at STEP]
+        [--adapter-only] [--save-steps N]
 
-Embedded policy server + gateway + runner threads + lightning trainer (checkpoint every step, hot-swap
-every step) on a SQLite store in OUT_DIR; always starts with ``resume_from_checkpoint=True``.
+Embedded policy server + gateway + runner threads + lightning trainer (seed 0, cosine schedule, hot-swap
+every step) on a SQLite store in OUT_DIR; always starts with ``resume_from_checkpoint=True``. ``--model``
+serves and trains another checkpoint (the tests pass the tiny model; default: SmolLM2-135M). ``--kill-at S``
+sends this process SIGKILL once the batch of step ``S`` (0-based) is formed, before it is trained on.
+``--adapter-only`` checkpoints with ``save_only_model=True``. Each process appends JSON lines to
+``OUT_DIR/report.jsonl``: ``train_begin`` (the global step and the summed ``|exp_avg|`` of Adam's first
+moments just after the checkpoint was loaded) and ``done`` (the train result without its history).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import signal
 import sys
 from pathlib import Path
+
+from transformers import TrainerCallback
 
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter
@@ -31,31 +43,70 @@ def letter_agent(task, ctx):
         max_tokens=4,
         temperature=1.0,
     )
-    return (
-        1.0
-        if (out.choices[0].message.content or "").strip().lower().startswith(task.input["letter"])
-        else 0.0
-    )
+    text = (out.choices[0].message.content or "").strip().lower()
+    if task.input.get("parity"):  # the tiny random model never spells a word: reward the text's length parity
+        return float(len(text) % 2)
+    return 1.0 if text.startswith(task.input["letter"]) else 0.0
 
 
-def main(out: Path, max_steps: int) -> None:
+class _Report(TrainerCallback):
+    """Appends the state just after loading (Adam's first moments) to ``report.jsonl``."""
+
+    def __init__(self, path: Path, owner) -> None:
+        self.path, self.owner = path, owner
+
+    def on_train_begin(self, args, state, control, **kw):
+        optimizer = self.owner.trainer.optimizer
+        moments = [s["exp_avg"] for s in optimizer.state_dict()["state"].values() if "exp_avg" in s]
+        row = {"event": "train_begin", "pid": os.getpid(), "global_step": int(state.global_step)}
+        row["adam_exp_avg_abs"] = float(sum(m.abs().sum() for m in moments)) if moments else 0.0
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("max_steps", type=int)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--adapter-only", action="store_true")
+    parser.add_argument("--save-steps", type=int, default=1)
+    args = parser.parse_args(argv)
+    out, model = args.out, args.model or str(default_model_dir())
     store = SQLStore(f"sqlite:///{out / 'traces.db'}")
-    server = EmbeddedServer(default_model_dir(), max_lora_rank=16)
+    server = EmbeddedServer(model, max_lora_rank=16)
     server.start()
     router = ModelRouter()
     swapper = HotSwapper(server, router, alias="policy")
     gateway = GatewayServer(store, router).start()
     runner = Runner(store, letter_agent, gateway.url, workers=2, mode="thread").start()
-    tasks = [Task(task_id=f"letter-{c}", input={"letter": c}) for c in "abst"]
+    parity = args.model is not None
+    tasks = [Task(task_id=f"letter-{c}", input={"letter": c, "parity": parity}) for c in "abst"]
     config = TrainConfig(
-        output_dir=str(out / "run"), num_generations=4, tasks_per_step=1, max_steps=max_steps, swap_every=1,
-        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="steps", save_steps=1, report_to="none",
-        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_completion_length=8,
-        rollout_timeout_s=120, wait_timeout_s=300,
+        output_dir=str(out / "run"), num_generations=4, tasks_per_step=1 if not parity else 2,
+        max_steps=args.max_steps, swap_every=1, learning_rate=5e-4, lr_scheduler_type="cosine", lora_r=8,
+        logging_steps=1, save_strategy="steps", save_steps=args.save_steps, save_only_model=args.adapter_only,
+        report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0,
+        max_completion_length=8, rollout_timeout_s=120, wait_timeout_s=300,
     )  # fmt: skip
-    trainer = LightningTrainer(default_model_dir(), store, tasks, config, HotSwapPublisher(swapper, store))
+    trainer = LightningTrainer(model, store, tasks, config, HotSwapPublisher(swapper, store))
+    trainer.trainer.add_callback(_Report(out / "report.jsonl", trainer))
+    if args.kill_at is not None:
+        samples = trainer.source.samples
+
+        def samples_then_die(rollouts, report):
+            batch = samples(rollouts, report)
+            if trainer.source.step == args.kill_at:  # formed, not yet trained on
+                os.kill(os.getpid(), signal.SIGKILL)
+            return batch
+
+        trainer.source.samples = samples_then_die
     print(f"run {trainer.run_id}", flush=True)
     result = trainer.train(resume_from_checkpoint=True)
+    with (out / "report.jsonl").open("a") as fh:
+        row = {"event": "done", "pid": os.getpid(), **{k: v for k, v in result.items() if k != "history"}}
+        fh.write(json.dumps(row) + "\n")
     print(f"done steps={result['steps']} versions={result['versions']}", flush=True)
     runner.stop()
     gateway.stop()
@@ -64,4 +115,4 @@ def main(out: Path, max_steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(sys.argv[1:])

@@ -36,7 +36,8 @@ from agentforge.errors import UserError
 from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
-from agentforge.trainers.samples import SAMPLE_COLUMNS, masked_sample, trajectory_sample
+from agentforge.trainers.rollouts import unmatched_logprobs
+from agentforge.trainers.samples import GRPO_COLUMNS, masked_sample, trajectory_sample, with_temperatures
 from agentforge.types import new_id
 
 __all__ = ["StoredGroupSource", "run_offline_grpo"]
@@ -95,7 +96,7 @@ class StoredGroupSource:
             TRL's ``rollout_func`` dict (``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask``,
             ``reward``, ``rollout_id``, ``version``), one sample per entry of ``prompts``.
         """
-        out: dict[str, list[Any]] = {k: [] for k in SAMPLE_COLUMNS}
+        out: dict[str, list[Any]] = {k: [] for k in GRPO_COLUMNS}
         report = BatchReport(rollouts=len(prompts), groups=len(prompts) // self.group_size)
         for start in range(0, len(prompts), self.group_size):
             group_id = str(prompts[start])
@@ -108,7 +109,7 @@ class StoredGroupSource:
                     report.skipped[reason] += 1
                 else:
                     rewards.append(sample["reward"])
-                for key in SAMPLE_COLUMNS:
+                for key in GRPO_COLUMNS:
                     out[key].append(sample[key])
             if len(rewards) >= 2 and max(rewards) == min(rewards):
                 report.zero_variance_groups += 1
@@ -118,17 +119,20 @@ class StoredGroupSource:
 
     def _sample(self, record: TraceRecord | None, report: BatchReport) -> tuple[dict[str, Any], str | None]:
         if record is None:
-            return masked_sample(None, self.placeholder), "missing_member"
+            return with_temperatures(masked_sample(None, self.placeholder), None), "missing_member"
+        masked = with_temperatures(masked_sample(record.rollout_id, self.placeholder), None)
         if record.reward is None or not math.isfinite(record.reward):
-            return masked_sample(record.rollout_id, self.placeholder), "missing_reward"
+            return masked, "missing_reward"
         if not record.trajectories or record.trajectories[-1].sampled_tokens == 0:
-            return masked_sample(record.rollout_id, self.placeholder), "no_trainable_tokens"
+            return masked, "no_trainable_tokens"
         traj = record.trajectories[-1]
+        if unmatched_logprobs(traj, len(self.reports)):
+            return masked, "unmatched_logprobs"
         report.extra_trajectories += len(record.trajectories) - 1
         report.split_rollouts += int(len(record.trajectories) > 1)
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
-        return trajectory_sample(traj, float(record.reward), record.rollout_id), None
+        return with_temperatures(trajectory_sample(traj, float(record.reward), record.rollout_id), traj), None
 
 
 def run_offline_grpo(

@@ -1,0 +1,85 @@
+"""The ``trl.GRPOTrainer`` class the lightning trainer builds: TRL's, plus the overrides its contracts need.
+
+:func:`lightning_trainer_class` composes, over ``trl.GRPOTrainer`` (or :class:`~agentforge.trainers.prefix.
+SharedPrefixGRPOTrainer` when prompts are shared):
+
+* :class:`EpochSeededSampling` — **a resume draws the data the uninterrupted run draws.** TRL's
+  ``RepeatSampler`` seeds one ``torch.Generator`` when it is built and advances it with every pass over the
+  dataset, so a run resumed in epoch ``e`` (a new sampler) draws epoch 0's order again, not epoch ``e``'s, and
+  nothing warns. Here the sampler re-seeds from ``seed + epoch`` whenever ``transformers`` sets the epoch
+  (``DataLoader.set_epoch``, called before every epoch, the resumed one included), so epoch ``e``'s order
+  depends on ``(seed, e)`` only; ``transformers`` then skips the batches of the resumed epoch already trained.
+* :class:`~agentforge.trainers.engine_logps.SpanTemperatures` — every span's log-probabilities are
+  recomputed under the temperature its stored ones were computed at (:mod:`agentforge.trainers.engine_logps`).
+
+Both override private TRL / ``transformers`` methods, so each checks the tested TRL release first
+(:func:`~agentforge.trainers.trl_private.check_trl_version`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from agentforge.trainers.trl_private import check_trl_version
+
+__all__ = ["EpochSeededSampling", "lightning_trainer_class"]
+
+
+class EpochSeededSampling:
+    """Mixin for ``trl.GRPOTrainer``: the train sampler's order is a function of ``(seed, epoch)`` (see above)."""
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        from trl.trainer.utils import RepeatSampler
+
+        sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
+        if type(sampler) is RepeatSampler:
+            sampler.__class__ = _EpochSeededRepeatSampler
+        return sampler
+
+
+def _epoch_seeded(base: type) -> type:
+    class EpochSeededRepeatSampler(base):  # type: ignore[misc, valid-type]
+        """TRL's ``RepeatSampler`` whose generator is re-seeded from ``seed + epoch`` by ``set_epoch``."""
+
+        def set_epoch(self, epoch: int) -> None:
+            """Seed this epoch's order (called by ``accelerate``'s ``DataLoader.set_epoch``)."""
+            if self.shuffle and self.seed is not None:
+                self.generator.manual_seed(int(self.seed) + int(epoch))
+
+    return EpochSeededRepeatSampler
+
+
+def _sampler_base() -> type:
+    check_trl_version("RepeatSampler / GRPOTrainer._get_train_sampler (overridden by EpochSeededSampling)")
+    from trl.trainer.utils import RepeatSampler
+
+    return _epoch_seeded(RepeatSampler)
+
+
+_EpochSeededRepeatSampler = _sampler_base()
+
+
+@lru_cache(maxsize=2)
+def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
+    """The trainer class :class:`~agentforge.trainers.grpo_trainer.LightningTrainer` builds.
+
+    Args:
+        share_prompt_prefix: base it on :class:`~agentforge.trainers.prefix.SharedPrefixGRPOTrainer` (one prompt
+            pass per group) instead of ``trl.GRPOTrainer``.
+
+    Returns:
+        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling` and
+        :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
+
+    Raises:
+        UserError: the installed TRL is not the tested release.
+    """
+    check_trl_version("GRPOTrainer._get_train_sampler / _get_per_token_logps_and_entropies")
+    if share_prompt_prefix:
+        from agentforge.trainers.prefix import SharedPrefixGRPOTrainer as base
+    else:
+        from trl import GRPOTrainer as base
+    from agentforge.trainers.engine_logps import SpanTemperatures
+
+    return type(f"Lightning{base.__name__}", (EpochSeededSampling, SpanTemperatures, base), {})
