@@ -170,8 +170,13 @@ class TraceStore(Protocol):
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:
         """Queue a span or reward for the store's writer thread; the future resolves to the stored item
         once its batch is committed (or to the error of ``add_span``/``add_reward``). ``add_span`` and
-        ``add_reward`` are ``submit(item).result()``; async callers ``await asyncio.wrap_future(...)``."""
+        ``add_reward`` are ``submit(item).result()``; async callers ``await asyncio.wrap_future(...)``, or
+        :meth:`submit_async` where the store has it."""
         ...
+
+    # Optional: ``submit_async(item) -> asyncio.Future`` (SQLStore and HTTPStore have it): ``submit`` for a
+    # coroutine, the future belongs to the running loop and the writer resolves a batch's futures with one
+    # loop wake-up; the item is written even if the future is cancelled. The gateway uses it when present.
 
     # --- rewards --------------------------------------------------------------------------------
     def add_reward(self, reward: Reward) -> Reward:

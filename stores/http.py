@@ -14,6 +14,7 @@ server committed its batch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -289,6 +290,10 @@ class HTTPStore:
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:
         """See :meth:`TraceStore.submit`."""
         return self._writer.submit(item)
+
+    def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
+        """See :meth:`TraceStore.submit_async`."""
+        return self._writer.submit_async(item)
 
     def add_span(self, span: Span) -> Span:
         """See :meth:`TraceStore.add_span` (batched with concurrent calls of this client)."""

@@ -11,6 +11,7 @@ the order they are taken. See :mod:`agentforge.stores.tables` for the schema and
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -129,6 +130,10 @@ class SQLStore(RolloutQueue):
         """Queue a span or reward for this store's writer thread (group commit, see
         :mod:`agentforge.stores.writer`); the future resolves once it is committed."""
         return self._writer.submit(item)
+
+    def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
+        """:meth:`submit` for coroutines: a future of the running loop (see :meth:`TraceStore.submit_async`)."""
+        return self._writer.submit_async(item)
 
     def add_span(self, span: Span) -> Span:
         """Store a span; idempotent by ``span_id``; assigns ``sequence``. Blocks until committed.

@@ -7,6 +7,10 @@ each caller's future. So a caller is acknowledged only after its item is committ
 is ever lost), and while one batch commits the next one fills up: under load many spans share one
 transaction (group commit, as in database write-ahead logs), and a lone caller waits for one commit only.
 
+Async callers use :meth:`GroupCommitWriter.submit_async`: their ``asyncio`` futures are resolved with one
+``call_soon_threadsafe`` per event loop and batch (a thread-safe ``concurrent.futures.Future`` per item,
+chained to the loop one by one, costs a lock, a condition and a loop wake-up per item).
+
 Items keep their submission order inside and across batches, so a reward submitted after its span was
 acknowledged is written after it. An item the store rejects (unknown rollout, bad text) fails alone; a
 batch that fails as a whole (the database stayed unreachable through the store's retries) fails every
@@ -20,6 +24,7 @@ runner's spawned worker processes do (:func:`agentforge.open.open_store`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -61,7 +66,7 @@ class GroupCommitWriter(Generic[T, R]):
             raise UserError(f"max_batch must be at least 1, got {max_batch}")
         self._write_batch, self._name, self.max_batch = write_batch, name, max_batch
         self._cond = threading.Condition()
-        self._queue: deque[tuple[T, Future[R]]] = deque()
+        self._queue: deque[tuple[T, Future[R] | asyncio.Future[R]]] = deque()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
@@ -73,6 +78,23 @@ class GroupCommitWriter(Generic[T, R]):
         the whole batch (e.g. ``StoreError``).
         """
         future: Future[R] = Future()
+        self._enqueue(item, future)
+        return future
+
+    def submit_async(self, item: T) -> asyncio.Future[R]:
+        """:meth:`submit` for a coroutine: queue ``item``, return a future of the running event loop.
+
+        The item is written even when the future is cancelled (a caller that leaves cannot un-write
+        it); the future resolves as :meth:`submit`'s does.
+
+        Raises:
+            UserError: the writer is closed. RuntimeError: no running event loop.
+        """
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._enqueue(item, future)
+        return future
+
+    def _enqueue(self, item: T, future: Future[R] | asyncio.Future[R]) -> None:
         with self._cond:
             if self._closed:
                 raise UserError(f"{self._name} is closed; create a new store")
@@ -83,7 +105,6 @@ class GroupCommitWriter(Generic[T, R]):
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify()
-        return future
 
     def write(self, item: T) -> R:
         """Submit ``item`` and block until it is committed. Returns: the stored item. Raises: as the store."""
@@ -98,7 +119,7 @@ class GroupCommitWriter(Generic[T, R]):
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def _take(self) -> list[tuple[T, Future[R]]] | None:
+    def _take(self) -> list[tuple[T, Future[R] | asyncio.Future[R]]] | None:
         with self._cond:
             while not self._queue:
                 if self._closed:
@@ -109,20 +130,44 @@ class GroupCommitWriter(Generic[T, R]):
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
-            live = [(item, fut) for item, fut in batch if fut.set_running_or_notify_cancel()]
+            live = [
+                (item, f)
+                for item, f in batch
+                if not isinstance(f, Future) or f.set_running_or_notify_cancel()
+            ]
             if not live:
                 continue
+            outcomes: list[R | BaseException]
             try:
                 results = self._write_batch([item for item, _ in live])
                 if len(results) != len(live):
                     raise RuntimeError(f"write_batch returned {len(results)} results for {len(live)} items")
+                outcomes = list(results)
             except BaseException as exc:  # the batch failed as a whole: every caller gets the error
                 logger.debug("%s: a batch of %d items failed: %s", self._name, len(live), exc)
-                for _, fut in live:
-                    fut.set_exception(exc)
-                continue
-            for (_, fut), result in zip(live, results, strict=True):
-                if isinstance(result, BaseException):
-                    fut.set_exception(result)
+                outcomes = [exc] * len(live)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[R], R | BaseException]]] = {}
+            for (_, fut), outcome in zip(live, outcomes, strict=True):
+                if isinstance(fut, Future):
+                    if isinstance(outcome, BaseException):
+                        fut.set_exception(outcome)
+                    else:
+                        fut.set_result(outcome)
                 else:
-                    fut.set_result(result)
+                    by_loop.setdefault(fut.get_loop(), []).append((fut, outcome))
+            for loop, settled in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_settle, settled)
+                except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
+                    pass
+
+
+def _settle(settled: list[tuple[asyncio.Future[R], R | BaseException]]) -> None:
+    """Resolve a batch's asyncio futures inside their own loop (skipping those their callers cancelled)."""
+    for fut, outcome in settled:
+        if fut.done():
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)

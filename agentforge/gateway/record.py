@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -93,8 +94,8 @@ class SpanRecorder:
         is never blocked; concurrent calls share one transaction). A span the store rejects for its
         rollout is kept as an orphan with ``claimed_rollout_id``."""
         try:
-            try:  # shielded: a caller that leaves must not cancel the queued write
-                stored = await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
+            try:  # a caller that leaves must not cancel the queued write (submit_async writes regardless)
+                stored = await self._submit(span)
                 if stored.attributes.get("late") is True:  # quarantined by the store (DESIGN fact 8)
                     logger.warning(
                         "late call stored as a late span %s (not training data): %s",
@@ -108,9 +109,15 @@ class SpanRecorder:
                 span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
                 span.attributes = {**span.attributes, "claimed_rollout_id": clean_text(claimed)}
                 self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
-                await asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
+                await self._submit(span)
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
+
+    def _submit(self, span: Span) -> Awaitable[Any]:
+        submit_async = getattr(self.store, "submit_async", None)
+        if submit_async is not None:
+            return submit_async(span)  # type: ignore[no-any-return]
+        return asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
 
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
         """The LLMCall of a call that produced no answer."""
