@@ -1,0 +1,84 @@
+"""The group-commit writer (agentforge.stores.writer): order, per-item failures, whole-batch failures and the
+asyncio path (submit_async), where a cancelled caller's item is still written."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from agentforge.errors import NotFoundError, StoreError, UserError
+from agentforge.stores.writer import GroupCommitWriter
+
+
+class _Log:
+    """A write_batch that records batches; items named "bad" fail alone, "boom" fails the whole batch."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = gate
+
+    def __call__(self, items: Sequence[str]) -> list[str | BaseException]:
+        if self.gate is not None:
+            self.gate.wait(5)
+        if "boom" in items:
+            raise StoreError("database unreachable")
+        self.batches.append(list(items))
+        return [NotFoundError(f"no {i}") if i == "bad" else i.upper() for i in items]
+
+
+def test_sync_and_async_callers_share_batches_in_order() -> None:
+    gate = threading.Event()
+    log = _Log(gate)
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(log, "test-writer")
+
+    async def main() -> list[object]:
+        first = writer.submit("a")  # the writer thread takes it and waits at the gate
+        await asyncio.sleep(0.05)
+        futures = [writer.submit_async(x) for x in ("b", "bad", "c")]
+        sync = writer.submit("d")
+        gate.set()
+        out: list[object] = [first.result(5)]
+        for f in futures:
+            try:
+                out.append(await f)
+            except NotFoundError as exc:
+                out.append(exc)
+        out.append(sync.result(5))
+        return out
+
+    out = asyncio.run(main())
+    assert out[0] == "A" and out[1] == "B" and isinstance(out[2], NotFoundError) and out[3:] == ["C", "D"]
+    assert [i for b in log.batches for i in b] == ["a", "b", "bad", "c", "d"]
+    assert log.batches[1] == ["b", "bad", "c", "d"]  # group commit: everything queued meanwhile
+    writer.close()
+
+
+def test_cancelled_async_caller_is_still_written_and_batch_failure_reaches_every_caller() -> None:
+    gate = threading.Event()
+    log = _Log(gate)
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(log, "test-writer")
+
+    async def main() -> None:
+        left = writer.submit_async("x")
+        left.cancel()  # the caller left before the commit
+        gate.set()
+        ok = await writer.submit_async("y")
+        assert ok == "Y"
+        log.gate = hold = threading.Event()
+        held = writer.submit_async("hold")  # the writer waits at the new gate with this one
+        await asyncio.sleep(0.05)
+        boom = [writer.submit_async("boom"), writer.submit_async("z")]  # queued together: one batch
+        hold.set()
+        assert await held == "HOLD"
+        for f in boom:
+            with pytest.raises(StoreError):
+                await f
+
+    asyncio.run(main())
+    assert ["x"] in log.batches or any("x" in b for b in log.batches)
+    writer.close()
+    with pytest.raises(UserError):
+        writer.submit("late")
