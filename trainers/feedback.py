@@ -126,6 +126,7 @@ class FeedbackSource:
         self.skipped: Counter[str] = Counter()
         self._batch: list[Opening] = []  # the last batch's conversations, until mark_trained
         self._earlier: dict[int, list[Opening]] | None = None  # reserved before a restart, by step
+        self._marked_here: set[str] = set()  # conversations this instance marked (not a restart's to resume)
 
     @property
     def run_id(self) -> str:
@@ -177,6 +178,7 @@ class FeedbackSource:
     def _mark(self, rollout: Rollout, step: int, trained: bool = False) -> None:
         latest = self.store.get_rollout(rollout.rollout_id)
         mark = {"run": self.run_id, "step": step, **({"trained": True} if trained else {})}
+        self._marked_here.add(rollout.rollout_id)
         self.store.update_rollout(rollout.rollout_id, metadata={**latest.metadata, "continual": mark})
 
     def reserved_earlier(self, step: int) -> list[Opening]:
@@ -189,6 +191,8 @@ class FeedbackSource:
             for rollout in self.store.list_rollouts(agent=self.app_agent):
                 mark = rollout.metadata.get("continual")
                 if not isinstance(mark, dict) or mark.get("run") != self.run_id or mark.get("trained"):
+                    continue
+                if rollout.rollout_id in self._marked_here:
                     continue
                 reward = self.store.final_reward(rollout.rollout_id)
                 opening = self._opening(rollout, float(reward.value)) if reward and reward.value else None
@@ -213,6 +217,8 @@ class FeedbackSource:
             Stopped: :attr:`stop` was set while waiting.
         """
         step = int(trainer.state.global_step) if trainer is not None else self.inner.step
+        if self.stop.is_set():
+            raise Stopped
         openings = self.reserved_earlier(step)[: self.tasks_per_step]
         while len(openings) < self.tasks_per_step:
             if self.stop.is_set():

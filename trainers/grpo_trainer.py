@@ -8,7 +8,8 @@ Loop (one optimizer step):
    gateway, and returns token-exact samples built from the stored spans, with the stored rewards.
 3. ``trl.GRPOTrainer`` computes group-relative advantages (Shao et al. 2024, "DeepSeekMath", GRPO) and
    takes one step on the LoRA adapter (``peft``). The engine's stored logprobs feed TRL's importance
-   sampling correction for the train/serve mismatch (TRL ``vllm_importance_sampling_correction``).
+   sampling correction for the train/serve mismatch (TRL ``vllm_importance_sampling_correction``); each
+   span is recomputed at the temperature its stored logprobs were computed at (:mod:`.engine_logps`).
 4. Every ``swap_every`` steps the adapter is saved, published as a new version in the store and
    hot-swapped into serving (canary first) by the :class:`AdapterPublisher`.
 
@@ -29,7 +30,8 @@ line per step, :mod:`agentforge.trainers.progress`):
 
 * TRL's own: ``loss``, ``reward`` / ``reward_std``, ``frac_reward_zero_std``, ``completions/clipped_ratio``
   (completions cut at the length limit), ``clip_ratio/*`` (PPO-clipped token share), ``entropy``,
-  ``sampling/importance_sampling_ratio/*``, and ``kl`` — TRL computes the KL to the reference policy only
+  ``sampling/importance_sampling_ratio/*`` (capped; ``sampling/raw_importance_ratio/*``: before any cap),
+  and ``kl`` — TRL computes the KL to the reference policy only
   when ``beta > 0`` (its default is 0, no reference pass), so ``kl`` is present exactly then;
 * the batch report: ``batch/reward_mean``, ``batch/reward_std``, ``batch/zero_variance_share``,
   ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/wait_s``, ``batch/skipped_<reason>``;

@@ -37,7 +37,16 @@ def _start(out: Path, *extra: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     log = open(out / f"trainer-{len(list(out.glob('trainer-*.log')))}.log", "w")  # noqa: SIM115 - child's
-    cmd = [sys.executable, str(SCRIPT), str(out), str(STEPS), "--model", str(tiny_model()), "--save-steps", "2"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        str(out),
+        str(STEPS),
+        "--model",
+        str(tiny_model()),
+        "--save-steps",
+        "2",
+    ]
     return subprocess.Popen([*cmd, *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -89,7 +98,9 @@ def test_kill_9_then_resume_is_a_true_continuation(tmp_path: Path) -> None:
         assert all(len(g) == 2 for g in groups.values()) and sorted(groups) == list(range(STEPS))
         # The store cursor: each step trained exactly its own 2 groups × 4 rollouts, each rollout once; the
         # batch of step 3, formed before the kill, is the one step 3 trained (no new rollouts for it).
-        assert len({r.metadata["trainer_run"] for r in rollouts}) == 1, "the run id changed across the restart"
+        assert len({r.metadata["trainer_run"] for r in rollouts}) == 1, (
+            "the run id changed across the restart"
+        )
         assert Counter(r.metadata["step"] for r in rollouts) == dict.fromkeys(range(STEPS), 8)
         assert all(r.metadata.get("trained_step") == r.metadata["step"] for r in rollouts), [
             (r.metadata.get("step"), r.metadata.get("trained_step")) for r in rollouts
@@ -114,7 +125,11 @@ def test_kill_9_then_resume_is_a_true_continuation(tmp_path: Path) -> None:
     # Adapter-only: the resume says exactly what the checkpoint lacks (and the optimizer did restart).
     done_c = next(row for row in _report(c) if row["event"] == "done")
     missing = done_c["resume"]["missing"]
-    assert [m.split(" (")[1].split(")")[0] for m in missing] == ["optimizer.pt", "scheduler.pt", "rng_state.pth"]
+    assert [m.split(" (")[1].split(")")[0] for m in missing] == [
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+    ]
     assert [row["adam_exp_avg_abs"] for row in _report(c) if row["event"] == "train_begin"][1] == 0.0
     log_c = "\n".join(p.read_text() for p in sorted(c.glob("trainer-*.log")))
     assert "which is not a full checkpoint; it lacks: optimizer state (optimizer.pt)" in log_c
