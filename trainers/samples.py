@@ -34,9 +34,11 @@ __all__ = [
     "GRPO_COLUMNS",
     "SAMPLE_COLUMNS",
     "TEMPERATURE_COLUMN",
+    "DoubledStartTokenError",
     "SampleValidationError",
     "Trajectory",
     "build_trajectories",
+    "check_single_start",
     "masked_sample",
     "to_rollout_func_output",
     "trajectory_sample",
@@ -56,6 +58,16 @@ GRPO_COLUMNS = (*SAMPLE_COLUMNS, TEMPERATURE_COLUMN)
 
 class SampleValidationError(UserError):
     """A span cannot be trained on (no engine token ids or logprobs, or inconsistent lengths)."""
+
+
+class DoubledStartTokenError(SampleValidationError):
+    """A prompt starts with the same token twice: a doubled BOS (or other special token), never trained on.
+
+    The classic cause: a chat template that already emits BOS, rendered to text and tokenised again with
+    ``add_special_tokens=True`` (or a template that writes BOS and then a turn header that is the BOS too).
+    The model never saw such a prefix in pre-training; results move by several points. After BPE merges, a
+    rendered prompt does not start with one token repeated, so the check needs no tokenizer.
+    """
 
 
 @dataclass
@@ -114,7 +126,27 @@ def _checked(span: Span) -> tuple[list[int], list[int], list[float]]:
         )
     if not llm.trainable:
         raise SampleValidationError(f"span {span.span_id} is flagged not trainable: {', '.join(llm.flags)}")
+    check_single_start(llm.prompt_token_ids, f"span {span.span_id}'s prompt")
     return llm.prompt_token_ids, llm.completion_token_ids, llm.logprobs
+
+
+def check_single_start(ids: Sequence[int], what: str = "the sample") -> None:
+    """Reject ids that start with the same token twice (a doubled BOS), with what to fix.
+
+    Args:
+        ids: prompt (or whole-sequence) token ids, shape ``(T,)``.
+        what: names the ids in the message (e.g. ``"span sp-1's prompt"``).
+
+    Raises:
+        DoubledStartTokenError: ``ids[0] == ids[1]``.
+    """
+    if len(ids) >= 2 and ids[0] == ids[1]:
+        raise DoubledStartTokenError(
+            f"{what} starts with token id {ids[0]} twice (a doubled BOS/special token): the chat template "
+            "already emits it and the rendered text was tokenised again with add_special_tokens=True, or the "
+            "template writes it twice. Send token ids (or tokenise rendered text with "
+            "add_special_tokens=False) and fix the template; such samples are never trained on"
+        )
 
 
 def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
@@ -128,7 +160,8 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
         Trajectories in order; one per run of continuing calls.
 
     Raises:
-        SampleValidationError: an LLM span lacks engine token ids or logprobs, or is flagged not trainable.
+        SampleValidationError: an LLM span lacks engine token ids or logprobs, or is flagged not trainable;
+            :class:`DoubledStartTokenError` when its prompt starts with the same token twice.
     """
     calls = sorted(
         (s for s in spans if s.kind == SpanKind.llm and s.status == "ok"),

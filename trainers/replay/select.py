@@ -9,8 +9,9 @@ of a :class:`TraceFilter`; each rollout it drops is counted under one reason in
 ``"state"``, ``"before since"`` / ``"after until"``, ``"agent"``, ``"task id"``, ``"group id"``,
 ``"resource mismatch"`` (pinned resources, or the policy version recorded on the LLM spans),
 ``"no reward"`` (none stored, or ``None``/NaN/inf), ``"reward below threshold"`` / ``"reward above
-threshold"``, ``"no token ids"`` (an LLM span without engine ids/logprobs:
-:class:`~agentforge.trainers.samples.SampleValidationError`), ``"no llm spans"``.
+threshold"``, ``"doubled start token"`` (a prompt that starts with the same token twice, a doubled BOS:
+:class:`~agentforge.trainers.samples.DoubledStartTokenError`), ``"no token ids"`` (an LLM span without engine
+ids/logprobs: :class:`~agentforge.trainers.samples.SampleValidationError`), ``"no llm spans"``.
 
 Rewards follow the store's rule (:meth:`TraceStore.final_reward`): the last ``final`` reward, else
 the last reward; ``None``/NaN is never turned into a number (DESIGN fact 4). ``agent``, ``group_id`` and
@@ -28,7 +29,12 @@ from types import MappingProxyType
 
 from agentforge.errors import UserError
 from agentforge.ports import TraceStore
-from agentforge.trainers.samples import SampleValidationError, Trajectory, build_trajectories
+from agentforge.trainers.samples import (
+    DoubledStartTokenError,
+    SampleValidationError,
+    Trajectory,
+    build_trajectories,
+)
 from agentforge.types import Rollout, RolloutState, Span, SpanKind
 
 __all__ = ["EmptySelectionError", "Selection", "TraceFilter", "TraceRecord", "select_traces"]
@@ -195,6 +201,8 @@ _HINTS = {
     "no token ids": "serve the policy through vLLM or the embedded backend so the gateway records token "
     "ids, or pass require_tokens=False",
     "no llm spans": "check the agent's LLM calls go through the gateway, or pass require_tokens=False",
+    "doubled start token": "the served chat template emits BOS and the prompt was tokenised again with "
+    "add_special_tokens=True (or the template writes it twice): fix the template or the tokenisation",
 }
 
 
@@ -307,6 +315,8 @@ def _examine(store: TraceStore, rollout: Rollout, flt: TraceFilter) -> tuple[Tra
         return None, "resource mismatch"
     try:
         trajectories = build_trajectories(spans)
+    except DoubledStartTokenError:  # never trained on, whatever require_tokens says
+        return None, "doubled start token"
     except SampleValidationError:
         if flt.require_tokens:
             return None, "no token ids"
