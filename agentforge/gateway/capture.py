@@ -235,7 +235,8 @@ class StreamCapture:
         Returns:
             True when this chunk carried choice 0's ``finish_reason``.
         """
-        self._last = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+        if "id" in chunk and chunk.get("id") != self._last.get("id"):  # the same on every chunk of a stream
+            self._last = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
         if self._prompt_ids is None:
@@ -255,10 +256,16 @@ class StreamCapture:
             self._prompt_ids = _int_list(choice.get("prompt_token_ids"))
         ids = _int_list(choice.get("token_ids"))
         if ids is not None:
-            self._ids = (self._ids or []) + ids
+            if self._ids is None:
+                self._ids = ids
+            else:
+                self._ids.extend(ids)
         lps = _logprobs(choice, self.endpoint)
         if lps is not None:
-            self._logprobs = (self._logprobs or []) + lps
+            if self._logprobs is None:
+                self._logprobs = lps
+            else:
+                self._logprobs.extend(lps)
         if self.endpoint == "chat":
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
             if isinstance(delta.get("content"), str):

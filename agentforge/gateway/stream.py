@@ -24,6 +24,7 @@ from agentforge.gateway.upstream import UpstreamResponse, UpstreamStreamError
 from agentforge.gateway.wire import (
     ClientAsk,
     decode_json,
+    decode_json_finite,
     encode_json,
     error_body,
     normalise_empty_arguments,
@@ -43,28 +44,29 @@ _DONE = b"data: [DONE]\n\n"
 _DRAIN_S = 0.25
 
 
-async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[str]]:
+async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
     """The ``data`` payloads of ``response``'s server-sent events (multi-line data joined), one list per
-    network read: events that arrived together are relayed together, in one write to the client."""
+    network read: events that arrived together are relayed together, in one write to the client.
+    Payloads stay bytes (UTF-8 as the engine sent them) so that the JSON decoder reads them directly."""
     buf, lines = b"", []
     async for block in response.aiter_bytes():
-        *complete, buf = (buf + block).split(b"\n")
-        batch: list[str] = []
+        *complete, buf = (buf + block).split(b"\n") if buf else block.split(b"\n")
+        batch: list[bytes] = []
         for raw in complete:
-            line = raw.decode("utf-8", "replace").removesuffix("\r")
+            line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
                 if lines:
-                    batch.append("\n".join(lines))
+                    batch.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
                     lines = []
-            elif line.startswith("data:"):
-                lines.append(line[5:].removeprefix(" "))
+            elif line.startswith(b"data:"):
+                lines.append(line[6:] if line.startswith(b"data: ") else line[5:])
         if batch:
             yield batch
-    tail = buf.decode("utf-8", "replace").removesuffix("\r")
-    if tail.startswith("data:"):
-        lines.append(tail[5:].removeprefix(" "))
+    tail = buf[:-1] if buf.endswith(b"\r") else buf
+    if tail.startswith(b"data:"):
+        lines.append(tail[6:] if tail.startswith(b"data: ") else tail[5:])
     if lines:
-        yield ["\n".join(lines)]
+        yield [b"\n".join(lines)]
 
 
 async def _drain(batches: AsyncIterator[list[str]], limit: int = 64) -> None:
@@ -117,7 +119,7 @@ class StreamRelay:
                 out: list[bytes] = []
                 finished = False
                 for data in batch:
-                    if data.strip() == "[DONE]":
+                    if data.strip() == b"[DONE]":
                         finished = True
                         break
                     error = self._relay(data, out)
@@ -141,13 +143,18 @@ class StreamRelay:
         await self.finish(error)
         yield _DONE
 
-    def _relay(self, data: str, out: list[bytes]) -> str | None:
+    def _relay(self, data: bytes, out: list[bytes]) -> str | None:
         """Capture one upstream event and append what the client gets to ``out``; returns the error that
         ends the stream (an event that is not JSON, or the engine's error event), else ``None``."""
         try:
-            chunk = decode_json(data)
+            try:
+                chunk, finite = decode_json_finite(data)
+            except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as text decoding would
+                chunk, finite = decode_json(data.decode("utf-8", "replace")), False
         except ValueError:
-            error = f"upstream sent a stream event that is not JSON: {data[:200]!r}"
+            error = (
+                f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
+            )
             out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
             return error
         if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
@@ -161,7 +168,7 @@ class StreamRelay:
             normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
         shaped = shape_chunk(chunk, self.ask, self.ctx.version)
         if shaped is not None:
-            out.append(_event(shaped))
+            out.append(b"data: " + encode_json(shaped, finite=finite) + b"\n\n")
         return None
 
     async def finish(self, error: str | None, flag: str = "upstream_error", **attributes: Any) -> None:

@@ -27,9 +27,10 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 from agentforge.gateway.router import Upstream
 
 try:
+    from orjson import dumps as _orjson_dumps
     from orjson import loads as _orjson_loads
-except ImportError:  # pragma: no cover - orjson is a dependency; pydantic-core parses alone without it
-    _orjson_loads = None
+except ImportError:  # pragma: no cover - orjson is a dependency; pydantic-core works alone without it
+    _orjson_loads = _orjson_dumps = None
 _DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_NUMBER = b"0" * 19  # a digit run this long may be an integer past 64 bits
 
@@ -45,6 +46,7 @@ __all__ = [
     "upstream_error_body",
     "encode_json",
     "decode_json",
+    "decode_json_finite",
 ]
 
 Endpoint = Literal["chat", "completions"]
@@ -242,10 +244,22 @@ def upstream_error_body(status: int, content: bytes) -> dict[str, Any]:
     return error_body(f"upstream answered HTTP {status}: {text}", "upstream_error", status)
 
 
-def encode_json(data: Any) -> bytes:
+def encode_json(data: Any, *, finite: bool = False) -> bytes:
     """Compact UTF-8 JSON bytes (non-ASCII kept as is, ``NaN``/``Infinity`` as Python's ``json`` writes
     them), by pydantic-core (several times faster than ``json``); text UTF-8 cannot carry (lone
-    surrogates) falls back to ``\\u`` escapes."""
+    surrogates) falls back to ``\\u`` escapes.
+
+    Args:
+        data: plain JSON data.
+        finite: the caller knows ``data`` holds no ``NaN``/``Infinity`` (it came from
+            :func:`decode_json_finite`), so orjson may write it (another 3-4× faster; orjson would
+            write ``NaN`` as ``null``).
+    """
+    if finite and _orjson_dumps is not None:
+        try:
+            return _orjson_dumps(data)
+        except (TypeError, ValueError):  # lone surrogates, integers past 64 bits: the general path
+            pass
     try:
         return to_json(data, inf_nan_mode="constants")
     except (PydanticSerializationError, UnicodeError, ValueError):
@@ -253,6 +267,21 @@ def encode_json(data: Any) -> bytes:
             return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         except UnicodeEncodeError:
             return json.dumps(data, separators=(",", ":")).encode("ascii")
+
+
+def decode_json_finite(data: bytes) -> tuple[Any, bool]:
+    """:func:`decode_json`, and whether orjson read it (then the value holds no ``NaN``/``Infinity`` and
+    may be written back with ``encode_json(value, finite=True)``).
+
+    Raises:
+        ValueError, UnicodeDecodeError: as :func:`decode_json`.
+    """
+    if _orjson_loads is not None and _LONG_NUMBER not in data.translate(_DIGITS):
+        try:
+            return _orjson_loads(data), True
+        except ValueError:
+            pass
+    return decode_json(data), False
 
 
 def decode_json(data: bytes | str) -> Any:
