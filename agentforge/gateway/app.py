@@ -211,7 +211,7 @@ class _Gateway(SpanRecorder):
             )
 
     async def _forward(self, ctx: CallContext, upstream: Upstream, release: Callable[[], None]) -> Response:
-        if self.prefix.knows(ctx):  # a rollout's follow-up call: token in, token out (gateway/prefix.py)
+        if self.prefix.wants(ctx):  # a rollout's follow-up or guided call: gateway/prefix.py
             continued = await self.prefix.forward(self, ctx, upstream, release)
             if continued is not None:
                 return continued

@@ -23,6 +23,10 @@ embedded backend do (:func:`agentforge.toolcalls.parse_tool_calls`). A streamed 
 whole and sent as a short stream (role, content and tool calls, finish, usage). The span is recorded from
 that answer with the flag :data:`CONTINUED`; the engine's echoed prompt ids are the span's prompt ids.
 
+A guided chat call of a rollout (``tool_choice="required"``, a JSON ``response_format``, ...) also takes this
+module's path: it is answered as the engine answers it and recorded with the policy's own log-probabilities
+(:mod:`agentforge.gateway.guided`).
+
 When a call of a known rollout cannot continue, it takes the ordinary path and its span gets the flag
 ``prefix_break:<reason>`` (see :data:`BREAK_REASONS`), so every split the trainer counts has a visible cause.
 Calls outside a rollout, non-chat calls and engines without ``Upstream.token_in`` never enter this module
@@ -40,20 +44,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from agentforge.gateway.capture import llm_call_from_response
-from agentforge.gateway.prefix_wire import chat_answer, chat_events, engine_headers
+from agentforge.gateway.guided import GUIDED_NOT_RECOMPUTED, GUIDED_RECOMPUTED, is_guided, policy_logprobs
+from agentforge.gateway.prefix_call import answer_client, engine_call
+from agentforge.gateway.prefix_wire import chat_answer, engine_headers
 from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
-from agentforge.gateway.wire import (
-    client_ask,
-    decode_json,
-    encode_json,
-    error_body,
-    shape_response,
-    upstream_body,
-    upstream_error_body,
-)
+from agentforge.gateway.wire import decode_json, encode_json, error_body
 
 if TYPE_CHECKING:
     from agentforge.gateway.app import _Gateway
@@ -182,9 +179,12 @@ class Continuations:
     def __len__(self) -> int:
         return len(self._turns)
 
-    def knows(self, ctx: CallContext) -> bool:
-        """Whether ``ctx``'s rollout has a remembered call (one dictionary lookup: the hot path's only cost)."""
-        return ctx.rollout_id in self._turns
+    def wants(self, ctx: CallContext) -> bool:
+        """Whether ``ctx`` may take this module's path: its rollout has a remembered call, or it is a guided
+        call of a rollout (a dictionary lookup and a few key reads: the hot path's only cost)."""
+        if ctx.rollout_id is None:
+            return False
+        return ctx.rollout_id in self._turns or is_guided(ctx.body)
 
     # --- memory (called by the recorder for every recorded call) ---------------------------------
     def remember(self, ctx: CallContext, llm: LLMCall) -> None:
@@ -233,38 +233,52 @@ class Continuations:
     async def forward(
         self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
     ) -> Response | None:
-        """Answer ``ctx`` with a token-id prompt when it continues a remembered call of its rollout.
+        """Answer ``ctx`` with a token-id prompt when it continues a remembered call of its rollout; answer a
+        guided call and record it with the policy's own logprobs (:mod:`agentforge.gateway.guided`).
 
         Args:
             gateway: the gateway (its upstream client and recorder).
-            ctx: the call (a chat call of a rollout the memory knows).
-            upstream: the engine serving the resolved version (``token_in`` engines only).
+            ctx: the call (one :meth:`wants`).
+            upstream: the engine serving the resolved version (continuations: ``token_in`` engines only).
             release: releases the version's in-flight count (called once the engine answered).
 
         Returns:
-            The client's response, or ``None`` to take the ordinary path (the reason is flagged on its span).
+            The client's response, or ``None`` to take the ordinary path (a break's reason is flagged on its
+            span).
         """
+        if ctx.endpoint != "chat" or not upstream.token_ids:
+            return None
         turns = self._turns.get(ctx.rollout_id or "")
-        if not turns or ctx.endpoint != "chat" or not upstream.token_in:
-            return None
+        if turns and upstream.token_in:
+            continued = await self._continue(gateway, ctx, upstream, turns, release)
+            if not isinstance(continued, str):
+                return continued
+            self._break(ctx, continued)
+        if is_guided(ctx.body):
+            return await self._guided(gateway, ctx, upstream, release)
+        return None
+
+    async def _continue(
+        self,
+        gateway: _Gateway,
+        ctx: CallContext,
+        upstream: Upstream,
+        turns: list[_Turn],
+        release: Callable[[], None],
+    ) -> Response | str:
+        """The continued call's response, or why it cannot continue (a :data:`BREAK_REASONS` key)."""
         if _unsupported(ctx.body):
-            self._break(ctx, "option")
-            return None
+            return "option"
         turn = self._match(ctx.body, turns)
         if turn is None:
-            self._break(ctx, "history")
-            return None
+            return "history"
         try:
             built = await self._prompt(gateway, ctx, upstream, turn)
         except (UpstreamTimeout, UpstreamUnreachable, ValueError, KeyError, TypeError) as exc:
             logger.warning("could not render a continuation on %s: %s", upstream.base_url, exc)
             built = None
-        if built is None:
-            self._break(ctx, "render")
-            return None
-        if isinstance(built, str):
-            self._break(ctx, built)
-            return None
+        if built is None or isinstance(built, str):
+            return built or "render"
         ids, max_model_len = built
         return await self._generate(gateway, ctx, upstream, ids, max_model_len, release)
 
@@ -355,47 +369,41 @@ class Continuations:
         if limit is None and max_model_len:
             limit = max(1, max_model_len - len(ids))
         request: dict[str, Any] = {k: body[k] for k in _SAMPLING if k in body}
-        request.update(prompt=ids, max_tokens=limit, stream=False)
+        request.update(model=body.get("model"), prompt=ids, max_tokens=limit)
         if body.get("logprobs") and body.get("top_logprobs"):
             request["logprobs"] = int(body["top_logprobs"])
-        content = encode_json(upstream_body(request, "completions", upstream))
-        url = upstream.base_url.rstrip("/") + "/completions"
+        data = await engine_call(gateway, ctx, upstream, "completions", request, release, CONTINUED)
+        if isinstance(data, Response):
+            return data
         try:
-            response = await gateway.client.post(url, content, engine_headers(upstream), False)
-        except asyncio.CancelledError:  # the client left: record it as the ordinary path does
-            await gateway.record(
-                ctx, gateway.failed_call(ctx, flags=["client_disconnected", CONTINUED]),
-                error="client disconnected before the engine answered", client_disconnected=True,
-            )  # fmt: skip
-            raise
-        except (UpstreamTimeout, UpstreamUnreachable) as exc:
-            release()
-            logger.warning("upstream %s for %s failed: %s", upstream.base_url, ctx.version, exc)
-            code = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_unreachable"
-            msg = f"the engine serving {ctx.version} {'timed out' if code == 'upstream_timeout' else 'is unreachable'}"
-            return await gateway.fail(
-                ctx, 504 if code == "upstream_timeout" else 502, error_body(msg, code, code), code
-            )
-        release()
-        if response.status_code >= 400:
-            err = upstream_error_body(response.status_code, response.content or b"")
-            return await gateway.fail(ctx, response.status_code, err, "upstream_error")
-        try:
-            data = decode_json(response.content or b"")
             answer = chat_answer(data, body)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            msg = f"upstream answered a token-id prompt with a body the gateway cannot read: {exc}"
-            return await gateway.fail(
-                ctx, 502, error_body(msg, "upstream_error", "bad_upstream_response"), "bad_upstream_response"
-            )
-        ask = client_ask(body, "chat")
-        llm = llm_call_from_response(
-            answer, endpoint="chat", request=body, model=ctx.model, version=ctx.version, stream=ask.stream,
-            latency_s=ctx.latency_s(), extra_flags=[CONTINUED],
-        )  # fmt: skip
-        if llm.prompt_token_ids != ids:
-            llm.flags.append("prompt_ids_differ_from_sent")
-        await gateway.record(ctx, llm)
-        if ask.stream:
-            return StreamingResponse(chat_events(answer, ask, ctx.version), media_type="text/event-stream")
-        return Response(encode_json(shape_response(answer, ask, ctx.version)), media_type="application/json")
+        except (KeyError, TypeError, IndexError) as exc:
+            msg = f"upstream answered a token-id prompt with a body the gateway cannot read: {exc!r}"
+            code = "bad_upstream_response"
+            return await gateway.fail(ctx, 502, error_body(msg, "upstream_error", code), code)
+
+        def check(llm: LLMCall) -> None:
+            if llm.prompt_token_ids != ids:
+                llm.flags.append("prompt_ids_differ_from_sent")
+
+        return await answer_client(gateway, ctx, answer, [CONTINUED], check)
+
+    async def _guided(
+        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
+    ) -> Response:
+        """A guided chat call: answered as the engine answers it, recorded with the policy's own logprobs."""
+        data = await engine_call(gateway, ctx, upstream, "chat", ctx.body, release, GUIDED_RECOMPUTED)
+        if isinstance(data, Response):
+            return data
+
+        async def recompute(llm: LLMCall) -> None:
+            if not llm.trainable:
+                return
+            values = await policy_logprobs(gateway.client, upstream, llm)
+            if values is None:
+                llm.flags.append(GUIDED_NOT_RECOMPUTED)
+            else:
+                llm.logprobs = values
+                llm.flags.append(GUIDED_RECOMPUTED)
+
+        return await answer_client(gateway, ctx, data, [], recompute)

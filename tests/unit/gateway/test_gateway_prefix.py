@@ -8,6 +8,7 @@ import json
 
 from agentforge.gateway.call import CallContext
 from agentforge.gateway.capture import TOOL_CALL_TRUNCATED, llm_call_from_response
+from agentforge.gateway.guided import is_guided
 from agentforge.gateway.prefix import BREAK_PREFIX, Continuations, _glue
 from agentforge.gateway.prefix_wire import chat_answer
 from agentforge.ports import BatchReport
@@ -56,7 +57,7 @@ def test_a_history_echoed_with_reformatted_arguments_continues_the_remembered_ca
         "tools": TOOLS,
         "messages": [*first, echoed, {"role": "tool", "content": "sunny"}],
     }
-    assert memory.knows(CallContext("chat", body, "ro-1", None))
+    assert memory.wants(CallContext("chat", body, "ro-1", None))
     turn = memory._match(body, memory._turns["ro-1"])
     assert turn is not None and turn.llm is llm
 
@@ -73,8 +74,8 @@ def test_a_changed_history_other_tools_or_no_new_message_do_not_continue() -> No
     assert memory._match({"messages": [*first, echoed, tool], "tools": []}, turns) is None
     assert memory._match({"messages": [*first, echoed], "tools": TOOLS}, turns) is None
     assert memory._match({"messages": [*first, echoed, tool], "tools": TOOLS}, turns) is not None
-    assert not memory.knows(CallContext("chat", {"messages": first}, "ro-other", None))
-    assert not memory.knows(CallContext("chat", {"messages": first}, None, None))
+    assert not memory.wants(CallContext("chat", {"messages": first}, "ro-other", None))
+    assert not memory.wants(CallContext("chat", {"messages": first}, None, None))
 
 
 def test_the_closing_after_a_turn_is_added_except_what_the_model_sampled() -> None:
@@ -171,3 +172,18 @@ def test_splits_reach_the_batch_metrics() -> None:
     report = BatchReport(rollouts=4, extra_trajectories=3, split_rollouts=2)
     metrics = report.metrics()
     assert metrics["batch/extra_trajectories"] == 3.0 and metrics["batch/split_share"] == 0.5
+
+
+def test_guided_calls_are_the_ones_sampled_under_a_grammar() -> None:
+    assert is_guided({"tools": TOOLS, "tool_choice": "required"})
+    assert is_guided(
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    )
+    assert is_guided({"response_format": {"type": "json_schema", "json_schema": {}}})
+    assert is_guided({"structured_outputs": {"json": {}}})
+    assert not is_guided({"tools": TOOLS, "tool_choice": "auto"}) and not is_guided({"tools": TOOLS})
+    assert not is_guided({"tool_choice": "required"})  # no tools: vLLM refuses it, nothing is sampled
+    assert not is_guided({"response_format": {"type": "text"}})
+    memory = Continuations()
+    assert memory.wants(CallContext("chat", {"tools": TOOLS, "tool_choice": "required"}, "ro-1", None))
+    assert not memory.wants(CallContext("chat", {"tools": TOOLS, "tool_choice": "required"}, None, None))

@@ -1,0 +1,131 @@
+"""One engine call made by the gateway's own paths (token-in continuations, guided calls) and the client's
+answer from it: errors recorded and answered as the ordinary path does, the span recorded, the answer shaped
+for what the client asked (a stream is sent whole, as a short stream: :func:`~.prefix_wire.chat_events`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import Response, StreamingResponse
+
+from agentforge.gateway.capture import llm_call_from_response
+from agentforge.gateway.prefix_wire import chat_events, engine_headers
+from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
+from agentforge.gateway.wire import (
+    Endpoint,
+    client_ask,
+    decode_json,
+    encode_json,
+    error_body,
+    shape_response,
+    upstream_body,
+    upstream_error_body,
+)
+
+if TYPE_CHECKING:
+    from agentforge.gateway.app import _Gateway
+    from agentforge.gateway.call import CallContext
+    from agentforge.gateway.router import Upstream
+    from agentforge.types import LLMCall
+
+__all__ = ["engine_call", "answer_client"]
+
+logger = logging.getLogger("agentforge.gateway")
+
+
+async def engine_call(
+    gateway: _Gateway,
+    ctx: CallContext,
+    upstream: Upstream,
+    endpoint: Endpoint,
+    payload: dict[str, Any],
+    release: Callable[[], None],
+    flag: str,
+) -> dict[str, Any] | Response:
+    """POST ``payload`` (non-streamed, with the capture options) to the engine's ``endpoint``.
+
+    Args:
+        gateway: the gateway (pooled client, recorder).
+        ctx: the client's call.
+        upstream: the engine serving the resolved version.
+        endpoint: ``"chat"`` or ``"completions"``.
+        payload: the request body (``model`` and the capture options are set here).
+        release: releases the version's in-flight count (called once the engine answered or failed).
+        flag: the flag naming this path on the span of a call the client left.
+
+    Returns:
+        The engine's JSON answer, or the recorded error response for the client (502/504, the engine's
+        status, or 502 for a body that is not a JSON object).
+
+    Raises:
+        asyncio.CancelledError: the client left (the call is recorded ``client_disconnected`` first).
+    """
+    path = "/chat/completions" if endpoint == "chat" else "/completions"
+    content = encode_json(upstream_body({**payload, "stream": False}, endpoint, upstream))
+    try:
+        response = await gateway.client.post(
+            upstream.base_url.rstrip("/") + path, content, engine_headers(upstream), False
+        )
+    except asyncio.CancelledError:  # the client left: record it as the ordinary path does
+        await gateway.record(
+            ctx, gateway.failed_call(ctx, flags=["client_disconnected", flag]),
+            error="client disconnected before the engine answered", client_disconnected=True,
+        )  # fmt: skip
+        raise
+    except (UpstreamTimeout, UpstreamUnreachable) as exc:
+        release()
+        logger.warning("upstream %s for %s failed: %s", upstream.base_url, ctx.version, exc)
+        timeout = isinstance(exc, UpstreamTimeout)
+        code = "upstream_timeout" if timeout else "upstream_unreachable"
+        msg = f"the engine serving {ctx.version} {'timed out' if timeout else 'is unreachable'}"
+        return await gateway.fail(ctx, 504 if timeout else 502, error_body(msg, code, code), code)
+    release()
+    if response.status_code >= 400:
+        err = upstream_error_body(response.status_code, response.content or b"")
+        return await gateway.fail(ctx, response.status_code, err, "upstream_error")
+    try:
+        data = decode_json(response.content or b"")
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        msg = f"upstream answered HTTP {response.status_code} with a body that is not a JSON object: {exc}"
+        code = "bad_upstream_response"
+        return await gateway.fail(ctx, 502, error_body(msg, "upstream_error", code), code)
+    return data
+
+
+async def answer_client(
+    gateway: _Gateway,
+    ctx: CallContext,
+    answer: dict[str, Any],
+    flags: list[str],
+    adjust: Callable[[LLMCall], Any] | None = None,
+) -> Response:
+    """Record the chat ``answer`` (vLLM's shape with token ids) as the call's span and answer the client.
+
+    Args:
+        gateway: the gateway (recorder).
+        ctx: the client's call.
+        answer: the chat answer with ``prompt_token_ids``, ``choices[0].token_ids`` and logprobs.
+        flags: flags added to the span.
+        adjust: awaited (when it returns an awaitable) with the call before it is recorded, to amend it.
+
+    Returns:
+        The JSON answer, or a short SSE stream when the client asked for a stream.
+    """
+    ask = client_ask(ctx.body, "chat")
+    llm = llm_call_from_response(
+        answer, endpoint="chat", request=ctx.body, model=ctx.model, version=ctx.version, stream=ask.stream,
+        latency_s=ctx.latency_s(), extra_flags=flags,
+    )  # fmt: skip
+    if adjust is not None:
+        pending = adjust(llm)
+        if asyncio.iscoroutine(pending):
+            await pending
+    await gateway.record(ctx, llm)
+    if ask.stream:
+        return StreamingResponse(chat_events(answer, ask, ctx.version), media_type="text/event-stream")
+    return Response(encode_json(shape_response(answer, ask, ctx.version)), media_type="application/json")
