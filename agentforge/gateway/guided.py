@@ -39,18 +39,22 @@ logger = logging.getLogger("agentforge.gateway")
 GUIDED_RECOMPUTED = "guided_logprobs_recomputed"
 #: Flag of a guided call whose unconstrained logprobs could not be had (the masked ones are kept).
 GUIDED_NOT_RECOMPUTED = "guided_logprobs_not_recomputed"
-_GUIDED_KEYS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_GUIDED_KEYS = frozenset(
+    {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
+)
+_JSON_FORMATS = ("json_object", "json_schema")
 
 
 def is_guided(body: dict[str, Any]) -> bool:
     """Whether the engine samples ``body``'s answer under a grammar (forced tool call or structured output)."""
     choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        return bool(body.get("tools"))
+    if choice is not None and choice != "auto" and choice != "none":
+        return (choice == "required" or isinstance(choice, dict)) and bool(body.get("tools"))
     response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
-        return True
-    return any(key in body for key in _GUIDED_KEYS)
+    if response_format is not None and isinstance(response_format, dict):
+        if response_format.get("type") in _JSON_FORMATS:
+            return True
+    return not _GUIDED_KEYS.isdisjoint(body)
 
 
 async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCall) -> list[float] | None:
