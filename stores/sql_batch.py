@@ -43,6 +43,9 @@ _SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defi
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
+#: Bound values per SQLite statement in bulk inserts (SQLite's default limit is 32,766 since 3.32; the
+#: rows of one statement are also one lock release, so a few hundred rows per statement suffice).
+_SQLITE_MAX_VARIABLES = 3_000
 #: The span attribute marking a span the store quarantined as late (see :func:`late_marks`).
 LATE = "late"
 _CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
@@ -211,8 +214,11 @@ class _Cursor:
 
     def insert_rows(self, table: str, columns: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         """Insert ``rows`` (tuples of ``width`` values, in ``columns`` order) into ``table``: PostgreSQL's
-        ``COPY ... FROM STDIN`` (about 1.5× faster per row than a pipelined ``executemany``), SQLite's
-        ``executemany``. A duplicate key fails the whole call either way (the transaction is retried)."""
+        ``COPY ... FROM STDIN`` (about 1.5× faster per row than a pipelined ``executemany``), on SQLite
+        multi-row ``INSERT ... VALUES (...), (...)`` statements of up to :data:`_SQLITE_MAX_VARIABLES`
+        values: ``executemany`` steps the statement once per row and releases the interpreter lock each
+        time, and in a busy process (the gateway's event loop) getting it back can take a thread switch
+        interval per row. A duplicate key fails the whole call either way (the transaction is retried)."""
         if self._dialect.name == "postgresql":
             sql = f"COPY {table} ({columns}) FROM STDIN"
             try:
@@ -222,11 +228,15 @@ class _Cursor:
             except Exception as exc:
                 raise self._wrap(sql, rows[:3], exc) from exc
             return
-        sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join([self.placeholder] * width)})"
-        try:
-            self._cursor.executemany(sql, rows)
-        except Exception as exc:
-            raise self._wrap(sql, rows[:3], exc) from exc
+        one = f"({', '.join([self.placeholder] * width)})"
+        per = max(1, _SQLITE_MAX_VARIABLES // width)
+        for start in range(0, len(rows), per):  # multi-row statements: one sqlite3_step per chunk of rows
+            chunk = rows[start : start + per]
+            sql = f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(chunk))}"
+            try:
+                self._cursor.execute(sql, [value for row in chunk for value in row])
+            except Exception as exc:
+                raise self._wrap(sql[:200], chunk[:3], exc) from exc
 
 
 def late_marks(why: str) -> dict[str, Any]:
