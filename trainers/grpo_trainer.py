@@ -34,7 +34,9 @@ line per step, :mod:`agentforge.trainers.progress`):
   and ``kl`` — TRL computes the KL to the reference policy only
   when ``beta > 0`` (its default is 0, no reference pass), so ``kl`` is present exactly then;
 * the batch report: ``batch/reward_mean``, ``batch/reward_std``, ``batch/zero_variance_share``,
-  ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/wait_s``, ``batch/skipped_<reason>``;
+  ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/wait_s``, ``batch/skipped_<reason>``,
+  ``batch/extra_trajectories`` and ``batch/split_share`` (conversations that split: only their last piece
+  trains; the step line warns);
 * ``train/step_s`` (wall time of the optimizer step, rollout wait and publish included, seconds),
   ``train/tokens_per_s`` (sampled tokens trained in the step ÷ ``train/step_s``), ``policy/version`` (the
   served version's number; the history row and the span also carry the name, ``version``).

@@ -237,3 +237,20 @@ def test_a_step_without_learning_signal_says_so(caplog) -> None:
     text = console.export_text()
     assert "no learning signal" in text and text.count("no learning signal") == 1
     assert [r.getMessage() for r in caplog.records] == [no_signal_warning(2)]
+
+
+def test_a_step_whose_conversations_split_says_so(caplog) -> None:
+    """Rollouts split into several trajectories (the batch report's batch/split_share): the console and the
+    log warn, since only each split rollout's last piece trained (issue 12 item 2)."""
+    import logging
+
+    from agentforge.trainers.progress import split_warning
+
+    console = _recording_console()
+    state = transformers.TrainerState(global_step=3, max_steps=4)
+    with caplog.at_level(logging.WARNING, logger="agentforge.trainers"):
+        StepConsole(console).on_log(None, state, None, logs={"reward": 0.5, "batch/split_share": 0.25})
+        StepConsole(console).on_log(None, state, None, logs={"reward": 0.5, "batch/split_share": 0.0})
+    text = console.export_text()
+    assert text.count("split into several trajectories") == 1 and "25%" in text
+    assert [r.getMessage() for r in caplog.records] == [split_warning(3, 0.25)]
