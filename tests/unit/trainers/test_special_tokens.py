@@ -314,6 +314,7 @@ def _check_paths(store, model: Path, tmp: Path, template: str, bos: int, sent: l
     return spans
 
 
+@pytest.mark.slow  # the embedded engine (STYLE 12's guard); a tiny model, seconds
 def test_bos_template_one_bos_on_every_path(tmp_path) -> None:
     """``{{ bos_token }}`` template, a tokenizer that adds BOS when asked: one BOS from engine to trainer."""
     model = tiny_model(BOS_TEMPLATE)
@@ -349,6 +350,7 @@ def test_smollm2_template_one_bos_and_closing_eos_trained(tmp_path) -> None:
             assert closing, "a stopped answer's EOS is in the trajectory with mask 1"
 
 
+@pytest.mark.slow  # the embedded engine; a tiny model, seconds
 def test_a_template_that_doubles_bos_is_rejected_end_to_end(tmp_path) -> None:
     """A template writing BOS and then the BOS-valued turn header: the engine records it, samples refuse it."""
     model = tiny_model()
