@@ -368,6 +368,10 @@ def _print_details(data: dict[str, Any], max_chars: int) -> None:
             console.print(
                 f"[red]span {s['sequence']}:[/] {escape(s['error'])}{escape(flags)}", soft_wrap=True
             )
+        elif s["flags"]:  # e.g. token_in_continuation, prefix_break:<reason> (why a conversation split)
+            console.print(
+                f"[yellow]span {s['sequence']} flags:[/] {escape(', '.join(s['flags']))}", soft_wrap=True
+            )
     rewards = Table("seq", "name", "value", "final", "source", "parts", box=None)
     for w in data["rewards"]:
         value = "None (invalid)" if w["value"] is None else f"{w['value']:.4g}"

@@ -181,3 +181,19 @@ def test_show_says_why_a_call_failed(tmp_path: Path) -> None:
     text = runner.invoke(app, ["traces", "show", rid, "--store-url", url], env={"COLUMNS": "80"})
     assert "client disconnected before the engine answered" in text.stderr
     assert "[client_disconnected]" in text.stderr
+
+
+def test_show_names_why_a_conversation_split(tmp_path: Path) -> None:
+    """A call that could not continue the conversation token-exactly shows its prefix_break flag, so the
+    rollout's second trajectory has a visible cause (issue 12 item 2)."""
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    with SQLStore(url) as store:
+        rid = store.enqueue_rollout(Rollout(agent="shop")).rollout_id
+        store.add_span(_llm(rid, None, [1, 2], [3], "policy@v0"))  # type: ignore[arg-type]
+        broken = _llm(rid, None, [1, 9, 3, 4], [5], "policy@v0")  # type: ignore[arg-type]
+        broken.llm.flags = ["prefix_break:history"]  # type: ignore[union-attr]
+        store.add_span(broken)
+    data = _json("show", rid, "--store-url", url)
+    assert len(data["trajectories"]) == 2
+    text = runner.invoke(app, ["traces", "show", rid, "--store-url", url], env={"COLUMNS": "100"})
+    assert "flags: prefix_break:history" in text.stderr
