@@ -13,6 +13,8 @@ written. Database errors propagate, so the transaction runner retries the whole 
 
 from __future__ import annotations
 
+import copy
+import operator
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,6 +43,7 @@ Result = Span | Reward | AgentForgeError
 
 _SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
+_span_row = operator.itemgetter(*_SPAN_FIELDS)  # a span's column values dict -> its row tuple
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
 #: Bound values per SQLite statement in bulk inserts (SQLite's default limit is 32,766 since 3.32; the
@@ -179,9 +182,9 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
             row = values[i]
             assert row is not None
             row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
-            rows.append(tuple(row[c] for c in _SPAN_FIELDS))
-            update = {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
-            results[i] = spans[i].model_copy(update=update)
+            rows.append(_span_row(row))
+            results[i] = stored = copy.copy(spans[i])  # pydantic's shallow copy, as model_copy makes
+            stored.__dict__.update(sequence=seq, rollout_id=rollout_id, attempt_id=attempt_id)
         cur.insert_rows("af_spans", _SPAN_COLUMNS, len(_SPAN_FIELDS), rows)
     for i, span in enumerate(spans):
         if results[i] is None:  # duplicate id later in the batch
