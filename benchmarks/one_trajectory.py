@@ -20,6 +20,7 @@ rollouts, ``extra_trajectories`` (what the trainer's batch report counts), and t
 
     python benchmarks/one_trajectory.py --engine embedded --rollouts 4
     python benchmarks/one_trajectory.py --engine vllm --rollouts 8 --json
+    python benchmarks/one_trajectory.py --engine vllm --dtype bfloat16   # the trainer side in bf16, as on CPU
 """
 
 from __future__ import annotations
@@ -244,13 +245,15 @@ def main() -> None:
     parser.add_argument("--modes", default="off,on", help="token_in modes to run, in order (off,on)")
     parser.add_argument("--vllm-url", default=None, help="reuse a running vLLM server (its .../v1 URL)")
     parser.add_argument("--vllm-key", default=None, help="that server's inference key")
+    parser.add_argument("--dtype", default="float32", help="the trainer-side model's dtype (float32, bfloat16)")
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON line last")
     args = parser.parse_args()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=dtype).eval()
     engine = _engine(args.engine, args.vllm_url, args.vllm_key)
     started = args.vllm_url is None
     if started:

@@ -274,6 +274,12 @@ class Continuations:
             return "history"
         try:
             built = await self._prompt(gateway, ctx, upstream, turn)
+        except asyncio.CancelledError:  # the client left while its prompt was rendered: record it
+            await gateway.record(
+                ctx, gateway.failed_call(ctx, flags=["client_disconnected", CONTINUED]),
+                error="client disconnected before the engine answered", client_disconnected=True,
+            )  # fmt: skip
+            raise
         except (UpstreamTimeout, UpstreamUnreachable, ValueError, KeyError, TypeError) as exc:
             logger.warning("could not render a continuation on %s: %s", upstream.base_url, exc)
             built = None
