@@ -101,6 +101,14 @@ def serve(
     max_loras: MaxLoras = 4,
     max_cpu_loras: MaxCpuLoras = None,
     retain: KeptVersions = 1,
+    logprobs_mode: Annotated[
+        str,
+        typer.Option(
+            help="What the engine's logprobs are: raw_logprobs (vLLM's default, before temperature) or "
+            "processed_logprobs (of the distribution sampled from: agents sampling at any temperature stay "
+            "trainable); recorded on every span."
+        ),
+    ] = "raw_logprobs",
     follow: Annotated[
         bool,
         typer.Option(
@@ -121,9 +129,12 @@ def serve(
     from agentforge.model import prepare_default_model
     from agentforge.open import open_store
     from agentforge.serving.hotswap import HotSwapper
+    from agentforge.types import LOGPROBS_MODES
 
     if backend not in ("vllm", "embedded"):
         raise typer.BadParameter("choose vllm or embedded", param_hint="--backend")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise typer.BadParameter(f"choose {' or '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
     try:
         check_bind(host, api_key, "gateway")  # before the engine's slow start, not after it
         path = model or prepare_default_model()
@@ -132,14 +143,15 @@ def serve(
 
             server = VLLMServer(
                 path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template,
-                max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+                max_loras=max_loras, max_cpu_loras=max_cpu_loras, logprobs_mode=logprobs_mode,
             )  # fmt: skip
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
             server = EmbeddedServer(
-                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template
-            )
+                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template,
+                logprobs_mode=logprobs_mode,
+            )  # fmt: skip
         router = ModelRouter()  # the swapper refuses limits that cannot hold `retain` before the slow start
         swapper = HotSwapper(server, router, alias="policy", retain=retain)
         store = open_store(store_url, api_key=store_api_key or api_key)

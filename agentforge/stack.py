@@ -47,6 +47,9 @@ class LocalStack:
         max_model_len: the engine's context length, tokens (prompt + completion; tool schemas count).
         chat_template: the engine's chat template file (default: the model's own if it renders tools, else
             agentforge's Hermes-style tool-call template).
+        logprobs_mode: what the engine's logprobs are (:data:`agentforge.types.LOGPROBS_MODES`):
+            ``"raw_logprobs"`` (vLLM's default) or ``"processed_logprobs"`` (of the distribution sampled from, so
+            spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
     ``None``), ``base_version`` (e.g. ``"policy@v0"``).
@@ -74,6 +77,7 @@ class LocalStack:
         runner_kwargs: dict[str, Any] | None = None,
         max_model_len: int = 2048,
         chat_template: str | Path | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         from agentforge.errors import UserError
 
@@ -85,6 +89,7 @@ class LocalStack:
         self.max_loras, self.max_cpu_loras = max_loras, max_cpu_loras
         self._exit = ExitStack()
         self.max_model_len, self.chat_template = max_model_len, chat_template
+        self.logprobs_mode = logprobs_mode
         self.server: Any = None
         self.router: ModelRouter | None = None
         self.swapper: HotSwapper | None = None
@@ -107,14 +112,15 @@ class LocalStack:
                 server = VLLMServer(
                     model, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
                     max_cpu_loras=self.max_cpu_loras, max_model_len=self.max_model_len,
-                    chat_template=self.chat_template,
+                    chat_template=self.chat_template, logprobs_mode=self.logprobs_mode,
                 )  # fmt: skip
             else:
                 from agentforge.serving.embedded import EmbeddedServer
 
                 server = EmbeddedServer(
-                    model, max_model_len=self.max_model_len, chat_template=self.chat_template
-                )
+                    model, max_model_len=self.max_model_len, chat_template=self.chat_template,
+                    logprobs_mode=self.logprobs_mode,
+                )  # fmt: skip
             # the swapper checks the engine's adapter limits against `retain` before the engine's slow start
             self.router = ModelRouter()
             self.swapper = HotSwapper(server, self.router, alias=self.alias, retain=self.retain)

@@ -48,8 +48,17 @@ __all__ = [
     "ROLLOUT_PATH_PREFIX",
     "ROLLOUT_ID_HEADER",
     "ATTEMPT_ID_HEADER",
+    "LOGPROBS_MODES",
+    "LOGPROBS_MODE_ATTRIBUTE",
     "rollout_base_url",
 ]
+
+#: What an engine's returned logprobs can be (vLLM's ``--logprobs-mode`` values that are log-probabilities):
+#: ``raw_logprobs`` (vLLM's default: log-softmax of the raw logits, before temperature and truncation) or
+#: ``processed_logprobs`` (of the distribution sampled from). The trainer recomputes each span accordingly.
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+#: The LLM span attribute that holds the serving engine's log-prob mode (the gateway writes it).
+LOGPROBS_MODE_ATTRIBUTE = "logprobs_mode"
 
 #: The gateway path prefix that attributes a call to a rollout: ``{gateway}/rollouts/{rollout_id}/v1/...``.
 ROLLOUT_PATH_PREFIX = "/rollouts/"

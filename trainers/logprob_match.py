@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agentforge.types import Span
+from agentforge.types import LOGPROBS_MODE_ATTRIBUTE, LOGPROBS_MODES, Span
 
 __all__ = [
     "LOGPROBS_MODES",
@@ -41,14 +41,8 @@ __all__ = [
     "stored_logprob_temperature",
 ]
 
-#: The span attribute that holds the serving engine's log-prob mode (written by the gateway).
-LOGPROBS_MODE_ATTRIBUTE = "logprobs_mode"
 #: Log-softmax of the raw logits, before any processing (vLLM's default, the embedded engine's default).
-RAW_LOGPROBS = "raw_logprobs"
-#: Log-probabilities of the distribution sampled from (after penalties, temperature and truncation).
-PROCESSED_LOGPROBS = "processed_logprobs"
-#: The modes the engines agentforge starts support (vLLM's ``--logprobs-mode`` values that are log-probs).
-LOGPROBS_MODES = (RAW_LOGPROBS, PROCESSED_LOGPROBS)
+RAW_LOGPROBS, PROCESSED_LOGPROBS = LOGPROBS_MODES
 
 
 def _distortions(sampling: dict[str, Any]) -> list[str]:

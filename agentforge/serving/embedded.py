@@ -33,6 +33,7 @@ from agentforge.serving.adapters import check_adapter
 from agentforge.serving.sampling import sampling_problem
 from agentforge.serving.vllm import _free_port, default_chat_template
 from agentforge.serving.vllm_format import ResponseShaper, Step
+from agentforge.types import LOGPROBS_MODES
 
 __all__ = ["EmbeddedServer"]
 
@@ -94,8 +95,8 @@ class EmbeddedServer:
         chat_template: str | Path | None = None,
         logprobs_mode: str = "raw_logprobs",
     ) -> None:
-        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise UserError(f"logprobs_mode={logprobs_mode!r}: use 'raw_logprobs' or 'processed_logprobs'")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise UserError(f"logprobs_mode={logprobs_mode!r}: use one of {', '.join(LOGPROBS_MODES)}")
         self.logprobs_mode = logprobs_mode
         self.base_model = str(model if model is not None else default_model_dir())
         self.host, self.port, self.served_name = host, port or _free_port(host), served_name

@@ -44,6 +44,7 @@ from agentforge.serving.vllm_files import (
     guard_dir,
     tool_chat_template,
 )
+from agentforge.types import LOGPROBS_MODES
 
 __all__ = ["VLLMServer", "tool_chat_template", "default_chat_template", "guard_dir"]
 
@@ -117,8 +118,8 @@ class VLLMServer(VLLMAdapterRoutes):
         env: dict[str, str] | None = None,
         logprobs_mode: str = "raw_logprobs",
     ) -> None:
-        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise ConfigError(f"logprobs_mode={logprobs_mode!r}: use 'raw_logprobs' or 'processed_logprobs'")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"logprobs_mode={logprobs_mode!r}: use one of {', '.join(LOGPROBS_MODES)}")
         self.logprobs_mode = logprobs_mode
         self.python = Path(python) if python else vllm_python()
         if self.python is None or not self.python.exists():
