@@ -206,6 +206,7 @@ def run_mode(
                     "calls": len(spans),
                     "continued": sum("token_in_continuation" in s.llm.flags for s in spans),  # type: ignore[union-attr]
                     "breaks": [f for s in spans for f in s.llm.flags if f.startswith("prefix_break:")],  # type: ignore[union-attr]
+                    "guided": [f for s in spans for f in s.llm.flags if f.startswith("guided_")],  # type: ignore[union-attr]
                     "ids_match": ids_match(last, spans),
                     "tool_masked": tool_masked(last, added, tokenizer) if len(trajectories) == 1 else None,
                     "sequence_ratio": seq,
@@ -245,7 +246,9 @@ def main() -> None:
     parser.add_argument("--modes", default="off,on", help="token_in modes to run, in order (off,on)")
     parser.add_argument("--vllm-url", default=None, help="reuse a running vLLM server (its .../v1 URL)")
     parser.add_argument("--vllm-key", default=None, help="that server's inference key")
-    parser.add_argument("--dtype", default="float32", help="the trainer-side model's dtype (float32, bfloat16)")
+    parser.add_argument(
+        "--dtype", default="float32", help="the trainer-side model's dtype (float32, bfloat16)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON line last")
     args = parser.parse_args()
     import torch

@@ -254,7 +254,7 @@ class Continuations:
             if not isinstance(continued, str):
                 return continued
             self._break(ctx, continued)
-        if is_guided(ctx.body):
+        if upstream.token_in and is_guided(ctx.body):  # engines serving started (prompt_logprobs)
             return await self._guided(gateway, ctx, upstream, release)
         return None
 

@@ -32,7 +32,7 @@ from agentforge.loopback import bearer_token
 from agentforge.serving.adapters import check_adapter
 from agentforge.serving.sampling import sampling_problem
 from agentforge.serving.vllm import _free_port, default_chat_template
-from agentforge.serving.vllm_format import ResponseShaper, Step
+from agentforge.serving.vllm_format import ResponseShaper, Step, prompt_logprob_entries
 from agentforge.types import LOGPROBS_MODES
 
 __all__ = ["EmbeddedServer"]
@@ -278,6 +278,15 @@ class EmbeddedServer:
                     return
                 ids = torch.tensor([[token]])
 
+    def _prompt_logprobs(self, model: str, ids: list[int]) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs`` with no top entries: raw log-probabilities of ``ids[1:]`` in one pass."""
+        import torch
+
+        with self._lock, self._select(model), torch.inference_mode():
+            logits = self._model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+        values = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+        return prompt_logprob_entries(self._tokenizer, ids, values)
+
     def _stop_ids(self, body: dict[str, Any]) -> set[int]:
         eos = getattr(self._model.generation_config, "eos_token_id", None)
         extra = [] if body.get("ignore_eos") else ([eos] if isinstance(eos, int) else list(eos or []))
@@ -389,7 +398,10 @@ class EmbeddedServer:
             steps = self._generate(body["model"], prompt_ids, body, stops, limit)
             if body.get("stream"):
                 return EngineStream(steps, shaper.stream(steps))
-            return shaper.full(list(steps))
+            out = shaper.full(list(steps))
+            if not chat and body.get("prompt_logprobs") is not None:  # each prompt token's, as vLLM
+                out["choices"][0]["prompt_logprobs"] = self._prompt_logprobs(body["model"], prompt_ids)
+            return out
 
         @app.post(
             "/v1/chat/completions", dependencies=keyed

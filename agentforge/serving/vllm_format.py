@@ -21,10 +21,26 @@ from typing import Any
 
 from agentforge.toolcalls import parse_tool_calls
 
-__all__ = ["Step", "parse_tool_calls", "ResponseShaper"]  # parse_tool_calls: from agentforge.toolcalls
+__all__ = [
+    "Step",
+    "parse_tool_calls",
+    "prompt_logprob_entries",
+    "ResponseShaper",
+]  # parse_tool_calls: from agentforge.toolcalls
 
 #: One generated token: ``(token_id, logprob, [(top_id, top_logprob), ...])``; logprobs are natural logs.
 Step = tuple[int, float, list[tuple[int, float]]]
+
+
+def prompt_logprob_entries(
+    tokenizer: Any, ids: list[int], values: list[float]
+) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs`` list: ``None`` for the first token, then ``{str(id): {"logprob", "rank",
+    "decoded_token"}}`` per prompt token (``values[i]`` is the log-probability of ``ids[i + 1]``)."""
+    return [None] + [
+        {str(t): {"logprob": v, "rank": None, "decoded_token": tokenizer.decode([t])}}
+        for t, v in zip(ids[1:], values, strict=True)
+    ]
 
 
 class ResponseShaper:

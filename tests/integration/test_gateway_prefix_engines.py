@@ -39,13 +39,15 @@ def _check(summary: dict[str, Any]) -> None:
 def test_embedded_engine_conversation_is_one_trajectory(reference: tuple[Any, Any]) -> None:
     from agentforge.serving.embedded import EmbeddedServer
 
-    with EmbeddedServer() as engine:
-        summary = one_trajectory.run_mode(engine, True, 1, False, *reference)
+    with EmbeddedServer() as engine:  # tool_choice="required" first: the guided path (it forces nothing here)
+        summary = one_trajectory.run_mode(engine, True, 1, True, *reference)
     _check(summary)
+    assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
     assert abs(summary["sequence_ratio_mean"] - 1.0) <= 0.05, summary  # same weights, same dtype
 
 
 @pytest.mark.vllm
 def test_vllm_conversation_is_one_trajectory(vllm_tool_server: Any, reference: tuple[Any, Any]) -> None:
     summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference)
-    _check(summary)
+    _check(summary)  # the forced first call's logprobs are the policy's (else its ratio would be ~0.001)
+    assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
