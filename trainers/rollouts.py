@@ -146,7 +146,8 @@ class RolloutSource:
             for rollout in self.store.list_rollouts(agent=self.agent or None):
                 meta = rollout.metadata
                 if meta.get("trainer_run") == self.run_id and isinstance(meta.get("step"), int):
-                    self._formed[meta["step"]].append(rollout)
+                    if meta["step"] >= step:  # earlier steps are in the checkpoint's weights already
+                        self._formed[meta["step"]].append(rollout)
         return self._formed.pop(step, [])
 
     def enqueue(self, prompts: Sequence[Any]) -> list[Rollout]:
