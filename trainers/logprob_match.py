@@ -18,8 +18,10 @@ it cannot:
   temperature 1.0 — at any other temperature the stored values describe the temperature-1 distribution, not
   the one the tokens were drawn from, so no recomputation matches both;
 * never: another mode (``raw_logits`` / ``processed_logits`` are not log-probabilities), greedy decoding
-  (temperature 0: no sampling distribution), or settings the trainer's log-softmax does not reproduce
-  (``top_p`` < 1, ``top_k`` > 0, ``min_p`` > 0, penalties, ``logit_bias``).
+  (temperature 0: no sampling distribution), settings the trainer's log-softmax does not reproduce
+  (``top_p`` < 1, ``top_k`` > 0, ``min_p`` > 0, penalties, ``logit_bias``), or a guided call whose logprobs
+  are still the grammar-masked ones (flag ``guided_logprobs_not_recomputed``). A guided call whose logprobs
+  the gateway recomputed (``guided_logprobs_recomputed``: the engine's prompt logprobs) counts as raw.
 
 A trajectory with a span that cannot be matched is excluded from training and counted under
 ``batch/skipped_unmatched_logprobs`` (the reasons are logged), never silently down-weighted by a ratio that
@@ -43,6 +45,9 @@ __all__ = [
 
 #: Log-softmax of the raw logits, before any processing (vLLM's default, the embedded engine's default).
 RAW_LOGPROBS, PROCESSED_LOGPROBS = LOGPROBS_MODES
+#: Flags of guided calls (``agentforge.gateway.guided``): logprobs replaced by the engine's prompt logprobs (raw,
+#: unconstrained), or left grammar-masked because that recomputation failed.
+GUIDED_RECOMPUTED, GUIDED_NOT_RECOMPUTED = "guided_logprobs_recomputed", "guided_logprobs_not_recomputed"
 
 
 def _distortions(sampling: dict[str, Any]) -> list[str]:
@@ -82,7 +87,15 @@ def stored_logprob_temperature(span: Span) -> tuple[float | None, str | None]:
     request: dict[str, Any] = {}
     if llm is not None:
         request = {**llm.request, **llm.sampling}
+    flags = llm.flags if llm is not None else []
+    if GUIDED_NOT_RECOMPUTED in flags:
+        return (
+            None,
+            "its logprobs are the grammar-masked ones of a guided call, which the trainer does not mask",
+        )
     mode = span.attributes.get(LOGPROBS_MODE_ATTRIBUTE) or RAW_LOGPROBS
+    if GUIDED_RECOMPUTED in flags:  # the gateway replaced them by the engine's prompt logprobs: raw
+        mode = RAW_LOGPROBS
     if mode not in LOGPROBS_MODES:
         return None, f"the engine returned {mode!r}, which are not log-probabilities of the sampled tokens"
     raw = request.get("temperature")

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import pytest
 
-from agentforge.trainers.logprob_match import stored_logprob_temperature
+from agentforge.gateway import guided as gateway_guided
+from agentforge.trainers.logprob_match import (
+    GUIDED_NOT_RECOMPUTED,
+    GUIDED_RECOMPUTED,
+    stored_logprob_temperature,
+)
 from agentforge.types import LLMCall, Span, SpanKind
 
 
-def _span(mode: str | None, **request: object) -> Span:
+def _span(mode: str | None, flags: tuple[str, ...] = (), **request: object) -> Span:
     attributes = {"logprobs_mode": mode} if mode else {}
-    return Span(kind=SpanKind.llm, llm=LLMCall(request=dict(request)), attributes=attributes)
+    return Span(
+        kind=SpanKind.llm, llm=LLMCall(request=dict(request), flags=list(flags)), attributes=attributes
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,3 +56,19 @@ def test_matching_spans_give_the_temperature_to_recompute_at(mode, request_, tem
 def test_spans_the_trainer_cannot_match_say_why(mode, request_, why) -> None:  # type: ignore[no-untyped-def]
     temperature, reason = stored_logprob_temperature(_span(mode, **request_))
     assert temperature is None and reason is not None and why in reason, reason
+
+
+def test_guided_calls_are_matched_by_what_the_gateway_stored() -> None:
+    """Recomputed guided logprobs are the engine's prompt logprobs (raw); grammar-masked ones never match."""
+    assert (GUIDED_RECOMPUTED, GUIDED_NOT_RECOMPUTED) == (
+        gateway_guided.GUIDED_RECOMPUTED,
+        gateway_guided.GUIDED_NOT_RECOMPUTED,
+    )
+    recomputed = (GUIDED_RECOMPUTED,)
+    assert stored_logprob_temperature(_span("processed_logprobs", recomputed, tool_choice="required")) == (
+        1.0,
+        None,
+    )
+    assert stored_logprob_temperature(_span("processed_logprobs", recomputed, temperature=0.7))[0] is None
+    temperature, why = stored_logprob_temperature(_span("processed_logprobs", (GUIDED_NOT_RECOMPUTED,)))
+    assert temperature is None and "grammar-masked" in str(why)
