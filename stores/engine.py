@@ -33,7 +33,14 @@ from agentforge.errors import AgentForgeError, MissingExtraError, NotFoundError,
 from agentforge.stores.tables import AttemptRow, RolloutRow
 from agentforge.types import AttemptState
 
-__all__ = ["Transactor", "open_engine", "rollout_row", "attempt_row", "running_attempt_id"]
+__all__ = [
+    "Transactor",
+    "open_engine",
+    "wrap_driver_error",
+    "rollout_row",
+    "attempt_row",
+    "running_attempt_id",
+]
 
 T = TypeVar("T")
 
@@ -135,17 +142,23 @@ class Transactor:
             AgentForgeError: whatever ``fn`` raised (no retry).
             StoreError: the retries are exhausted or the error is not transient.
         """
+        engine = self._write_engine if write else self.engine
+
+        def once() -> T:
+            with Session(engine) as session, session.begin():
+                return fn(session)
+
+        return self._retrying(once, integrity_retries)
+
+    def _retrying(self, once: Callable[[], T], integrity_retries: int = 3) -> T:
+        """``once()`` under the store's lock (in-memory SQLite), retried as the module docstring says."""
         if self.closed:
             raise UserError(f"{self.label} is closed; create a new store")
         delay, integrity_left = 0.005, integrity_retries
         for attempt in range(self.max_retries + 1):
             try:
-                with (
-                    self._lock if self._lock is not None else nullcontext(),
-                    Session(self._write_engine if write else self.engine) as session,
-                    session.begin(),
-                ):
-                    return fn(session)
+                with self._lock if self._lock is not None else nullcontext():
+                    return once()
             except AgentForgeError:
                 raise
             except IntegrityError as exc:
@@ -162,11 +175,69 @@ class Transactor:
             delay = min(delay * 2, 0.5)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def run_raw(self, fn: Callable[[Any, Any], T]) -> T:
+        """Run ``fn(dbapi_connection, dialect)`` in one *write* transaction on a pooled driver connection,
+        with :meth:`run`'s retry policy but without an ORM session: the span writer's hot path, where a
+        session's begin/commit machinery cost more CPU than the rows themselves.
+
+        ``fn`` issues its statements on the driver connection; driver errors it raises must already be
+        SQLAlchemy ``DBAPIError`` subclasses (:func:`wrap_driver_error`). SQLite transactions start with
+        ``BEGIN IMMEDIATE``; PostgreSQL's driver opens one on the first statement. A connection that broke
+        is invalidated (the pool drops it) before the retry.
+
+        Raises:
+            AgentForgeError: whatever ``fn`` raised (no retry).
+            StoreError: the retries are exhausted or the error is not transient.
+        """
+        dialect = self.engine.dialect
+
+        def once() -> T:
+            raw = self.engine.raw_connection()
+            try:
+                try:
+                    if dialect.name == "sqlite":
+                        raw.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                    result = fn(raw.driver_connection, dialect)
+                    raw.commit()
+                except BaseException as exc:
+                    broken = isinstance(exc, DBAPIError) and exc.connection_invalidated
+                    try:
+                        raw.rollback()
+                    except Exception:
+                        broken = True
+                    if broken:
+                        raw.invalidate()
+                    if isinstance(exc, dialect.loaded_dbapi.Error):
+                        raise wrap_driver_error(dialect, "BEGIN/COMMIT", None, exc, raw) from exc
+                    raise
+                return result
+            finally:
+                raw.close()
+
+        return self._retrying(once)
+
     def close(self) -> None:
         """Dispose of the pool; later ``run`` calls raise ``UserError``. Safe to call twice."""
         if not self.closed:
             self.closed = True
             self.engine.dispose()
+
+
+def wrap_driver_error(
+    dialect: Any, statement: str, params: Any, exc: Exception, connection: Any
+) -> Exception:
+    """A driver exception as SQLAlchemy's ``DBAPIError`` subclass (``IntegrityError``,
+    ``OperationalError``, ...), flagged ``connection_invalidated`` when the dialect sees a disconnect,
+    so :class:`Transactor` classifies and retries it like an ORM error; other exceptions unchanged."""
+    if not isinstance(exc, dialect.loaded_dbapi.Error):
+        return exc
+    try:
+        gone = bool(dialect.is_disconnect(exc, connection, None))
+    except Exception:
+        gone = False
+    return DBAPIError.instance(
+        statement, params, exc, dialect.loaded_dbapi.Error, dialect=dialect, connection_invalidated=gone
+    )
 
 
 # --- row helpers shared by the store's parts --------------------------------------------------------

@@ -23,7 +23,7 @@ from sqlmodel import Session, SQLModel, select
 from agentforge.config import default_store_url
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
-from agentforge.stores.sql_batch import is_late, next_seqs, write_items
+from agentforge.stores.sql_batch import is_late, next_seqs, write_items, write_spans
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
     AttemptRow,
@@ -124,6 +124,8 @@ class SQLStore(RolloutQueue):
         Raises:
             StoreError: the transaction failed after the retries (nothing written).
         """
+        if all(isinstance(item, Span) for item in items):  # the writer's usual batch: no ORM session
+            return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
         return self._tx.run(lambda s: write_items(s, items), write=True)
 
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:

@@ -20,12 +20,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic_core import PydanticSerializationError
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
-from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id
+from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id, wrap_driver_error
 from agentforge.stores.tables import (
     RewardRow,
     SpanRow,
@@ -36,7 +34,7 @@ from agentforge.stores.tables import (
 )
 from agentforge.types import AttemptState, Reward, RolloutState, Span, SpanKind
 
-__all__ = ["write_items", "next_seqs", "insert_reward", "late_marks", "is_late", "LATE"]
+__all__ = ["write_items", "write_spans", "next_seqs", "insert_reward", "late_marks", "is_late", "LATE"]
 
 Item = Span | Reward
 Result = Span | Reward | AgentForgeError
@@ -67,20 +65,7 @@ def next_seqs(s: Session, n: int) -> list[int]:
     ``n`` in ``sqlite_sequence`` with one ``UPDATE ... RETURNING`` (the very first time, with one ticket row
     inserted at ``n`` and deleted again, which creates the counter).
     """
-    if n <= 0:
-        return []
-    conn = s.connection()
-    if conn.dialect.name == "postgresql":
-        sql = text("SELECT nextval(pg_get_serial_sequence('af_sequence', 'seq')) FROM generate_series(1, :n)")
-        return sorted(int(v) for v in conn.execute(sql, {"n": n}).scalars())
-    bumped = conn.execute(  # one statement once the counter row exists (after the first number)
-        text("UPDATE sqlite_sequence SET seq = seq + :n WHERE name = 'af_sequence' RETURNING seq"), {"n": n}
-    ).scalar()
-    if bumped is not None:
-        return list(range(int(bumped) - n + 1, int(bumped) + 1))
-    conn.execute(text("INSERT INTO af_sequence (seq, taken_at) VALUES (:seq, 0)"), {"seq": n})
-    conn.execute(text("DELETE FROM af_sequence WHERE seq = :seq"), {"seq": n})
-    return list(range(1, n + 1))
+    return _Cursor.of(s).next_seqs(n)
 
 
 def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
@@ -97,18 +82,24 @@ def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
             run.append(item)
             continue
         if run:
-            results.extend(_insert_spans(s, run))
+            results.extend(_insert_spans(_Cursor.of(s), run))
             run = []
         try:
             results.append(insert_reward(s, item))
         except AgentForgeError as exc:
             results.append(exc)
     if run:
-        results.extend(_insert_spans(s, run))
+        results.extend(_insert_spans(_Cursor.of(s), run))
     return results
 
 
-def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
+def write_spans(connection: Any, dialect: Any, spans: Sequence[Span]) -> list[Result]:
+    """:func:`write_items` for a batch of spans only, on a driver connection inside an open transaction
+    (:meth:`~agentforge.stores.engine.Transactor.run_raw`): the group-commit writer's usual batch."""
+    return _insert_spans(_Cursor(connection, dialect), list(spans))
+
+
+def _insert_spans(cur: _Cursor, spans: list[Span]) -> list[Result]:
     """Insert a run of spans with one lookup per kind and one bulk insert (``COPY`` on PostgreSQL)."""
     results: list[Result | None] = [None] * len(spans)
     values: list[dict[str, Any] | None] = [None] * len(spans)
@@ -119,8 +110,7 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
             results[i] = exc
         except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
             results[i] = UserError(f"span {span.span_id!r} cannot be stored as JSON: {exc}")
-    cur = _Cursor(s)  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
-    ph = cur.placeholder
+    ph = cur.placeholder  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
 
     def rows_in(sql: str, ids: Sequence[str]) -> Iterable[Any]:
         for chunk in _chunks(ids):
@@ -178,7 +168,7 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
         pending.append((i, rollout_id, attempt_id))
     if pending:
         rows = []
-        for (i, rollout_id, attempt_id), seq in zip(pending, next_seqs(s, len(pending)), strict=True):
+        for (i, rollout_id, attempt_id), seq in zip(pending, cur.next_seqs(len(pending)), strict=True):
             row = values[i]
             assert row is not None
             row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
@@ -193,25 +183,50 @@ def _insert_spans(s: Session, spans: list[Span]) -> list[Result]:
 
 
 class _Cursor:
-    """The DBAPI cursor of the session's connection (same transaction); driver errors are raised as
-    SQLAlchemy's ``DBAPIError`` subclasses, so the transaction runner retries them as usual."""
+    """A DBAPI cursor on a driver connection (inside its open transaction); driver errors are raised as
+    SQLAlchemy's ``DBAPIError`` subclasses, so the transaction runner retries them as usual.
 
-    def __init__(self, s: Session) -> None:
+    Args:
+        connection: the driver's connection (``sqlite3.Connection``, ``psycopg.Connection``).
+        dialect: the engine's SQLAlchemy dialect.
+    """
+
+    def __init__(self, connection: Any, dialect: Any) -> None:
+        self._dialect, self._connection = dialect, connection
+        self.placeholder = "?" if dialect.name == "sqlite" else "%s"
+        self.postgres = dialect.name == "postgresql"
+        self._cursor = connection.cursor()
+
+    @classmethod
+    def of(cls, s: Session) -> _Cursor:
+        """The cursor of a session's connection (same transaction)."""
         conn = s.connection()
-        self._dialect = conn.dialect
-        self.placeholder = "?" if conn.dialect.name == "sqlite" else "%s"
-        self.postgres = conn.dialect.name == "postgresql"
-        self._cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        return cls(conn.connection.dbapi_connection, conn.dialect)
 
     def _wrap(self, sql: str, params: Any, exc: Exception) -> Exception:
-        if isinstance(exc, self._dialect.loaded_dbapi.Error):
-            return DBAPIError.instance(sql, params, exc, self._dialect.loaded_dbapi.Error)
-        return exc
+        return wrap_driver_error(self._dialect, sql, params, exc, self._connection)
+
+    def next_seqs(self, n: int) -> list[int]:
+        """``n`` fresh sequence numbers, ascending (see :func:`next_seqs`)."""
+        if n <= 0:
+            return []
+        if self.postgres:
+            sql = "SELECT nextval(pg_get_serial_sequence('af_sequence', 'seq')) FROM generate_series(1, %s)"
+            return sorted(int(v) for (v,) in self.query(sql, (n,)))
+        bumped = self.query(  # one statement once the counter row exists (after the first number)
+            "UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'af_sequence' RETURNING seq", (n,)
+        )
+        if bumped:
+            top = int(bumped[0][0])
+            return list(range(top - n + 1, top + 1))
+        self.query("INSERT INTO af_sequence (seq, taken_at) VALUES (?, 0)", (n,))
+        self.query("DELETE FROM af_sequence WHERE seq = ?", (n,))
+        return list(range(1, n + 1))
 
     def query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
             self._cursor.execute(sql, params)
-            return list(self._cursor.fetchall())
+            return list(self._cursor.fetchall()) if self._cursor.description is not None else []
         except Exception as exc:
             raise self._wrap(sql, params, exc) from exc
 
