@@ -238,7 +238,11 @@ class RolloutSource:
         spans = self.store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm, valid_only=True)
         try:
             trajectories = build_trajectories(spans)
-        except SampleValidationError:
+        except SampleValidationError as exc:  # e.g. a doubled BOS: say why once per batch, not only count it
+            if not report.skipped.get("invalid"):
+                logger.warning(
+                    "rollout %s is not trained on (skipped as invalid): %s", rollout.rollout_id, exc
+                )
             return {}, "invalid"
         if not trajectories or trajectories[-1].sampled_tokens == 0:
             return {}, "no_trainable_tokens"

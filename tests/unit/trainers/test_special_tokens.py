@@ -9,7 +9,8 @@ Bugs guarded (each reported in a peer trainer):
   those ids (any path that has ids sends ids, never text). The tokenizer of the ``{{ bos_token }}`` case adds
   its BOS on ``add_special_tokens=True``, so a re-tokenising path would show it twice;
 * a sample that starts with the same special token twice (such a template, or such a re-tokenisation) trained
-  on silently. Guard: it is rejected with an error that says what to fix, and the selection counts it;
+  on silently. Guard: it is rejected with an error that says what to fix; trace selection (SFT, offline GRPO)
+  counts it as ``doubled start token``, the live GRPO source masks it as ``invalid`` and logs why;
 * ``pad == eos`` (SmolLM2: both ``<|im_end|>``) plus a collator that masks pad ids removed the closing EOS
   label, so the model never learned to stop. Guard: every assistant turn's closing EOS keeps label / loss mask
   1 in SFT (dataset and padded collator batch) and in GRPO (TRL's loss mask), while padding stays masked.
@@ -121,6 +122,23 @@ def test_a_prompt_starting_with_a_doubled_special_token_is_rejected() -> None:
     assert selection.skipped["doubled start token"] == 1
     with pytest.raises(EmptySelectionError, match="add_special_tokens=True"):
         select_traces(store, TraceFilter(agent=AGENT, group_id="bad"))
+
+
+def test_live_grpo_skips_a_doubled_start_token_rollout_and_says_why(caplog) -> None:
+    """The live source (:class:`RolloutSource`) masks such a rollout as ``invalid`` and logs the fix once."""
+    from agentforge.ports import BatchReport
+    from agentforge.trainers.rollouts import RolloutSource
+
+    store = memory_store()
+    good, bad = _tool_round(store, "good", 1.0), _tool_round(store, "bad", 1.0, first=[IM_START, *USER])
+    source = RolloutSource(store, {}, 2, lambda: "policy@v0")
+    report = BatchReport()
+    with caplog.at_level("WARNING", logger="agentforge.trainer"):
+        sample, reason = source._sample(store.get_rollout(bad), 0, report)
+    assert (sample, reason) == ({}, "invalid")
+    assert f"rollout {bad} is not trained on" in caplog.text and "add_special_tokens=True" in caplog.text
+    sample, reason = source._sample(store.get_rollout(good), 0, report)
+    assert reason is None and sample["prompt_ids"] == USER
 
 
 def _eos_positions(ids: list[int], mask: list[int]) -> list[int]:
