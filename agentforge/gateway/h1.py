@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -255,15 +256,34 @@ class H1Client:
         return _Watch(conn, self.read_s)
 
     async def _connect(self, pool: _Pool) -> _Conn:
+        """A new connection, opened with Python's own ``socket.connect`` (also under uvloop, whose
+        ``create_connection`` would connect in C, out of sight of socket-level policies such as the
+        test suite's guard), ``TCP_NODELAY`` on: a request is one write and must leave at once."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_s):
-                _, conn = await loop.create_connection(lambda: _Conn(pool), pool.host, pool.port)
+                infos = await loop.getaddrinfo(pool.host, pool.port, type=socket.SOCK_STREAM)
+                error: OSError = OSError(f"no address for {pool.host_header}")
+                for family, kind, proto, _, address in infos:
+                    sock = socket.socket(family, kind, proto)
+                    try:
+                        sock.setblocking(False)
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        await loop.sock_connect(sock, address)
+                    except OSError as exc:
+                        sock.close()
+                        error = exc
+                        continue
+                    except BaseException:
+                        sock.close()
+                        raise
+                    _, conn = await loop.create_connection(lambda: _Conn(pool), sock=sock)
+                    return conn
+                raise error
         except TimeoutError as exc:
             raise H1Timeout(f"no connection to {pool.host_header} within {self.connect_s} s") from exc
         except OSError as exc:
             raise H1Broken(f"{type(exc).__name__}: {exc}") from exc
-        return conn
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], stream: bool) -> H1Answer:
         """Send ``POST url`` with ``body``; returns once the answer's head (streams) or whole answer arrived.
