@@ -44,6 +44,10 @@ class TrainConfig(LoraFields, GRPOConfig):
         lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``, the field set
             every trainer config shares (:class:`~agentforge.trainers.lora.LoraFields`); rank must not
             exceed the server's ``--max-lora-rank``.
+        publish_without_signal: publish (and hot-swap) an adapter even when no optimizer step since the last
+            published version had a non-zero advantage (every group's rewards were equal, so the adapter got
+            no gradient). ``False`` (default) skips such a publish, logs why and counts it
+            (``publish/skipped_no_signal``).
         share_prompt_prefix: compute log-probabilities with one prompt pass per group and the KV cache
             repeated over its ``G`` completions (:mod:`agentforge.trainers.prefix`); same values and
             gradients as TRL's per-row pass up to rounding. ``False`` uses TRL's own pass. Under
@@ -59,6 +63,12 @@ class TrainConfig(LoraFields, GRPOConfig):
     rollout_timeout_s: float = field(default=300.0, metadata={"help": "Per-attempt rollout time limit (s)."})
     wait_timeout_s: float = field(default=1800.0, metadata={"help": "Max wait for a step's rollouts (s)."})
     rollout_max_attempts: int = field(default=2, metadata={"help": "Attempts per rollout."})
+    publish_without_signal: bool = field(
+        default=False,
+        metadata={
+            "help": "Publish an adapter even when no step since the last version had a non-zero advantage."
+        },
+    )
     share_prompt_prefix: bool = field(
         default=True,
         metadata={"help": "Run each group's prompt once per log-prob pass (shared-prefix forward)."},

@@ -39,7 +39,9 @@ line per step, :mod:`agentforge.trainers.progress`):
   trains; the step line warns);
 * ``train/step_s`` (wall time of the optimizer step, rollout wait and publish included, seconds),
   ``train/tokens_per_s`` (sampled tokens trained in the step ÷ ``train/step_s``), ``policy/version`` (the
-  served version's number; the history row and the span also carry the name, ``version``).
+  served version's number; the history row and the span also carry the name, ``version``),
+  ``publish/skipped_no_signal`` (publishes skipped so far because no batch since the last version had a non-zero
+  advantage: all its groups' rewards were equal, so the adapter got no gradient and no version was published).
 
 **Several processes** (``accelerate launch``, see ``docs/multi_gpu.md``): TRL calls the ``rollout_func`` on
 every rank with that rank's prompts. Here the ranks gather their prompts to the main process, which alone
@@ -174,6 +176,8 @@ class LightningTrainer:
         self.history: list[dict[str, Any]] = []
         self.versions: list[str] = []
         self._published_step = -1
+        self._signal_at_publish = 0  # the trainer's ``signal_batches`` when the served adapter was published
+        self.skipped_publishes = 0
         self._resuming = False
         self.swap_during_training = swap_during_training
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -283,8 +287,9 @@ class LightningTrainer:
                 (:mod:`~agentforge.trainers.checkpoints`).
 
         Returns:
-            ``{"steps", "versions", "history", "resume"}``; ``resume`` is ``None`` for a fresh start, else
-            ``{"checkpoint", "missing"}`` (``missing``: one sentence per part the checkpoint lacks).
+            ``{"steps", "versions", "history", "resume", "skipped_publishes"}``; ``resume`` is ``None`` for a
+            fresh start, else ``{"checkpoint", "missing"}`` (``missing``: one sentence per part the checkpoint
+            lacks); ``skipped_publishes`` counts publishes skipped for lack of learning signal.
 
         Raises:
             UserError: the checkpoint folder cannot be resumed (no weights, no ``trainer_state.json``).
@@ -307,6 +312,7 @@ class LightningTrainer:
             "versions": list(self.versions),
             "history": self.history,
             "resume": resume and {"checkpoint": resume.checkpoint, "missing": resume.missing},
+            "skipped_publishes": self.skipped_publishes,
         }
 
     def _report_resume(self, resume: ResumeReport) -> None:
@@ -327,7 +333,10 @@ class LightningTrainer:
     def maybe_publish(self, force: bool = False) -> str | None:
         """Save and publish the adapter if ``swap_every`` steps passed since the last publish (or ``force``).
 
-        Only the main process publishes; on the other ranks this returns ``None`` and touches nothing.
+        Only the main process publishes; on the other ranks this returns ``None`` and touches nothing. A publish
+        is skipped (logged, counted in ``skipped_publishes`` and the ``publish/skipped_no_signal`` metric) when no
+        generation batch since the last published version had a non-zero advantage, unless
+        ``config.publish_without_signal``: the adapter got no gradient, so a new version would serve nothing new.
 
         Returns:
             The new version, or ``None`` when nothing was published.
@@ -337,16 +346,28 @@ class LightningTrainer:
         step = int(self.trainer.state.global_step)
         if self._resuming:  # first sync after a resume: skip if the checkpoint's adapter already serves
             self._resuming = False
+            self._signal_at_publish = -1  # the checkpoint's weights may have learned before the restart
             if self._served_step() >= step:
                 self._published_step = step
         if step == 0 or step == self._published_step:
             return None
         if not force and (not self.swap_during_training or step % self.config.swap_every):
             return None
+        signal = int(getattr(self.trainer, "signal_batches", 0))
+        if signal == self._signal_at_publish and not self.config.publish_without_signal:
+            self._published_step = step  # nothing new to serve: the next publish needs a batch with signal
+            self.skipped_publishes += 1
+            logger.warning(
+                "step %d: not publishing a new %s version: no batch since the last published version had a "
+                "non-zero advantage (every group's rewards were equal), so the adapter got no gradient; %s keeps "
+                "serving (publish_without_signal=True publishes anyway)",
+                step, self.config.alias, self.publisher.current(),
+            )  # fmt: skip
+            return None
         path = self.adapter_dir / f"step-{step}"
         self.trainer.model.save_pretrained(path)
         version = self.publisher.publish(path, step)
-        self._published_step = step
+        self._published_step, self._signal_at_publish = step, signal
         self.versions.append(version)
         logger.info("step %d: published %s", step, version)
         return version
@@ -376,6 +397,7 @@ class LightningTrainer:
             out.update(reports[-1].metrics())
             out["train/tokens_per_s"] = sum(r.sampled_tokens for r in reports) / max(step_s, 1e-9)
         out["policy/version"] = float(parse_version_number(self.publisher.current(), default=0))
+        out["publish/skipped_no_signal"] = float(self.skipped_publishes)
         log_step_metrics(self.trainer, out)
         return out
 

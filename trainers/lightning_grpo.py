@@ -11,8 +11,10 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   depends on ``(seed, e)`` only; ``transformers`` then skips the batches of the resumed epoch already trained.
 * :class:`~agentforge.trainers.engine_logps.SpanTemperatures` — every span's log-probabilities are
   recomputed under the temperature its stored ones were computed at (:mod:`agentforge.trainers.engine_logps`).
+* :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
+  the lightning trainer can refuse to publish an adapter that received no gradient.
 
-Both override private TRL / ``transformers`` methods, so each checks the tested TRL release first
+All three override private TRL / ``transformers`` methods, so each checks the tested TRL release first
 (:func:`~agentforge.trainers.trl_private.check_trl_version`).
 """
 
@@ -21,9 +23,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+import torch
+
 from agentforge.trainers.trl_private import check_trl_version
 
-__all__ = ["EpochSeededSampling", "lightning_trainer_class"]
+__all__ = ["EpochSeededSampling", "LearningSignal", "lightning_trainer_class"]
 
 
 class EpochSeededSampling:
@@ -36,6 +40,31 @@ class EpochSeededSampling:
         if type(sampler) is RepeatSampler:
             sampler.__class__ = _EpochSeededRepeatSampler
         return sampler
+
+
+class LearningSignal:
+    """Mixin for ``trl.GRPOTrainer``: ``signal_batches`` counts generation batches with a non-zero advantage.
+
+    GRPO's advantage of a sample is its reward minus its group's mean (scaled by the group's spread; Shao et
+    al. 2024, "DeepSeekMath"), so a batch whose every group scored equally has all advantages 0 and, with
+    ``beta == 0`` (TRL's default), a zero policy gradient. Each rank sees only its slice of the batch, so the
+    flag is summed over the processes (every rank generates together, so the collective cannot hang).
+    """
+
+    signal_batches: int = 0
+    batches_scored: int = 0
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        advantages = out.get("advantages")
+        if advantages is not None:
+            flag = (advantages != 0).any().to(torch.float32).reshape(1)
+            accelerator = self.accelerator  # type: ignore[attr-defined]
+            if accelerator.num_processes > 1:
+                flag = accelerator.reduce(flag, reduction="sum")
+            self.batches_scored += 1
+            self.signal_batches += int(float(flag.item()) > 0)
+        return out
 
 
 def _epoch_seeded(base: type) -> type:
@@ -69,7 +98,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
             pass per group) instead of ``trl.GRPOTrainer``.
 
     Returns:
-        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling` and
+        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`LearningSignal` and
         :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
 
     Raises:
@@ -82,4 +111,6 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
         from trl import GRPOTrainer as base
     from agentforge.trainers.engine_logps import SpanTemperatures
 
-    return type(f"Lightning{base.__name__}", (EpochSeededSampling, SpanTemperatures, base), {})
+    return type(
+        f"Lightning{base.__name__}", (EpochSeededSampling, LearningSignal, SpanTemperatures, base), {}
+    )
