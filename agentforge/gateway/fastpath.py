@@ -107,6 +107,9 @@ class FastPathMiddleware:
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task)) if task is not None else None
         try:
             response = await self._handle(request, endpoint)
+            if watcher is not None and getattr(response, "watch_disconnect", False):
+                await response(scope, receive, _unwatch_at_end(send, watcher))  # a stream: watched throughout
+                return
         except asyncio.CancelledError:
             if watcher is None or not watcher.done() or watcher.cancelled() or not watcher.result():
                 raise  # cancelled from outside (server shutdown): not ours to swallow
@@ -167,6 +170,22 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bo
         if message["type"] == "http.disconnect":
             task.cancel()
             return True
+
+
+def _unwatch_at_end(send: Send, watcher: asyncio.Future[Any]) -> Send:
+    """``send`` that stops the connection watcher before the response's last message (after it the
+    server reports the connection as disconnected, which must not cancel the finishing task)."""
+
+    async def wrapped(message: Any) -> None:
+        if (
+            message["type"] == "http.response.body"
+            and not message.get("more_body", False)
+            and not watcher.done()
+        ):
+            watcher.cancel()
+        await send(message)
+
+    return wrapped
 
 
 def _too_large(limit: int) -> Response:

@@ -204,7 +204,16 @@ class StreamRelay:
 
 
 class _RelayResponse(StreamingResponse):
-    """A ``StreamingResponse`` that always finishes its relay, even if the client disconnects early."""
+    """The relay's SSE response, sent without ``StreamingResponse``'s task group and disconnect listener.
+
+    On the gateway's fast path (:class:`~agentforge.gateway.fastpath.FastPathMiddleware`, which reads
+    ``watch_disconnect``) the connection watcher that already guards the call keeps running while the
+    stream is sent and cancels it when the client leaves; a server that raises on ``send`` to a
+    disconnected client (ASGI 2.4) ends it too. Either way the relay always finishes: the span is
+    recorded (``client_disconnected`` when the client left) and the version released.
+    """
+
+    watch_disconnect = True
 
     def __init__(self, relay: StreamRelay) -> None:
         super().__init__(
@@ -214,9 +223,14 @@ class _RelayResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
-        except ClientDisconnect:
-            pass  # recorded by ``abort`` below; nothing left to answer
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, ClientDisconnect):
+            pass  # the client left: recorded by ``abort`` below; nothing left to answer
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -145,3 +145,25 @@ def test_rewards_can_be_posted_to_the_gateway_port(served) -> None:
     reward = server.store.final_reward(rid)
     assert reward.value == pytest.approx(0.7) and reward.span_id == span.span_id
     remote.close()
+
+
+def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk() -> None:
+    """The engine sends one event, then nothing for 30 s: the client that leaves is noticed at once (the
+    gateway's connection watcher, not the next write), the span is recorded and the version released."""
+    store = memory_store()
+    upstream = ScriptedUpstream([ScriptedTurn("a b c", chunk_delay_s=30)])
+    with upstream.serve() as up_server:
+        router = upstream.router(base_url=f"{up_server.url}/v1")
+        with GatewayServer(store, router) as gateway:
+            with httpx.Client(timeout=5) as client:
+                with client.stream(
+                    "POST", f"{gateway.openai_base_url}/chat/completions", json={**CHAT, "stream": True}
+                ) as r:
+                    next(r.iter_lines())
+            left = time.monotonic()
+            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
+                time.sleep(0.02)
+            (span,) = store.list_spans(orphans=True)
+            assert time.monotonic() - left < 5 and span.attributes["client_disconnected"] is True
+            assert router.inflight("policy@v1") == 0
+    store.close()
