@@ -50,6 +50,9 @@ async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
     Payloads stay bytes (UTF-8 as the engine sent them) so that the JSON decoder reads them directly."""
     buf, lines = b"", []
     async for block in response.aiter_bytes():
+        if not buf and not lines and (simple := _simple_events(block)) is not None:
+            yield simple
+            continue
         *complete, buf = (buf + block).split(b"\n") if buf else block.split(b"\n")
         batch: list[bytes] = []
         for raw in complete:
@@ -67,6 +70,18 @@ async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
         lines.append(tail[6:] if tail.startswith(b"data: ") else tail[5:])
     if lines:
         yield [b"\n".join(lines)]
+
+
+def _simple_events(block: bytes) -> list[bytes] | None:
+    """The payloads of a block of whole one-line ``data: ...`` events (how vLLM writes each read), or
+    ``None`` for anything else (partial events, comments, ``\\r``, multi-line data: the general parser)."""
+    if not block.endswith(b"\n\n") or b"\r" in block:
+        return None
+    events = block[:-2].split(b"\n\n")
+    for event in events:
+        if not event.startswith(b"data: ") or b"\n" in event:
+            return None
+    return [event[6:] for event in events]
 
 
 async def _drain(batches: AsyncIterator[list[str]], limit: int = 64) -> None:

@@ -69,6 +69,8 @@ class ToolCallDeltas:
         if choice is None:
             return
         delta = choice.get("delta")
+        if choice.get("finish_reason") is None and not (isinstance(delta, dict) and "tool_calls" in delta):
+            return  # a text token's chunk (nearly all of them): nothing to repair
         entries = delta.get("tool_calls") if isinstance(delta, dict) else None
         out: list[dict[str, Any]] = []
         if isinstance(entries, list):
