@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from agentforge.commands.common import ChatTemplate, KeptVersions, MaxCpuLoras, MaxLoras, MaxModelLen
+from agentforge.commands.common import (
+    ChatTemplate,
+    KeptVersions,
+    MaxCpuLoras,
+    MaxLoras,
+    MaxModelLen,
+    print_engine,
+)
 
 app = typer.Typer(
     name="agentforge",
@@ -183,7 +190,7 @@ def serve(
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
 
-            supervisor = EngineSupervisor(server, swapper, on_restart=_print_engine).start()
+            supervisor = EngineSupervisor(server, swapper, on_restart=print_engine).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -191,7 +198,7 @@ def serve(
         f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, retain {retain}, "
         f"store {store!r})"
     )
-    _print_engine(server)
+    print_engine(server)
     typer.echo(gateway.url)
     stop, why = _stop_on_sigterm()
     try:
@@ -231,21 +238,6 @@ def _stop_on_sigterm() -> tuple[threading.Event, list[str]]:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     return stop, why
-
-
-def _print_engine(server) -> None:  # type: ignore[no-untyped-def]
-    """Print the engine's own address, model and inference key: the endpoint for a simulated customer.
-
-    Its calls bypass the gateway, so they are neither recorded nor trained on (a customer pointed at the
-    gateway would make unattributed calls). The key is new at each engine start (printed again after the
-    supervisor restarted vLLM); it cannot load adapters.
-    """
-    key = server.auth_headers().get("Authorization", "").removeprefix("Bearer ")
-    console.print(
-        f"[bold]engine[/] {server.base_url}  model {server.base_model_name}  key {key or '(none)'}  "
-        "(for a simulated customer: not recorded, never trained on)",
-        soft_wrap=True,
-    )
 
 
 def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-def]

@@ -21,9 +21,26 @@ if TYPE_CHECKING:
     from agentforge.gateway.server import GatewayServer
     from agentforge.ports import TraceStore
     from agentforge.runtime import Runner
+    from agentforge.runtime.context import EngineEndpoint
     from agentforge.serving.hotswap import HotSwapper
 
-__all__ = ["LocalStack"]
+__all__ = ["LocalStack", "engine_endpoint"]
+
+
+def engine_endpoint(server: Any) -> EngineEndpoint:
+    """The engine's own address of a started policy server (``ctx.engine`` for the agents, printed by the CLI).
+
+    Args:
+        server: a started :class:`~agentforge.ports.PolicyServer` (``base_url``, ``auth_headers()``,
+            ``base_model_name``).
+
+    Returns:
+        Its :class:`~agentforge.runtime.context.EngineEndpoint` (the inference key, ``""`` when none).
+    """
+    from agentforge.runtime.context import EngineEndpoint
+
+    key = server.auth_headers().get("Authorization", "").removeprefix("Bearer ")
+    return EngineEndpoint(base_url=server.base_url, api_key=key, model=server.base_model_name)
 
 
 class LocalStack:
@@ -52,7 +69,8 @@ class LocalStack:
             spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
-    ``None``), ``base_version`` (e.g. ``"policy@v0"``).
+    ``None``), ``base_version`` (e.g. ``"policy@v0"``), ``engine`` (the engine's own
+    :class:`~agentforge.runtime.context.EngineEndpoint`, which the runners hand to agents as ``ctx.engine``).
 
     Raises:
         UserError: unknown backend, or no vLLM interpreter (run ``make setup``).
@@ -96,6 +114,7 @@ class LocalStack:
         self.gateway: GatewayServer | None = None
         self.runner: Runner | None = None
         self.base_version = ""
+        self.engine: EngineEndpoint | None = None
 
     def start(self) -> Self:
         """Start engine, gateway and runners (in that order); on any failure stop what started and raise."""
@@ -127,12 +146,12 @@ class LocalStack:
             self.server = self._exit.enter_context(server)
             self.base_version = self.swapper.register_base()
             self.gateway = self._exit.enter_context(GatewayServer(self.store, self.router))
+            self.engine = engine_endpoint(self.server)
             if self.agent is not None:
                 from agentforge.runtime import Runner
 
-                runner = Runner(
-                    self.store, self.agent, self.gateway.url, workers=self.workers, **self.runner_kwargs
-                )
+                kwargs = {"engine": self.engine, **self.runner_kwargs}
+                runner = Runner(self.store, self.agent, self.gateway.url, workers=self.workers, **kwargs)
                 self.runner = self._exit.enter_context(runner)
         except BaseException:
             self._exit.close()

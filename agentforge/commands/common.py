@@ -12,7 +12,7 @@ from rich.console import Console
 
 __all__ = [
     "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
-    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions",
+    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions", "print_engine",
 ]  # fmt: skip
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
@@ -178,6 +178,29 @@ def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | 
             if not folder.is_dir():
                 raise UserError(f"folder {folder} does not exist (store {url!r})")
     return open_store(url, api_key=api_key, must_exist=must_exist)
+
+
+def print_engine(engine: Any) -> None:
+    """Print the engine's own address, model and inference key on stderr: the endpoint for a simulated customer.
+
+    Its calls bypass the gateway, so they are neither recorded nor trained on (a customer pointed at the
+    gateway would make unattributed calls). The key is new at each engine start; it cannot load adapters.
+
+    Args:
+        engine: an :class:`~agentforge.runtime.context.EngineEndpoint`, or a policy server (``base_url``,
+            ``auth_headers()``, ``base_model_name``), whose endpoint is printed.
+    """
+    from agentforge.runtime.context import EngineEndpoint
+
+    if not isinstance(engine, EngineEndpoint):
+        from agentforge.stack import engine_endpoint
+
+        engine = engine_endpoint(engine)
+    console.print(
+        f"[bold]engine[/] {engine.base_url}  model {engine.model}  key {engine.api_key or '(none)'}  "
+        "(for a simulated customer: not recorded, never trained on)",
+        soft_wrap=True,
+    )
 
 
 def user_code_importable() -> None:

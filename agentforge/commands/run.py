@@ -57,6 +57,17 @@ def run(
     api_key: Annotated[
         str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Bearer key of the gateway/store.")
     ] = None,
+    engine_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The engine's own address that `agentforge serve` prints (engine URL): agents get it as "
+            "ctx.engine, for calls never recorded or trained on (a simulated customer)."
+        ),
+    ] = None,
+    engine_key: Annotated[
+        str, typer.Option(envvar="AGENTFORGE_ENGINE_KEY", help="The engine's key that `serve` prints.")
+    ] = "",
+    engine_model: Annotated[str, typer.Option(help="The engine's model name that `serve` prints.")] = "base",
 ) -> None:
     """Run AGENT on rollouts through the gateway: every LLM call is recorded, the agent's return is the reward.
 
@@ -72,6 +83,15 @@ def run(
         raise typer.BadParameter(
             f"{gateway!r} is not a URL like http://127.0.0.1:8000", param_hint="--gateway"
         )
+    if engine_url is not None and not engine_url.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"{engine_url!r} is not a URL like http://127.0.0.1:40123/v1", param_hint="--engine-url"
+        )
+    from agentforge.runtime.context import EngineEndpoint
+
+    engine = (
+        None if engine_url is None else EngineEndpoint(engine_url, api_key=engine_key, model=engine_model)
+    )
     pins = parse_pins(pin)
     user_code_importable()
     terminate_like_ctrl_c()  # SIGTERM cleans up as Ctrl-C does: nothing of this run is left running
@@ -83,7 +103,7 @@ def run(
         _check_pins(store, pins)
         runner = Runner(
             store, agent, gateway, workers=workers, mode=mode, agent_name=name,  # type: ignore[arg-type]
-            gateway_api_key=api_key, store_api_key=api_key,
+            gateway_api_key=api_key, store_api_key=api_key, engine=engine,
         )  # fmt: skip
         ids: list[str] = []
         try:

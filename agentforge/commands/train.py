@@ -16,6 +16,7 @@ from agentforge.commands.common import (
     MaxModelLen,
     console,
     open_store_url,
+    print_engine,
     reported,
     user_code_importable,
 )
@@ -85,9 +86,9 @@ def train(
     ] = 0.0,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
-    hot-swap, without touching the agent's code. Prints one line per step on stderr (reward, s/step, served
-    version; every metric goes to --output-dir/metrics.jsonl) and a JSON summary (versions, before/after) on
-    stdout.
+    hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
+    customer; agents get it as ctx.engine), one line per step on stderr (reward, s/step, served version; every
+    metric goes to --output-dir/metrics.jsonl) and a JSON summary (versions, before/after) on stdout.
 
     Example: `agentforge train my_pkg.agents:triage --tasks train.jsonl --eval-tasks test.jsonl --steps 20`.
     """
@@ -178,6 +179,7 @@ def _train(
     summary: dict[str, object] = {}
     with LocalStack(store, agent, model=model, workers=workers, backend=backend,
                     max_lora_rank=max(16, config.lora_r), **(engine or {})) as stack:  # fmt: skip
+        print_engine(stack.engine)  # a simulated customer's endpoint; agents also get it as ctx.engine
         if held_out:
             summary["before"] = evaluate_tasks(
                 store, held_out, {"policy": stack.base_version}, label="before"

@@ -8,13 +8,15 @@
 * :class:`LangGraphAgent` — run an unchanged LangGraph graph as an agent;
   :class:`~agentforge.runtime.callbacks.ToolSpanCallback` (import it from
   ``agentforge.runtime.callbacks``; needs ``langchain-core``) records its tool calls as spans.
+* :class:`EngineEndpoint` — the engine's own address (``ctx.engine``), for calls never recorded (a simulated
+  customer).
 * :func:`bound_tool_output` — cut a tool's output to a budget with a ``…[truncated N chars]`` marker.
 
 Importing this package starts nothing and imports neither ``openai`` nor LangChain.
 """
 
 from agentforge.runtime.agents import Agent, LangGraphAgent, Scorer, build_agent, load_object
-from agentforge.runtime.context import AttemptStore, RolloutContext, bound_tool_output
+from agentforge.runtime.context import AttemptStore, EngineEndpoint, RolloutContext, bound_tool_output
 from agentforge.runtime.runner import Runner
 from agentforge.runtime.tasks import enqueue_tasks, evaluate_tasks, load_tasks, task_scores, wait_for_rollouts
 from agentforge.runtime.worker import describe_error, give_back
@@ -25,6 +27,7 @@ __all__ = [
     "Runner",
     "RolloutContext",
     "AttemptStore",
+    "EngineEndpoint",
     "LangGraphAgent",
     "enqueue_tasks",
     "wait_for_rollouts",

@@ -5,7 +5,8 @@ points its OpenAI client at ``ctx.base_url`` (``{gateway}/rollouts/{rollout_id}/
 ``ctx.default_headers`` (``X-Attempt-Id``), so the gateway attributes every LLM call to this attempt;
 it reads the pinned resource versions from ``ctx.resources`` and may record rewards and spans through
 ``ctx.emit_reward`` / ``ctx.emit_span`` (or the plain :mod:`agentforge.tracing` functions, which see
-the same context).
+the same context). ``ctx.engine`` (an :class:`EngineEndpoint`, when the runner knows it) is the inference
+engine's own address, for LLM calls that must not be recorded or trained on, e.g. a simulated customer.
 
 ``ctx.store`` is an :class:`AttemptStore`: the real store, except that once the runner has closed the
 attempt (finished, timed out, given back at shutdown) it refuses the agent's writes. A sync agent
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from agentforge.ports import TraceStore
 
-__all__ = ["RolloutContext", "AttemptStore", "SharedHttpClient", "bound_tool_output"]
+__all__ = ["RolloutContext", "AttemptStore", "EngineEndpoint", "SharedHttpClient", "bound_tool_output"]
 
 #: Placeholder API key for OpenAI clients pointed at a gateway that needs none.
 _NO_KEY = "agentforge-no-key"
@@ -87,6 +88,41 @@ class AttemptStore:
 
 
 @dataclass(frozen=True)
+class EngineEndpoint:
+    """The inference engine's own OpenAI-compatible address, behind the gateway's back.
+
+    Calls sent here are neither recorded nor attributed to a rollout, so they are never trained on: the
+    endpoint for a simulated customer or a judge that should use the served base model. ``agentforge serve``
+    prints it (``engine URL  model M  key K``); ``agentforge train`` prints it and hands it to every agent as
+    ``ctx.engine``.
+
+    Attributes:
+        base_url: the engine's ``/v1`` root, e.g. ``http://127.0.0.1:40123/v1``.
+        api_key: its inference key (new at each engine start; it cannot load adapters), ``""`` when none.
+        model: the base model's served name (e.g. ``base``); adapter versions are served only through the
+            gateway's alias.
+    """
+
+    base_url: str
+    api_key: str = ""
+    model: str = "base"
+
+    def openai_client(self, **kwargs: Any) -> OpenAI:
+        """An ``openai.OpenAI`` client on the engine (``kwargs`` override, e.g. ``max_retries``).
+
+        Raises:
+            MissingExtraError: ``openai`` is not installed.
+        """
+        try:
+            from openai import OpenAI
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            from agentforge.errors import MissingExtraError
+
+            raise MissingExtraError("openai", "agents", "EngineEndpoint.openai_client()") from exc
+        return OpenAI(**{"base_url": self.base_url, "api_key": self.api_key or _NO_KEY, **kwargs})
+
+
+@dataclass(frozen=True)
 class RolloutContext(TraceContext):
     """Everything an agent needs for one attempt (a richer :class:`agentforge.tracing.TraceContext`).
 
@@ -104,6 +140,9 @@ class RolloutContext(TraceContext):
         timeout_s: the attempt's wall-clock limit, seconds.
         http_client: a worker-wide ``httpx.Client`` reused by :meth:`openai_client` (connection reuse;
             building a fresh one costs ~25 ms); its ``close`` is a no-op for the agent.
+        engine: the inference engine's own address (:class:`EngineEndpoint`) for calls that must not be
+            recorded, e.g. a simulated customer; ``None`` when the runner was not given it (``agentforge
+            train`` gives it; ``agentforge run`` with ``--engine-url``).
     """
 
     base_url: str = ""
@@ -114,6 +153,7 @@ class RolloutContext(TraceContext):
     worker_id: str = ""
     timeout_s: float = 600.0
     http_client: Any = field(default=None, repr=False, compare=False)
+    engine: EngineEndpoint | None = None
 
     @property
     def attempt_number(self) -> int:

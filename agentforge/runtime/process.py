@@ -20,6 +20,7 @@ from typing import Any
 
 from agentforge.open import open_store
 from agentforge.runtime.agents import build_agent, load_object
+from agentforge.runtime.context import EngineEndpoint
 from agentforge.runtime.worker import Worker
 
 __all__ = ["WorkerSpec", "worker_main", "RECYCLE_EXIT_CODE"]
@@ -39,6 +40,7 @@ class WorkerSpec:
         store_url: SQLite file / PostgreSQL URL, or an ``http(s)://`` store server URL.
         agent: a ``"module:function"`` factory or a picklable agent callable.
         scorer: ``None``, a picklable scorer, or ``"module:function"`` naming the scorer itself.
+        engine: the engine's own address for ``ctx.engine`` (``None``: unknown).
     """
 
     store_url: str
@@ -53,6 +55,7 @@ class WorkerSpec:
     scorer: str | Callable[..., Any] | None = None
     agent_name: str | None = None
     log_level: int = logging.WARNING
+    engine: EngineEndpoint | None = None
 
 
 def worker_main(spec: WorkerSpec, stop: Any, slot: Any) -> None:
@@ -89,7 +92,7 @@ def worker_main(spec: WorkerSpec, stop: Any, slot: Any) -> None:
         store, build_agent(spec.agent), spec.gateway_url, stop_flag, name=spec.name,
         heartbeat_s=spec.heartbeat_s, poll_s=spec.poll_s, shutdown_grace_s=spec.shutdown_grace_s,
         scorer=scorer, agent_name=spec.agent_name, gateway_api_key=spec.gateway_api_key, on_attempt=publish,
-        recycle_on_abandon=True,
+        recycle_on_abandon=True, engine=spec.engine,
     )  # fmt: skip
     try:
         worker.run()

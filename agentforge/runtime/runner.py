@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from agentforge.errors import ConfigError, RunError, UserError
 from agentforge.open import is_process_local, open_store
 from agentforge.runtime.agents import build_agent, load_object
+from agentforge.runtime.context import EngineEndpoint
 from agentforge.runtime.process import RECYCLE_EXIT_CODE, WorkerSpec, worker_main
 from agentforge.runtime.tasks import wait_for_rollouts
 from agentforge.runtime.worker import Worker, give_back
@@ -81,6 +82,8 @@ class Runner:
         gateway_api_key: the gateway's API key, handed to agents (``ctx.api_key``).
         store_api_key: the store server's API key for process workers using an ``http(s)`` store URL.
         watchdog: run the ``requeue_stale`` supervisor (leave on unless another process does it).
+        engine: the inference engine's own address, handed to agents as ``ctx.engine`` for calls that must not
+            be recorded (a simulated customer); ``None``: not known to this runner.
 
     Raises:
         ConfigError: a number out of range (the message has it), or process mode without a store URL.
@@ -104,6 +107,7 @@ class Runner:
         gateway_api_key: str | None = None,
         store_api_key: str | None = None,
         watchdog: bool = True,
+        engine: EngineEndpoint | None = None,
     ) -> None:
         if mode not in ("thread", "process"):
             raise UserError(f"Runner(mode={mode!r}): use 'thread' or 'process'")
@@ -126,6 +130,7 @@ class Runner:
         self.heartbeat_s, self.heartbeat_timeout_s, self.poll_s = heartbeat_s, heartbeat_timeout_s, poll_s
         self.agent_name, self.shutdown_grace_s, self.watchdog = agent_name, shutdown_grace_s, watchdog
         self.gateway_api_key, self.store_api_key = gateway_api_key, store_api_key
+        self.engine = engine
         self._agent_spec, self._scorer_spec = agent, scorer
         if mode == "thread":  # fail fast, in the caller's process
             self._agent = build_agent(agent)
@@ -157,6 +162,7 @@ class Runner:
                     self.store, self._agent, self.gateway_url, self._stop_thread, name=f"t{i}",
                     heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, shutdown_grace_s=self.shutdown_grace_s,
                     scorer=self._scorer, agent_name=self.agent_name, gateway_api_key=self.gateway_api_key,
+                    engine=self.engine,
                 )  # fmt: skip
                 thread = threading.Thread(target=worker.run, name=f"agentforge-worker-t{i}", daemon=True)
                 thread.start()
@@ -178,6 +184,7 @@ class Runner:
             name=f"p{index}", store_api_key=self.store_api_key, gateway_api_key=self.gateway_api_key,
             heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, shutdown_grace_s=self.shutdown_grace_s,
             scorer=self._scorer_spec, agent_name=self.agent_name, log_level=logging.getLogger().level,
+            engine=self.engine,
         )  # fmt: skip
         slot = self._ctx.RawArray("c", _SLOT_BYTES)
         proc = self._ctx.Process(

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.runtime.agents import reward_from_output, reward_parts
-from agentforge.runtime.context import AttemptStore, RolloutContext, SharedHttpClient
+from agentforge.runtime.context import AttemptStore, EngineEndpoint, RolloutContext, SharedHttpClient
 from agentforge.tracing import rollout_context
 from agentforge.types import (
     ATTEMPT_ID_HEADER,
@@ -200,6 +200,7 @@ class Worker:
         recycle_on_abandon: stop the worker after an attempt whose agent thread had to be abandoned
             (a sync agent past its timeout) and set :attr:`recycle`; process mode then ends the process,
             taking the stuck thread with it, and the supervisor starts a fresh one.
+        engine: the engine's own address, handed to the agent as ``ctx.engine`` (``None``: unknown).
     """
 
     def __init__(
@@ -218,12 +219,13 @@ class Worker:
         gateway_api_key: str | None = None,
         on_attempt: Callable[[str | None, str | None], None] | None = None,
         recycle_on_abandon: bool = False,
+        engine: EngineEndpoint | None = None,
     ) -> None:
         self.store, self.agent, self.gateway_url = store, agent, gateway_url.rstrip("/")
         self.stop_event, self.worker_id = stop_event, worker_id_for(name)
         self.heartbeat_s, self.poll_s, self.shutdown_grace_s = heartbeat_s, poll_s, shutdown_grace_s
         self.scorer, self.agent_name, self.gateway_api_key = scorer, agent_name, gateway_api_key
-        self.on_attempt, self.recycle_on_abandon = on_attempt, recycle_on_abandon
+        self.on_attempt, self.recycle_on_abandon, self.engine = on_attempt, recycle_on_abandon, engine
         self.recycle = False
         self.http = SharedHttpClient()
         self.current: tuple[str, str] | None = None
@@ -272,6 +274,7 @@ class Worker:
             worker_id=self.worker_id,
             timeout_s=rollout.timeout_s,
             http_client=self.http.get(),
+            engine=self.engine,
         )
         self.current = (rid, aid)
         heartbeat.track(aid)

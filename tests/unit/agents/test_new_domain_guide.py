@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from agentforge.cli import app
 from agentforge.errors import UserError
 from agentforge.runtime import Runner, enqueue_tasks, load_tasks
-from agentforge.testing import ScriptedToolCall, ScriptedTurn
+from agentforge.testing import ScriptedToolCall, ScriptedTurn, memory_store
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "new_domain.md"
 FILE_BLOCK = re.compile(r"<!-- file: (\S+) -->\n```\w*\n(.*?)\n```", re.DOTALL)
@@ -45,11 +45,17 @@ def write_guide_files(folder: Path) -> list[str]:
 def domain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     folder = tmp_path / "empty-folder"
     folder.mkdir()
-    assert write_guide_files(folder) == ["library/domain.py", "tasks.jsonl", "library/agent.py"]
+    assert write_guide_files(folder) == [
+        "library/domain.py",
+        "tasks.jsonl",
+        "library/agent.py",
+        "library/customer.py",
+    ]
     monkeypatch.syspath_prepend(str(folder))
     for name in [m for m in sys.modules if m == "library" or m.startswith("library.")]:
         monkeypatch.delitem(sys.modules, name)
     import library.agent
+    import library.customer  # noqa: F401 - it must import
     import library.domain
 
     yield folder, library.domain, library.agent
@@ -158,3 +164,44 @@ def test_the_guides_agent_talks_with_a_customer(domain, tmp_path: Path) -> None:
             runner.run_until_done([rollout.rollout_id], timeout_s=60)
         assert customer.heard == ["Which member are you?", "Done."] and customer.done
         assert [r.value for r in store.list_rewards(rollout.rollout_id)] == [1.0]
+
+
+def test_the_guides_simulated_customer_talks_through_ctx_engine(domain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Section 4: the customer's calls reach the engine the runner names (``ctx.engine``), never the store."""
+    import library.customer
+
+    from agentforge.runtime import EngineEndpoint
+    from agentforge.testing import ScriptedUpstream
+
+    folder = domain[0]
+    turns = [
+        ScriptedTurn("Which member are you?"),
+        ScriptedTurn(tool_calls=[ScriptedToolCall("find_book", '{"title": "Dune"}')]),
+        ScriptedTurn(tool_calls=[ScriptedToolCall("lend_book", '{"book_id": "b1", "member_id": "m7"}')]),
+        ScriptedTurn("Done."),
+    ]
+    customer = ScriptedUpstream(["I am m7.", "Thanks! ###STOP###"])
+    served = customer.serve()
+    try:
+        with gateway_env(tmp_path, turns) as (store, gateway, policy, _url):
+            (task,) = load_tasks(folder / "tasks.jsonl")[:1]
+            (rollout,) = enqueue_tasks(store, [task])
+            engine = EngineEndpoint(f"{served.url}/v1", api_key="engine-key", model="base")
+            agent = library.customer.library_agent_with_customer
+            with Runner(store, agent, gateway.url, workers=1, engine=engine) as runner:
+                runner.run_until_done([rollout.rollout_id], timeout_s=60)
+            assert store.get_rollout(rollout.rollout_id).state.value == "succeeded"
+            assert [r.value for r in store.list_rewards(rollout.rollout_id)] == [1.0]
+            assert policy.served == 4 and customer.served == 2
+            assert all(r.headers.get("authorization") == "Bearer engine-key" for r in customer.requests)
+            spans = [s for s in store.list_spans(rollout.rollout_id) if s.kind.value == "llm"]
+            assert len(spans) == 4  # the policy's calls only: the customer's were never recorded
+            heard = " ".join(str(m.get("content")) for m in customer.requests[-1].body["messages"])
+            assert "Which member are you?" in heard and "Done." in heard
+    finally:
+        served.stop()
+    store = memory_store()  # a runner not given the engine: the agent says what to do
+    (rollout,) = enqueue_tasks(store, [task])
+    with Runner(store, agent, "http://127.0.0.1:9", workers=1) as runner:
+        runner.run_until_done([rollout.rollout_id], timeout_s=60)
+    assert "no engine address" in str(store.get_rollout(rollout.rollout_id).error)
