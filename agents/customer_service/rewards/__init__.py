@@ -5,6 +5,8 @@ Each scorer also has a plain per-rollout function. ``None`` means "cannot be sco
 the trainer, never turned into 0 — see ``DESIGN.md``, fact 4).
 
 * τ-bench (:mod:`.tau`): :func:`tau_reward` (database hash + required outputs), :func:`make_tau_reward_func`.
+* Tool turns (:mod:`.tool_turn`): :func:`score_tool_turn` (right tool, right arguments, reply states the
+  tool's fact; reported per part), :func:`make_tool_turn_reward_func`.
 * Triage (:mod:`.triage`): :func:`intent_match`, :func:`entity_match`, :func:`triage_reward`,
   :func:`make_triage_reward_func` (Bitext, Banking77, CLINC150 with out-of-scope → ``"escalate"``).
 
@@ -23,6 +25,12 @@ from agentforge.agents.customer_service.rewards.tau import (
     tau_reward_details,
     tau_reward_func,
 )
+from agentforge.agents.customer_service.rewards.tool_turn import (
+    PARTS,
+    ToolTurnScore,
+    make_tool_turn_reward_func,
+    score_tool_turn,
+)
 from agentforge.agents.customer_service.rewards.triage import (
     ESCALATE,
     INTENT_ALIASES,
@@ -40,8 +48,10 @@ from agentforge.agents.customer_service.rewards.triage import (
 
 __all__ = [
     "ESCALATE",
+    "PARTS",
     "INTENT_ALIASES",
     "TauRewardResult",
+    "ToolTurnScore",
     "ToolDB",
     "ToolEnv",
     "TriagePrediction",
@@ -51,6 +61,7 @@ __all__ = [
     "intent_match",
     "intent_reward_func",
     "make_tau_reward_func",
+    "make_tool_turn_reward_func",
     "make_triage_reward_func",
     "normalize_entity",
     "normalize_intent",
@@ -59,6 +70,7 @@ __all__ = [
     "tau_reward",
     "tau_reward_details",
     "tau_reward_func",
+    "score_tool_turn",
     "triage_reward",
     "triage_reward_func",
 ]

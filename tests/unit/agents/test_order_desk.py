@@ -1,0 +1,200 @@
+"""The order desk (Bitext order messages + τ-retail facts), its tool backend, the tool-turn reward parts, and
+the order bot's turn through the real gateway with a scripted policy (the real-engine run is
+``tests/integration/test_order_bot_vllm.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from cs_helpers import call, scripted_gateway
+
+from agentforge.agents.customer_service.datasets import load_bitext
+from agentforge.agents.customer_service.order_bot import OrderDeskAgent
+from agentforge.agents.customer_service.order_desk import (
+    INTENT_TOOL,
+    STATUSES,
+    OrderDesk,
+    order_desk_tasks,
+    order_for_row,
+)
+from agentforge.agents.customer_service.rewards.tool_turn import (
+    PARTS,
+    make_tool_turn_reward_func,
+    normalize_arguments,
+    score_tool_turn,
+)
+from agentforge.agents.customer_service.tau_retail import load_tau_retail
+from agentforge.errors import UserError
+from agentforge.runtime import Runner, enqueue_tasks
+from agentforge.types import RolloutState, SpanKind
+
+
+@pytest.fixture(scope="module")
+def tasks() -> tuple[list, list]:
+    return order_desk_tasks()
+
+
+def test_tasks_are_bitext_order_messages_with_tau_orders(tasks: tuple[list, list]) -> None:
+    train, held_out = tasks
+    assert (len(train), len(held_out)) == (431, 42)
+    assert {t.metadata["split"] for t in train} == {"train"} and {t.metadata["split"] for t in held_out} == {
+        "test"
+    }
+    assert not {t.task_id for t in train} & {t.task_id for t in held_out}
+    env = load_tau_retail()
+    bitext = {t.metadata["index"]: t for t in load_bitext()}
+    for task in train + held_out:
+        meta, source = task.metadata, bitext[task.metadata["index"]]
+        # the Bitext message with its order number replaced by the row's τ-retail order id, nothing else
+        original = source.input["text"]
+        assert task.input["text"] == original.replace(meta["bitext_order_number"], meta["order_id"], 1)
+        assert (
+            meta["order_id"] == order_for_row(env, meta["index"]) and meta["order_id"] in task.input["text"]
+        )
+        assert meta["gold_tool"] == INTENT_TOOL[source.metadata["intent"]]
+        assert meta["gold_arguments"] == {"order_id": meta["order_id"]}
+        status = env.data.get("orders", meta["order_id"])["status"]
+        expected = "cancelled" if meta["gold_tool"] == "cancel_order" and status == "pending" else status
+        assert meta["gold_fact"] == expected
+        assert sorted([*meta["fact_alternatives"], expected]) == sorted(STATUSES)
+    assert {t.input["temperature"] for t in held_out} == {0.0} and {
+        t.input["temperature"] for t in train
+    } == {1.0}
+    # all three tools and several facts in the held-out slice
+    assert set(Counter(t.metadata["gold_tool"] for t in held_out)) == set(INTENT_TOOL.values())
+    assert len({t.metadata["gold_fact"] for t in held_out}) == 4
+    again = order_desk_tasks(5, 3, train_temperature=0.7)  # deterministic prefixes
+    assert [t.task_id for t in again[0]] == [t.task_id for t in train[:5]]
+    assert [t.input["text"] for t in again[1]] == [t.input["text"] for t in held_out[:3]]
+    assert again[0][0].input["temperature"] == 0.7
+    with pytest.raises(UserError, match="size must be in"):
+        order_desk_tasks(10_000, 1)
+
+
+def test_backend_answers_from_the_rollouts_view() -> None:
+    env = load_tau_retail()
+    pending = next(k for k, o in env.data.items("orders") if o["status"] == "pending")
+    delivered = next(k for k, o in env.data.items("orders") if o["status"] == "delivered")
+    desk = OrderDesk(env.new_db())
+    assert json.loads(desk.call("get_order_status", {"order_id": pending})) == {
+        "order_id": pending,
+        "status": "pending",
+    }
+    items = json.loads(desk.call("modify_order", {"order_id": pending.lower().lstrip("#")}))
+    assert items["status"] == "pending" and items["items"] == [
+        i["name"] for i in env.data.get("orders", pending)["items"]
+    ]
+    refused = json.loads(desk.call("cancel_order", {"order_id": delivered}))
+    assert refused == {
+        "order_id": delivered,
+        "status": "delivered",
+        "error": "only pending orders can be cancelled",
+    }
+    assert json.loads(desk.call("cancel_order", {"order_id": pending}))["status"] == "cancelled"
+    assert desk.db.get("orders", pending)["status"] == "cancelled"  # written to this view only
+    assert env.data.get("orders", pending)["status"] == "pending"
+    assert (
+        json.loads(OrderDesk(env.new_db()).call("get_order_status", {"order_id": pending}))["status"]
+        == "pending"
+    )
+    assert desk.call("get_order_status", {"order_id": "#W0000000"}) == "Error: order not found"
+    assert desk.call("get_order_status", {"id": pending}).startswith("Error: the tool takes exactly")
+    assert desk.call("refund_order", {"order_id": pending}).startswith("Error: unknown tool")
+
+
+def _turn(name: str, arguments: str | dict, reply: str) -> list[dict]:
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": name, "arguments": arguments}}],
+        },
+        {"role": "tool", "content": '{"status": "delivered"}'},
+        {"role": "assistant", "content": reply},
+    ]
+
+
+def test_reward_parts() -> None:
+    gold = ("get_order_status", {"order_id": "#W5442520"}, "delivered", ["pending", "processed", "cancelled"])
+    right = score_tool_turn(
+        _turn("get_order_status", '{"order_id": " w5442520."}', "It was DELIVERED."), *gold
+    )
+    assert (right.tool, right.arguments, right.reply, right.reward, right.success) == (1, 1, 1, 1, 1)
+    wrong_tool = score_tool_turn(_turn("cancel_order", {"order_id": "#W5442520"}, "delivered"), *gold)
+    assert (wrong_tool.tool, wrong_tool.arguments, wrong_tool.reply, wrong_tool.success) == (0, 1, 1, 0)
+    assert wrong_tool.reward == pytest.approx(2 / 3)
+    for bad_args in (
+        '{"order_id": "#W5442521"}',
+        '{"order_id": "#W5442520", "x": 1}',
+        '{"order_id": ',
+        "[1]",
+    ):
+        assert score_tool_turn(_turn("get_order_status", bad_args, "delivered"), *gold).arguments == 0.0
+    hedged = score_tool_turn(
+        _turn("get_order_status", {"order_id": "#W5442520"}, "pending or delivered"), *gold
+    )
+    assert hedged.reply == 0.0  # stating a contradicting status too does not count
+    silent = score_tool_turn(_turn("get_order_status", {"order_id": "#W5442520"}, ""), *gold)
+    assert silent.reply == 0.0
+    no_call = score_tool_turn([{"role": "assistant", "content": "It is delivered."}], *gold)
+    assert (no_call.tool, no_call.arguments, no_call.reply) == (0, 0, 1)
+    weighted = score_tool_turn(_turn("cancel_order", "{}", "delivered"), *gold, weights=(0.0, 0.0, 1.0))
+    assert weighted.reward == 1.0 and weighted.success == 0.0
+    assert (
+        normalize_arguments('{"order_id": "#w1"}') == {"order_id": "W1"} and normalize_arguments("x") is None
+    )
+    with pytest.raises(UserError, match="weights"):
+        score_tool_turn([], *gold, weights=(1.0, 1.0))
+    with pytest.raises(UserError, match="gold tool"):
+        score_tool_turn([], "", {}, "delivered")
+
+
+def test_trl_reward_functions_report_each_part() -> None:
+    completions = [
+        _turn("get_order_status", {"order_id": "#W1"}, "delivered"),
+        _turn("modify_order", {"order_id": "#W2"}, "It is pending."),
+        "not a conversation",
+    ]
+    columns = {
+        "gold_tool": ["get_order_status", "cancel_order", "get_order_status"],
+        "gold_arguments": [{"order_id": "#W1"}, {"order_id": "#W2"}, {"order_id": "#W3"}],
+        "gold_fact": ["delivered", "cancelled", "pending"],
+        "prompts": ["ignored"] * 3,
+    }
+    funcs = {p: make_tool_turn_reward_func(p) for p in (*PARTS, "success")}
+    assert {p: f(completions, **columns) for p, f in funcs.items()} == {
+        "tool": [1.0, 0.0, None], "arguments": [1.0, 1.0, None], "reply": [1.0, 0.0, None],
+        "success": [1.0, 0.0, None],
+    }  # fmt: skip
+    total = make_tool_turn_reward_func()
+    assert total.__name__ == "tool_turn_reward" and funcs["tool"].__name__ == "tool_turn_tool"
+    assert total(completions, **columns)[:2] == [1.0, pytest.approx(1 / 3)]
+    with pytest.raises(UserError, match="gold_fact"):
+        total(completions, gold_tool=columns["gold_tool"], gold_arguments=columns["gold_arguments"])
+    with pytest.raises(UserError, match="unknown tool-turn reward part"):
+        make_tool_turn_reward_func("style")
+
+
+def test_order_bot_turn_through_the_gateway(tasks: tuple[list, list]) -> None:
+    """Scripted policy: a right call, then a reply stating the tool's status; the rollout has two LLM calls,
+    one tool span with the backend's answer, and a reward whose parts are in the store."""
+    task = tasks[1][0]
+    meta = task.metadata
+    turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), f"Your order is {meta['gold_fact']}."]
+    with scripted_gateway(turns) as (store, upstream, gateway):
+        with Runner(store, OrderDeskAgent(), gateway.url, poll_s=0.05) as runner:
+            (rollout,) = enqueue_tasks(store, [task], max_attempts=1)
+            (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
+        assert done.state == RolloutState.succeeded, done.error
+        llm = store.list_spans(rollout_id=done.rollout_id, kind=SpanKind.llm)
+        (tool,) = store.list_spans(rollout_id=done.rollout_id, kind=SpanKind.tool)
+        reward = store.final_reward(done.rollout_id)
+    first, second = (r.body for r in upstream.requests)
+    assert len(llm) == 2 and first["tool_choice"] == "required"
+    assert "tool_choice" not in second and second["tools"] == first["tools"]
+    assert second["messages"][-1]["role"] == "tool"
+    assert json.loads(tool.attributes["output"])["status"] == meta["gold_fact"]
+    assert reward.value == 1.0
+    assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 1.0, "success": 1.0}
