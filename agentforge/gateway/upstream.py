@@ -89,6 +89,17 @@ class UpstreamResponse:
         await close()
 
 
+async def _stream_errors(
+    blocks: AsyncIterator[bytes], errors: type[BaseException] | tuple[type[BaseException], ...]
+) -> AsyncIterator[bytes]:
+    """``blocks``, with a client's ``errors`` while reading raised as :class:`UpstreamStreamError`."""
+    try:
+        async for block in blocks:
+            yield block
+    except errors as exc:
+        raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
+
+
 class UpstreamClient:
     """What the gateway needs of an HTTP client (see the module docstring for the implementations)."""
 
@@ -120,15 +131,8 @@ class _HttpxClient(UpstreamClient):
             raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
         if not stream:
             return UpstreamResponse(response.status_code, response.content)
-
-        async def blocks() -> AsyncIterator[bytes]:
-            try:
-                async for block in response.aiter_bytes():
-                    yield block
-            except httpx.HTTPError as exc:
-                raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
-
-        return UpstreamResponse(response.status_code, None, blocks(), response.aclose)
+        blocks = _stream_errors(response.aiter_bytes(), httpx.HTTPError)
+        return UpstreamResponse(response.status_code, None, blocks, response.aclose)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -170,17 +174,12 @@ class _AiohttpClient(UpstreamClient):
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
-        async def blocks() -> AsyncIterator[bytes]:
-            try:
-                async for block in response.content.iter_any():
-                    yield block
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
+        blocks = _stream_errors(response.content.iter_any(), (TimeoutError, aiohttp.ClientError))
 
         async def close() -> None:
             response.release()  # back to the pool when read to the end, else the connection is closed
 
-        return UpstreamResponse(response.status, None, blocks(), close)
+        return UpstreamResponse(response.status, None, blocks, close)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -215,17 +214,10 @@ class _H1Client(UpstreamClient):
         if not stream:
             return UpstreamResponse(answer.status, answer.body)
 
-        async def blocks() -> AsyncIterator[bytes]:
-            try:
-                async for block in answer.blocks():
-                    yield block
-            except h1.H1Error as exc:
-                raise UpstreamStreamError(f"{type(exc).__name__}: {exc}") from exc
-
         async def close() -> None:
             answer.close()
 
-        return UpstreamResponse(answer.status, None, blocks(), close)
+        return UpstreamResponse(answer.status, None, _stream_errors(answer.blocks(), h1.H1Error), close)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -13,7 +13,7 @@ from gateway_helpers import CHAT, parse_sse
 from agentforge.gateway import GatewayServer
 from agentforge.stores.http import HTTPStore
 from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream, memory_store
-from agentforge.types import Reward, Rollout
+from agentforge.types import Reward, Rollout, Span
 
 TURN = ScriptedTurn("It is noon in Paris.", logprobs=[-0.5, -0.25, -0.125, -0.0625, -0.03125])
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
@@ -101,9 +101,11 @@ def test_sdk_sees_upstream_errors_as_api_errors(served) -> None:
         client.chat.completions.create(model="nope", messages=CHAT["messages"])
 
 
-def test_client_disconnect_mid_stream_releases_and_records() -> None:
+def _leave_after_first_event(turn: ScriptedTurn) -> tuple[Span, int, float]:
+    """Stream ``turn`` through a gateway, hang up after the first event; returns the recorded span, the
+    version's in-flight count afterwards and the seconds from hanging up to the span being stored."""
     store = memory_store()
-    upstream = ScriptedUpstream([ScriptedTurn("a b c d e f g h i j k l m n o p", chunk_delay_s=0.1)])
+    upstream = ScriptedUpstream([turn])
     with upstream.serve() as up_server:
         router = upstream.router(base_url=f"{up_server.url}/v1")
         with GatewayServer(store, router) as gateway:
@@ -112,14 +114,23 @@ def test_client_disconnect_mid_stream_releases_and_records() -> None:
                     "POST", f"{gateway.openai_base_url}/chat/completions", json={**CHAT, "stream": True}
                 ) as r:
                     next(r.iter_lines())  # the first event arrived; now hang up
-            deadline = time.monotonic() + 5
-            while not store.list_spans(orphans=True) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            left = time.monotonic()
+            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
+                time.sleep(0.02)
+            waited = time.monotonic() - left
             (span,) = store.list_spans(orphans=True)
-            assert span.status == "error" and span.attributes["client_disconnected"] is True
-            assert not span.llm.trainable and router.inflight("policy@v1") == 0
-            assert "client_disconnected" in span.llm.flags and "upstream_error" not in span.llm.flags
+            inflight = router.inflight("policy@v1")
     store.close()
+    return span, inflight, waited
+
+
+def test_client_disconnect_mid_stream_releases_and_records() -> None:
+    span, inflight, _ = _leave_after_first_event(
+        ScriptedTurn("a b c d e f g h i j k l m n o p", chunk_delay_s=0.1)
+    )
+    assert span.status == "error" and span.attributes["client_disconnected"] is True
+    assert span.llm is not None and not span.llm.trainable and inflight == 0
+    assert "client_disconnected" in span.llm.flags and "upstream_error" not in span.llm.flags
 
 
 def test_sse_from_the_gateway_is_well_formed(served) -> None:
@@ -150,20 +161,5 @@ def test_rewards_can_be_posted_to_the_gateway_port(served) -> None:
 def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk() -> None:
     """The engine sends one event, then nothing for 30 s: the client that leaves is noticed at once (the
     gateway's connection watcher, not the next write), the span is recorded and the version released."""
-    store = memory_store()
-    upstream = ScriptedUpstream([ScriptedTurn("a b c", chunk_delay_s=30)])
-    with upstream.serve() as up_server:
-        router = upstream.router(base_url=f"{up_server.url}/v1")
-        with GatewayServer(store, router) as gateway:
-            with httpx.Client(timeout=5) as client:
-                with client.stream(
-                    "POST", f"{gateway.openai_base_url}/chat/completions", json={**CHAT, "stream": True}
-                ) as r:
-                    next(r.iter_lines())
-            left = time.monotonic()
-            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
-                time.sleep(0.02)
-            (span,) = store.list_spans(orphans=True)
-            assert time.monotonic() - left < 5 and span.attributes["client_disconnected"] is True
-            assert router.inflight("policy@v1") == 0
-    store.close()
+    span, inflight, waited = _leave_after_first_event(ScriptedTurn("a b c", chunk_delay_s=30))
+    assert waited < 5 and span.attributes["client_disconnected"] is True and inflight == 0
