@@ -275,7 +275,10 @@ class Span(BaseModel):
 
     A span whose ``rollout_id`` is ``None`` is an *orphan*: it reached the gateway without
     attribution. ``sequence`` orders spans and rewards of a rollout; the store assigns it on insert.
+    Its JSON keeps ``NaN``/``Infinity`` in ``attributes`` as constants, like :class:`LLMCall`'s.
     """
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     span_id: str = Field(default_factory=lambda: new_id("sp"))
     rollout_id: str | None = None
