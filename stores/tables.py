@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -269,9 +270,22 @@ def span_to_row(s: Span, seq: int) -> SpanRow:
     return SpanRow(**span_values(s, seq))
 
 
+def _llm_from_json(text: str | None) -> LLMCall | None:
+    """The ``llm_json`` column back as an :class:`LLMCall`: parsed and validated in one pass by
+    pydantic-core (3× ``json.loads`` + ``model_validate``), or by Python's ``json`` for what only it reads
+    (``\\ud800``-style escapes of lone surrogates, as :func:`dumps` writes them)."""
+    if text is None:
+        return None
+    try:
+        return LLMCall.model_validate_json(text)
+    except ValidationError as exc:
+        if not any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise
+    return LLMCall.model_validate(loads(text))
+
+
 def row_to_span(row: SpanRow) -> Span:
     """Row → Span (``sequence`` = ``row.seq``)."""
-    llm = loads(row.llm_json)
     return Span(
         span_id=row.span_id,
         rollout_id=row.rollout_id,
@@ -280,7 +294,7 @@ def row_to_span(row: SpanRow) -> Span:
         name=row.name,
         status=row.status,
         error=row.error,
-        llm=None if llm is None else LLMCall.model_validate(llm),
+        llm=_llm_from_json(row.llm_json),
         attributes=loads(row.attributes_json) or {},
         started_at=row.started_at,
         ended_at=row.ended_at,
