@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.gateway.wire import Endpoint
-from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai
+from agentforge.toolcalls import (
+    MALFORMED_ARGUMENTS,
+    TOOL_ARGUMENTS_INVALID,
+    check_tool_schemas,
+    tool_call_from_openai,
+)
 from agentforge.types import LLMCall
 
 __all__ = [
@@ -168,6 +173,9 @@ def llm_call_from_response(
         flags.append("extra_choices_dropped")
     if any(MALFORMED_ARGUMENTS in c.flags for c in tool_calls):
         flags.append("malformed_tool_call")
+    # keys and types against each tool's parameters schema (agentforge.toolcalls: check_tool_schemas)
+    if tool_calls and check_tool_schemas(tool_calls, request.get("tools")):
+        flags.append(TOOL_ARGUMENTS_INVALID)
     if choice.get("finish_reason") == "length" and _cut_tool_call(request, text, tool_calls):
         flags.append(TOOL_CALL_TRUNCATED)
     call = LLMCall(

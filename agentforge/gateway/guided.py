@@ -46,15 +46,28 @@ _JSON_FORMATS = ("json_object", "json_schema")
 
 
 def is_guided(body: dict[str, Any]) -> bool:
-    """Whether the engine samples ``body``'s answer under a grammar (forced tool call or structured output)."""
+    """Whether the engine samples ``body``'s answer under a grammar (forced tool call, a tool marked
+    ``"strict": true`` — vLLM 0.32 then pins its calls' arguments with a structural tag even under
+    ``tool_choice="auto"`` — or structured output)."""
     choice = body.get("tool_choice")
     if choice is not None and choice != "auto" and choice != "none":
         return (choice == "required" or isinstance(choice, dict)) and bool(body.get("tools"))
+    tools = body.get("tools")
+    if tools and choice != "none" and isinstance(tools, list) and any(_strict(t) for t in tools):
+        return True
     response_format = body.get("response_format")
     if response_format is not None and isinstance(response_format, dict):
         if response_format.get("type") in _JSON_FORMATS:
             return True
     return not _GUIDED_KEYS.isdisjoint(body)
+
+
+def _strict(tool: Any) -> bool:
+    """Whether an OpenAI-format tool asks for strict arguments (``strict`` on the tool or its function)."""
+    if not isinstance(tool, dict):
+        return False
+    function = tool.get("function")
+    return tool.get("strict") is True or (isinstance(function, dict) and function.get("strict") is True)
 
 
 async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCall) -> list[float] | None:

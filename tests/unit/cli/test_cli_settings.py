@@ -60,3 +60,11 @@ def test_the_local_stack_gives_the_engine_its_context_length_and_chat_template(t
                 model=stack.server.base_model_name, messages=[{"role": "user", "content": "word " * 400}]
             )
     store.close()
+
+
+def test_the_guide_says_what_max_completion_length_counts() -> None:
+    guide = re.sub(r"\s+", " ", (Path(__file__).resolve().parents[3] / "docs" / "new_domain.md").read_text())
+    assert "`--max-completion-length` is TRL's completion length" in guide
+    assert (
+        "tool outputs and customer turns" in guide and "caps no sampling" in guide and "`max_tokens`" in guide
+    )
