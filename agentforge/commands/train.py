@@ -192,7 +192,8 @@ def _train(
         trainer = LightningTrainer(model, store, train_tasks, config, publisher)
         trainer.train(resume_from_checkpoint=resume)
         version = stack.router.alias(config.alias)
-        summary.update(version=version, versions=trainer.versions, steps=trainer.trainer.state.global_step)
+        summary.update(version=version, versions=trainer.versions, steps=trainer.trainer.state.global_step,
+                       skipped_publishes=trainer.skipped_publishes)  # fmt: skip
         if isinstance(publisher, GatedPublisher):
             summary["decisions"] = [
                 {"stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live}
