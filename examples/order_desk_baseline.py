@@ -9,6 +9,7 @@ tools chosen against the gold tools (a collapse check), and how many rollouts we
 
     python examples/order_desk_baseline.py                      # 30 held-out tasks on vllm-cpu
     python examples/order_desk_baseline.py --backend embedded   # no forced tool call there
+    python examples/order_desk_baseline.py --split train --group-size 4   # what GRPO starts from (T=1)
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ PARTS = ("tool", "arguments", "reply", "success")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--eval-size", type=int, default=30, help="held-out tasks (at most 42)")
+    p.add_argument("--eval-size", type=int, default=30, help="tasks (held-out: at most 42)")
+    p.add_argument(
+        "--split", choices=("test", "train"), default="test", help="held-out (greedy) or training tasks"
+    )
+    p.add_argument("--temperature", type=float, default=None, help="override the tasks' sampling temperature")
+    p.add_argument("--group-size", type=int, default=1, help="rollouts per task (GRPO's G)")
     p.add_argument("--backend", choices=("vllm", "embedded"), default="vllm")
     p.add_argument("--workers", type=int, default=4, help="runner threads")
     p.add_argument("--out", type=Path, default=Path("runs/order-desk-baseline"), help="output folder")
@@ -49,8 +55,9 @@ def summarise(store: TraceStore, rollouts: list[Rollout]) -> dict[str, Any]:
         rollouts: finished rollouts of :class:`OrderDeskAgent`.
 
     Returns:
-        ``{"n", "states", "parts": {part: mean}, "reward", "tools_chosen", "tools_gold", "llm_calls",
-        "one_trajectory_share", "flags"}``; a rollout without a reward counts 0 in every part.
+        ``{"groups_with_spread", "n", "states", "parts": {part: mean}, "reward", "tools_chosen", "tools_gold",
+        "llm_calls", "one_trajectory_share", "flags"}``; a rollout without a reward counts 0 in every part;
+        ``groups_with_spread`` is the share of task groups whose rewards are not all equal (GRPO learns from those).
     """
     parts: dict[str, list[float]] = {p: [] for p in PARTS}
     rewards, chosen, gold, calls, single, flags = [], Counter(), Counter(), Counter(), 0, Counter()
@@ -67,8 +74,12 @@ def summarise(store: TraceStore, rollouts: list[Rollout]) -> dict[str, Any]:
         gold[rollout.task.metadata["gold_tool"]] += 1
         flags.update(f for s in spans for f in (s.llm.flags if s.llm else []))
         single += len(build_trajectories(spans)) == 1 if spans else 0
+    groups: dict[str, list[float]] = {}
+    for rollout, reward in zip(rollouts, rewards, strict=True):
+        groups.setdefault(rollout.group_id or rollout.rollout_id, []).append(reward)
     n = len(rollouts)
     return {
+        "groups_with_spread": sum(len(set(g)) > 1 for g in groups.values()) / len(groups),
         "n": n, "states": dict(Counter(r.state.value for r in rollouts)),
         "parts": {p: statistics.mean(v) for p, v in parts.items()}, "reward": statistics.mean(rewards),
         "tools_chosen": dict(chosen), "tools_gold": dict(gold), "llm_calls": dict(calls),
@@ -79,7 +90,12 @@ def summarise(store: TraceStore, rollouts: list[Rollout]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    _, held_out = order_desk_tasks(eval_size=args.eval_size)
+    train, held_out = order_desk_tasks(
+        args.eval_size if args.split == "train" else None, args.eval_size if args.split == "test" else None
+    )
+    tasks = held_out if args.split == "test" else train
+    if args.temperature is not None:
+        tasks = [t.model_copy(update={"input": {**t.input, "temperature": args.temperature}}) for t in tasks]
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     t0 = time.monotonic()
     with LocalStack(store, OrderDeskAgent(), backend=args.backend, workers=args.workers) as stack:
@@ -93,11 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
         eval_s = time.monotonic() - started
-    summary = {**summarise(store, done), "backend": args.backend, "eval_s": round(eval_s, 1),
+    summary = {**summarise(store, done), "backend": args.backend, "split": args.split, "eval_s": round(eval_s, 1),
+               "temperature": tasks[0].input["temperature"], "group_size": args.group_size,
                "total_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     store.close()
     parts = "  ".join(f"{p} {v:.3f}" for p, v in summary["parts"].items())
-    print(f"order desk, base policy, {summary['n']} held-out tasks ({args.backend}, {eval_s:.0f}s): {parts}")
+    where = (
+        f"{args.split} split, T={summary['temperature']}, G={args.group_size}, {args.backend}, {eval_s:.0f}s"
+    )
+    print(f"order desk, base policy, {summary['n']} rollouts ({where}): {parts}")
     print(
         f"reward {summary['reward']:.3f}; tools chosen {summary['tools_chosen']} vs gold {summary['tools_gold']}"
     )

@@ -178,7 +178,9 @@ def order_desk_tasks(
 ) -> tuple[list[Task], list[Task]]:
     """The order-desk tasks: Bitext's order-number messages with a τ-retail order each (module docstring).
 
-    Deterministic and offline: the same data gives the same tasks in the same order (Bitext row order).
+    Deterministic and offline: the same data gives the same tasks in the same order: round-robin over the
+    intents (``track_order``, ``cancel_order``, ``change_order``; Bitext row order within each), so every prefix
+    (``eval_size=30``) holds the three gold tools in nearly equal shares.
 
     Args:
         train_size: the first ``train_size`` training tasks (``None``: all 431).
@@ -206,7 +208,12 @@ def order_desk_tasks(
     ]
     out = []
     for split, size, temperature in (("train", train_size, train_temperature), ("test", eval_size, 0.0)):
-        tasks = [_task(t, env, temperature) for t in rows if t.metadata["split"] == split]
+        by_intent = [
+            [t for t in rows if t.metadata["split"] == split and t.metadata["intent"] == i]
+            for i in INTENT_TOOL
+        ]
+        ordered = [q[k] for k in range(max(map(len, by_intent))) for q in by_intent if k < len(q)]
+        tasks = [_task(t, env, temperature) for t in ordered]
         if size is not None and not 0 <= size <= len(tasks):
             raise UserError(f"order_desk_tasks: {split} size must be in [0, {len(tasks)}], got {size}")
         out.append(tasks[:size])

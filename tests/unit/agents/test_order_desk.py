@@ -65,6 +65,8 @@ def test_tasks_are_bitext_order_messages_with_tau_orders(tasks: tuple[list, list
     # all three tools and several facts in the held-out slice
     assert set(Counter(t.metadata["gold_tool"] for t in held_out)) == set(INTENT_TOOL.values())
     assert len({t.metadata["gold_fact"] for t in held_out}) == 4
+    # round-robin over the intents: a 30-task slice holds each gold tool 10 times
+    assert set(Counter(t.metadata["gold_tool"] for t in held_out[:30]).values()) == {10}
     again = order_desk_tasks(5, 3, train_temperature=0.7)  # deterministic prefixes
     assert [t.task_id for t in again[0]] == [t.task_id for t in train[:5]]
     assert [t.input["text"] for t in again[1]] == [t.input["text"] for t in held_out[:3]]
