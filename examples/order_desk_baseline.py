@@ -55,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None, help="override the tasks' sampling temperature")
     p.add_argument("--group-size", type=int, default=1, help="rollouts per task (GRPO's G)")
     p.add_argument("--backend", choices=("vllm", "embedded"), default="vllm")
+    p.add_argument("--strict-tools", action="store_true", help='mark the tools "strict": true')
     p.add_argument("--workers", type=int, default=4, help="runner threads")
     p.add_argument("--out", type=Path, default=Path("runs/order-desk-baseline"), help="output folder")
     return p.parse_args(argv)
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [t.model_copy(update={"input": {**t.input, "temperature": args.temperature}}) for t in tasks]
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     t0 = time.monotonic()
-    with LocalStack(store, OrderDeskAgent(), backend=args.backend, workers=args.workers) as stack:
+    with LocalStack(
+        store, OrderDeskAgent(strict_tools=args.strict_tools), backend=args.backend, workers=args.workers
+    ) as stack:
         started = time.monotonic()
         queued = enqueue_tasks(
             store,
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
         eval_s = time.monotonic() - started
-    summary = {**summarise(store, done), "backend": args.backend, "split": args.split, "eval_s": round(eval_s, 1),
+    summary = {**summarise(store, done), "backend": args.backend, "split": args.split, "strict_tools": args.strict_tools, "eval_s": round(eval_s, 1),
                "temperature": tasks[0].input["temperature"], "group_size": args.group_size,
                "total_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     store.close()

@@ -123,6 +123,7 @@ def build_order_bot_graph(
     reply_max_tokens: int = 40,
     force_tool: bool = True,
     few_shot: bool = True,
+    strict_tools: bool = False,
     max_tool_chars: int = 300,
     on_tool_call: Callable[[ToolCall, str], None] | None = None,
 ) -> Any:
@@ -138,6 +139,8 @@ def build_order_bot_graph(
         reply_max_tokens: completion budget of the reply, tokens.
         force_tool: send ``tool_choice="required"`` on the first call.
         few_shot: put :func:`worked_example` between the system prompt and the customer's message.
+        strict_tools: mark the tools ``"strict": true``, so vLLM pins a forced call's arguments to the schema
+            (without it vLLM forces only the call's frame and name; see ``docs/new_domain.md``).
         max_tool_chars: longest tool answer shown to the model, characters.
         on_tool_call: called after each tool call with the parsed call and its output (e.g. to record spans).
 
@@ -159,7 +162,9 @@ def build_order_bot_graph(
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("langgraph", "agents", "the order bot") from exc
     head = [{"role": "system", "content": system_prompt}, *(worked_example() if few_shot else [])]
-    tools = [dict(t) for t in ORDER_TOOLS]
+    tools = [
+        {**t, "function": {**t["function"], "strict": True}} if strict_tools else dict(t) for t in ORDER_TOOLS
+    ]
 
     def llm(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         out = client.chat.completions.create(
@@ -223,6 +228,7 @@ class OrderDeskAgent:
     Args:
         force_tool: send ``tool_choice="required"`` on the first call.
         few_shot: show the model :func:`worked_example` first.
+        strict_tools: mark the tools strict (see :func:`build_order_bot_graph`).
         act_max_tokens: completion budget of the tool call, tokens.
         reply_max_tokens: completion budget of the reply, tokens.
         weights: weights of the ``tool``, ``arguments`` and ``reply`` parts in the reward.
@@ -234,6 +240,7 @@ class OrderDeskAgent:
         *,
         force_tool: bool = True,
         few_shot: bool = True,
+        strict_tools: bool = False,
         act_max_tokens: int = 48,
         reply_max_tokens: int = 40,
         weights: Sequence[float] = (1.0, 1.0, 1.0),
@@ -245,6 +252,7 @@ class OrderDeskAgent:
             reply_max_tokens,
         )
         self.weights, self.data_dir, self.few_shot = tuple(weights), data_dir, few_shot
+        self.strict_tools = strict_tools
 
     def __call__(self, task: Task, ctx: RolloutContext) -> dict[str, float]:
         """Run and score one turn (see the class docstring).
@@ -279,8 +287,8 @@ class OrderDeskAgent:
             graph = build_order_bot_graph(
                 client, desk=desk, system_prompt=ctx.prompt(ORDER_PROMPT_NAME, default=DEFAULT_ORDER_PROMPT),
                 model=ctx.model, temperature=float(task.input.get("temperature", 1.0)), force_tool=self.force_tool,
-                few_shot=self.few_shot, act_max_tokens=self.act_max_tokens, reply_max_tokens=self.reply_max_tokens,
-                on_tool_call=record_tool,
+                few_shot=self.few_shot, strict_tools=self.strict_tools, act_max_tokens=self.act_max_tokens,
+                reply_max_tokens=self.reply_max_tokens, on_tool_call=record_tool,
             )  # fmt: skip
             state = graph.invoke({"messages": [{"role": "user", "content": text}], "llm_calls": 0})
         finally:
