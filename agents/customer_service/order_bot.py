@@ -5,10 +5,11 @@
     START → act ─(tool call)→ tool → reply → END
                └─(no call)──────────────────→ END
 
-* **act**: the LLM with the system prompt, a worked example (:func:`worked_example`), the customer's message and the three order tools
-  (:data:`~.order_desk.ORDER_TOOLS`), sent with ``tool_choice="required"``: the 135M default model emits no
-  tool call unprompted, and vLLM (hermes parser, the project's tools template) then decodes a call guided by the
-  schemas. The embedded engine cannot force a call; there the model may answer in text and the turn ends.
+* **act**: the LLM with the system prompt, a worked example (:func:`worked_example`), the customer's message
+  and the three order tools (:data:`~.order_desk.ORDER_TOOLS`), sent with ``tool_choice="required"``: the 135M
+  default model emits no tool call unprompted, and vLLM (hermes parser, the project's tools template) then
+  decodes a call guided by the schemas (the tools are marked ``"strict": true`` so vLLM also pins the
+  arguments). The embedded engine cannot force a call; there the model may answer in text and the turn ends.
 * **tool**: every call runs on the rollout's :class:`~.order_desk.OrderDesk` (malformed arguments become an
   error tool message, :func:`agentforge.toolcalls.tool_error_message`).
 * **reply**: the LLM again, on the same messages plus the call and the tool answers, same tools, no forced
@@ -123,7 +124,7 @@ def build_order_bot_graph(
     reply_max_tokens: int = 40,
     force_tool: bool = True,
     few_shot: bool = True,
-    strict_tools: bool = False,
+    strict_tools: bool = True,
     max_tool_chars: int = 300,
     on_tool_call: Callable[[ToolCall, str], None] | None = None,
 ) -> Any:
@@ -140,7 +141,8 @@ def build_order_bot_graph(
         force_tool: send ``tool_choice="required"`` on the first call.
         few_shot: put :func:`worked_example` between the system prompt and the customer's message.
         strict_tools: mark the tools ``"strict": true``, so vLLM pins a forced call's arguments to the schema
-            (without it vLLM forces only the call's frame and name; see ``docs/new_domain.md``).
+            (without it vLLM forces only the call's frame and name; see ``docs/new_domain.md``). Measured on the
+            order desk (``examples/order_desk_baseline.py``): T=1 reward 0.417 → 0.562, truncated calls 9 → 4 of 32.
         max_tool_chars: longest tool answer shown to the model, characters.
         on_tool_call: called after each tool call with the parsed call and its output (e.g. to record spans).
 
@@ -240,7 +242,7 @@ class OrderDeskAgent:
         *,
         force_tool: bool = True,
         few_shot: bool = True,
-        strict_tools: bool = False,
+        strict_tools: bool = True,
         act_max_tokens: int = 48,
         reply_max_tokens: int = 40,
         weights: Sequence[float] = (1.0, 1.0, 1.0),

@@ -195,6 +195,7 @@ def test_order_bot_turn_through_the_gateway(tasks: tuple[list, list]) -> None:
         reward = store.final_reward(done.rollout_id)
     first, second = (r.body for r in upstream.requests)
     assert len(llm) == 2 and first["tool_choice"] == "required"
+    assert [t["function"]["strict"] for t in first["tools"]] == [True] * 3  # the default
     assert "tool_choice" not in second and second["tools"] == first["tools"]
     assert second["messages"][-1]["role"] == "tool"
     assert json.loads(tool.attributes["output"])["status"] == meta["gold_fact"]
@@ -202,14 +203,14 @@ def test_order_bot_turn_through_the_gateway(tasks: tuple[list, list]) -> None:
     assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 1.0, "success": 1.0}
 
 
-def test_strict_tools_mark_every_schema(tasks: tuple[list, list]) -> None:
+def test_tools_are_strict_unless_asked_not_to_be(tasks: tuple[list, list]) -> None:
     meta = tasks[1][1].metadata
     turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), "Sorry."]
     with scripted_gateway(turns) as (store, upstream, gateway):
-        with Runner(store, OrderDeskAgent(strict_tools=True), gateway.url, poll_s=0.05) as runner:
+        with Runner(store, OrderDeskAgent(strict_tools=False), gateway.url, poll_s=0.05) as runner:
             (rollout,) = enqueue_tasks(store, [tasks[1][1]], max_attempts=1)
             (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
         reward = store.final_reward(done.rollout_id)
     for request in upstream.requests:
-        assert [t["function"]["strict"] for t in request.body["tools"]] == [True] * 3
+        assert [t["function"].get("strict") for t in request.body["tools"]] == [None] * 3
     assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 0.0, "success": 0.0}
