@@ -15,6 +15,7 @@ server committed its batch.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 from collections.abc import Sequence
@@ -64,6 +65,37 @@ _ERRORS: dict[str, type[Exception]] = {
     "InvalidTransitionError": InvalidTransitionError,
     "StoreError": StoreError,
 }
+
+
+def _patched(items: Sequence[Span | Reward], answer: bytes) -> list[Span | Reward | AgentForgeError] | None:
+    """The usual answer of a batch (every item acknowledged with a patch of plain sequence numbers and
+    ids) applied without validating each result: copies of the sent items with the patched fields set.
+    ``None`` for anything else (errors, whole items, other fields): then every result is validated."""
+    try:
+        results = json.loads(answer)["results"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(results, list) or len(results) != len(items):
+        return None
+    out: list[Span | Reward | AgentForgeError] = []
+    for sent, result in zip(items, results, strict=True):
+        patch = result.get("patch") if isinstance(result, dict) else None
+        if (
+            not isinstance(patch, dict)
+            or result.get("error") is not None
+            or not patch.keys() <= _PLAIN_PATCH.keys()
+        ):
+            return None
+        if not all(v is None or type(v) is _PLAIN_PATCH[k] for k, v in patch.items()):
+            return None
+        stored = copy.copy(sent)  # pydantic's shallow copy, as model_copy(update=...) makes
+        stored.__dict__.update(patch)
+        out.append(stored)
+    return out
+
+
+#: Patch fields applied without validation, with the one type each may have (else: the validated path).
+_PLAIN_PATCH: dict[str, type] = {"sequence": int, "rollout_id": str, "attempt_id": str, "span_id": str}
 
 
 class HTTPStore:
@@ -274,6 +306,9 @@ class HTTPStore:
             ack="patch",
         )
         answer = self._request("POST", "/api/batch", content=json_bytes(request), raw=True)
+        patched = _patched(items, answer)
+        if patched is not None:
+            return patched
         out: list[Span | Reward | AgentForgeError] = []
         for sent, result in zip(items, parse(BatchResults, answer).results, strict=True):
             if result.patch is not None:  # what the store set on the item we sent
