@@ -116,12 +116,12 @@ def test_train_runs_grpo_steps_and_hot_swaps(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 2 and summary["versions"] == ["policy@v1", "policy@v2"]
-    assert (
-        summary["version"] == "policy@v2"
-        and 0.0 <= summary["before"] <= 1.0
-        and 0.0 <= summary["after"] <= 1.0
-    )
+    # a step publishes (and hot-swaps) a version only when it had a learning signal; every step is one or other
+    versions = summary["versions"]
+    assert summary["steps"] == 2 and len(versions) + summary["skipped_publishes"] == 2
+    assert versions == [f"policy@v{i}" for i in range(1, len(versions) + 1)]
+    assert summary["version"] == (versions[-1] if versions else "policy@v0")
+    assert 0.0 <= summary["before"] <= 1.0 and 0.0 <= summary["after"] <= 1.0
     assert (out / "traces.db").exists()
 
 
