@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from agentforge.agents.customer_service.tau_retail import RetailDB
     from agentforge.types import ToolCall
 
-__all__ = ["CSState", "build_cs_graph", "fit_history", "shape_tool_output", "TRANSFER_TOOL"]
+__all__ = ["CSState", "assistant_dict", "build_cs_graph", "fit_history", "shape_tool_output", "TRANSFER_TOOL"]
 
 #: Calling this tool hands the customer to a human: the conversation ends (as in τ-bench).
 TRANSFER_TOOL = "transfer_to_human_agents"
@@ -128,7 +128,8 @@ def shape_tool_output(output: str, max_chars: int) -> str:
     return bound_tool_output(output, max_chars)
 
 
-def _assistant_dict(message: Any) -> dict[str, Any]:
+def assistant_dict(message: Any) -> dict[str, Any]:
+    """An OpenAI SDK chat message as the assistant turn to send back in the history (tool calls included)."""
     entry: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
     if message.tool_calls:
         entry["tool_calls"] = [
@@ -262,7 +263,7 @@ def build_cs_graph(
             max_tokens=max_tokens,
             **sampling,
         )
-        reply = _assistant_dict(out.choices[0].message)
+        reply = assistant_dict(out.choices[0].message)
         return {"messages": [reply], "turn_calls": state.get("turn_calls", 0) + 1,
                 "llm_calls": state.get("llm_calls", 0) + 1}  # fmt: skip
 

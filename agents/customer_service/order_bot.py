@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from agentforge.agents.customer_service.cs_graph import shape_tool_output
+from agentforge.agents.customer_service.cs_graph import assistant_dict, shape_tool_output
 from agentforge.agents.customer_service.order_desk import ORDER_TOOLS, OrderDesk
 from agentforge.agents.customer_service.rewards.tool_turn import score_tool_turn
 from agentforge.errors import ConfigError, MissingExtraError, UserError
@@ -99,20 +99,6 @@ class OrderTurnState(TypedDict, total=False):
     llm_calls: int
 
 
-def _assistant(message: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
-    if message.tool_calls:
-        entry["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.function.name, "arguments": c.function.arguments},
-            }
-            for c in message.tool_calls
-        ]
-    return entry
-
-
 def build_order_bot_graph(
     client: OpenAI,
     *,
@@ -173,7 +159,7 @@ def build_order_bot_graph(
             model=model, messages=[*head, *messages], tools=tools, max_tokens=max_tokens,  # type: ignore[arg-type]
             temperature=temperature, **extra,
         )  # fmt: skip
-        return _assistant(out.choices[0].message)
+        return assistant_dict(out.choices[0].message)
 
     def act(state: OrderTurnState) -> OrderTurnState:
         extra = {"tool_choice": "required"} if force_tool else {}
