@@ -14,4 +14,4 @@ os.environ.setdefault("AGENTFORGE_HOME", str(Path.home() / ".cache" / "agentforg
 
 # ``fixtures_guard``: an autouse guard fails any test that reaches a real LLM endpoint its markers do not
 # allow (hosted APIs and vLLM: only ``vllm`` tests; the embedded engine: ``slow`` or ``vllm`` tests).
-pytest_plugins = ["fixtures_guard", "fixtures_store", "fixtures_serving", "fixtures_gateway"]
+pytest_plugins = ["fixtures_guard", "fixtures_store", "fixtures_serving", "fixtures_gateway", "fixtures_cli"]

@@ -11,43 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from fixtures_cli import STOPPED, serve_vllm
 
-from agentforge.cli import app
-from agentforge.errors import ConfigError, ServingError, UserError
+from agentforge.errors import ConfigError, UserError
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.vllm import VLLMServer
 
-STOPPED = "stopped by the test before the engine started"
-
-
-@pytest.fixture
-def starts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    monkeypatch.setenv("AGENTFORGE_VLLM_PYTHON", sys.executable)  # VLLMServer() only checks it exists
-    seen: list[list[str]] = []
-
-    def start(self: VLLMServer) -> None:
-        seen.append(self.command())
-        raise ServingError(STOPPED)
-
-    monkeypatch.setattr(VLLMServer, "start", start)
-    return seen
-
-
-def _serve(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
-    db = f"sqlite:///{tmp_path / 't.db'}"
-    return CliRunner().invoke(app, ["serve", "--backend", "vllm", "--store-url", db, *args])
-
 
 def test_serve_passes_the_logprobs_mode_to_vllm(tmp_path: Path, starts: list[list[str]]) -> None:
-    assert STOPPED in _serve(tmp_path).output
-    assert STOPPED in _serve(tmp_path, "--logprobs-mode", "processed_logprobs").output
+    assert STOPPED in serve_vllm(tmp_path).output
+    assert STOPPED in serve_vllm(tmp_path, "--logprobs-mode", "processed_logprobs").output
     modes = [command[command.index("--logprobs-mode") + 1] for command in starts]
     assert modes == ["raw_logprobs", "processed_logprobs"]
 
 
 def test_a_mode_that_is_not_log_probabilities_is_refused(tmp_path: Path, starts: list[list[str]]) -> None:
-    result = _serve(tmp_path, "--logprobs-mode", "raw_logits")
+    result = serve_vllm(tmp_path, "--logprobs-mode", "raw_logits")
     assert result.exit_code == 2 and "--logprobs-mode" in result.output and starts == []
     with pytest.raises(ConfigError, match="processed_logprobs"):
         VLLMServer(python=Path(sys.executable), logprobs_mode="processed_logits")

@@ -11,38 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures_cli import STOPPED, serve_vllm
 from typer.testing import CliRunner
 
 from agentforge.cli import app
 from agentforge.errors import ConfigError, ServingError
-from agentforge.serving.vllm import VLLMServer
-
-STOPPED = "stopped by the test before the engine started"
-
-
-@pytest.fixture
-def starts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The command lines ``VLLMServer.start`` was asked to run (it then raises instead of starting)."""
-    monkeypatch.setenv("AGENTFORGE_VLLM_PYTHON", sys.executable)  # VLLMServer() only checks it exists
-    seen: list[list[str]] = []
-
-    def start(self: VLLMServer) -> None:
-        seen.append(self.command())
-        raise ServingError(STOPPED)
-
-    monkeypatch.setattr(VLLMServer, "start", start)
-    return seen
-
-
-def _serve(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
-    db = f"sqlite:///{tmp_path / 't.db'}"
-    return CliRunner().invoke(
-        app, ["serve", "--backend", "vllm", "--store-url", db, *args], env={"COLUMNS": "300"}
-    )
 
 
 def _flag(command: list[str], name: str) -> str | None:
@@ -52,7 +28,7 @@ def _flag(command: list[str], name: str) -> str | None:
 def test_serve_refuses_limits_that_cannot_hold_the_retained_versions_before_starting(
     tmp_path: Path, starts: list[list[str]]
 ) -> None:
-    result = _serve(tmp_path, "--retain", "3")  # --max-loras 4 holds 2 served versions + 1 loading
+    result = serve_vllm(tmp_path, "--retain", "3")  # --max-loras 4 holds 2 served versions + 1 loading
     assert result.exit_code == 2, result.output
     text = re.sub(r"\s+", " ", result.output)
     assert "retain=3" in text and "needs 4 served versions plus the one being loaded = 5" in text
@@ -61,20 +37,20 @@ def test_serve_refuses_limits_that_cannot_hold_the_retained_versions_before_star
 
 
 def test_serve_passes_its_adapter_limits_to_vllm(tmp_path: Path, starts: list[list[str]]) -> None:
-    result = _serve(tmp_path, "--retain", "3", "--max-loras", "2", "--max-cpu-loras", "5")
+    result = serve_vllm(tmp_path, "--retain", "3", "--max-loras", "2", "--max-cpu-loras", "5")
     assert result.exit_code == 2 and STOPPED in result.output, result.output  # the check passed
     (command,) = starts
     assert _flag(command, "--max-loras") == "2" and _flag(command, "--max-cpu-loras") == "5"
-    default = _serve(tmp_path)  # --retain 1 by default (train's max_staleness): 3 of --max-loras 4
+    default = serve_vllm(tmp_path)  # --retain 1 by default (train's max_staleness): 3 of --max-loras 4
     assert default.exit_code == 2 and STOPPED in default.output, default.output
     assert _flag(starts[1], "--max-loras") == "4" and _flag(starts[1], "--max-cpu-loras") is None
 
 
 def test_serve_options_are_checked(tmp_path: Path, starts: list[list[str]]) -> None:
-    below = _serve(tmp_path, "--max-loras", "4", "--max-cpu-loras", "3")
+    below = serve_vllm(tmp_path, "--max-loras", "4", "--max-cpu-loras", "3")
     assert below.exit_code == 2 and "must be >= max_loras=4" in below.output, below.output
-    assert _serve(tmp_path, "--retain", "-1").exit_code == 2
-    assert _serve(tmp_path, "--max-loras", "1").exit_code == 2
+    assert serve_vllm(tmp_path, "--retain", "-1").exit_code == 2
+    assert serve_vllm(tmp_path, "--max-loras", "1").exit_code == 2
     assert starts == []
     text = re.sub(r"[\s│]+", " ", CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "300"}).output)
     assert "--retain" in text and "max_staleness" in text and "--max-cpu-loras" in text
