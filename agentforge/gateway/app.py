@@ -50,6 +50,7 @@ from agentforge.gateway.call import (
 from agentforge.gateway.capture import llm_call_from_response
 from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
 from agentforge.gateway.pins import PinCache
+from agentforge.gateway.prefix_wire import engine_headers
 from agentforge.gateway.record import SpanRecorder
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
@@ -176,20 +177,25 @@ class _Gateway(SpanRecorder):
             release()  # a stream's relay releases when the stream ends or the client leaves
         return response
 
-    async def _send(
-        self, ctx: CallContext, upstream: Upstream, stream: bool
+    async def send(
+        self,
+        ctx: CallContext,
+        upstream: Upstream,
+        endpoint: Endpoint,
+        content: bytes,
+        stream: bool,
+        flags: tuple[str, ...] = (),
     ) -> UpstreamResponse | JSONResponse:
-        """Send the request upstream; a transport failure becomes a recorded 502/504 error response."""
-        headers = {"content-type": "application/json"}
-        if upstream.api_key:
-            headers["authorization"] = f"Bearer {upstream.api_key}"
-        url = upstream.base_url.rstrip("/") + _PATHS[ctx.endpoint]
-        content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
+        """POST ``content`` to ``upstream``'s ``endpoint`` route; a transport failure becomes a recorded
+        502/504 error response, a client that leaves meanwhile a ``client_disconnected`` span (with
+        ``flags``) before the cancellation goes on. The ordinary path and token-in continuations
+        (:mod:`agentforge.gateway.prefix_call`) both send through here."""
+        url = upstream.base_url.rstrip("/") + _PATHS[endpoint]
         try:
-            return await self.client.post(url, content, headers, stream)
+            return await self.client.post(url, content, engine_headers(upstream), stream)
         except asyncio.CancelledError:  # the client left (fastpath): close the upstream call, record it
             await self.record(
-                ctx, self.failed_call(ctx, flags=["client_disconnected"]),
+                ctx, self.failed_call(ctx, flags=["client_disconnected", *flags]),
                 error="client disconnected before the engine answered", client_disconnected=True,
             )  # fmt: skip
             raise
@@ -216,7 +222,8 @@ class _Gateway(SpanRecorder):
             if continued is not None:
                 return continued
         stream = bool(ctx.body.get("stream"))
-        response = await self._send(ctx, upstream, stream)
+        content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
+        response = await self.send(ctx, upstream, ctx.endpoint, content, stream)
         if isinstance(response, JSONResponse):
             release()
             return response

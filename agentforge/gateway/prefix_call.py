@@ -5,15 +5,13 @@ for what the client asked (a stream is sent whole, as a short stream: :func:`~.p
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agentforge.gateway.capture import llm_call_from_response
-from agentforge.gateway.prefix_wire import chat_events, engine_headers
-from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
+from agentforge.gateway.prefix_wire import chat_events
 from agentforge.gateway.wire import (
     Endpoint,
     client_ask,
@@ -32,8 +30,6 @@ if TYPE_CHECKING:
     from agentforge.types import LLMCall
 
 __all__ = ["engine_call", "answer_client"]
-
-logger = logging.getLogger("agentforge.gateway")
 
 
 async def engine_call(
@@ -63,25 +59,11 @@ async def engine_call(
     Raises:
         asyncio.CancelledError: the client left (the call is recorded ``client_disconnected`` first).
     """
-    path = "/chat/completions" if endpoint == "chat" else "/completions"
     content = encode_json(upstream_body({**payload, "stream": False}, endpoint, upstream))
-    try:
-        response = await gateway.client.post(
-            upstream.base_url.rstrip("/") + path, content, engine_headers(upstream), False
-        )
-    except asyncio.CancelledError:  # the client left: record it as the ordinary path does
-        await gateway.record(
-            ctx, gateway.failed_call(ctx, flags=["client_disconnected", flag]),
-            error="client disconnected before the engine answered", client_disconnected=True,
-        )  # fmt: skip
-        raise
-    except (UpstreamTimeout, UpstreamUnreachable) as exc:
+    response = await gateway.send(ctx, upstream, endpoint, content, False, flags=(flag,))
+    if isinstance(response, JSONResponse):  # the engine timed out or was unreachable: recorded
         release()
-        logger.warning("upstream %s for %s failed: %s", upstream.base_url, ctx.version, exc)
-        timeout = isinstance(exc, UpstreamTimeout)
-        code = "upstream_timeout" if timeout else "upstream_unreachable"
-        msg = f"the engine serving {ctx.version} {'timed out' if timeout else 'is unreachable'}"
-        return await gateway.fail(ctx, 504 if timeout else 502, error_body(msg, code, code), code)
+        return response
     release()
     if response.status_code >= 400:
         err = upstream_error_body(response.status_code, response.content or b"")
