@@ -281,7 +281,7 @@ def decode_json_finite(data: bytes) -> tuple[Any, bool]:
             return _orjson_loads(data), True
         except ValueError:
             pass
-    return decode_json(data), False
+    return _decode_exact(data), False
 
 
 def decode_json(data: bytes | str) -> Any:
@@ -294,11 +294,13 @@ def decode_json(data: bytes | str) -> Any:
         ValueError: not JSON (``json.JSONDecodeError``).
         UnicodeDecodeError: bytes that are not UTF-8.
     """
-    if _orjson_loads is not None and isinstance(data, bytes) and _LONG_NUMBER not in data.translate(_DIGITS):
-        try:
-            return _orjson_loads(data)
-        except ValueError:
-            pass
+    if isinstance(data, bytes):
+        return decode_json_finite(data)[0]
+    return _decode_exact(data)
+
+
+def _decode_exact(data: bytes | str) -> Any:
+    """pydantic-core, then Python's ``json`` for what only it reads (see :func:`decode_json`)."""
     try:
         return from_json(data, allow_inf_nan=True)
     except ValueError:
