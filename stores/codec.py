@@ -20,15 +20,28 @@ Text policy (the same on every backend):
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 
 from agentforge.errors import UserError
 
-__all__ = ["dumps", "fast_json", "fast_dumps", "loads", "plain", "ident", "ID_PATTERN"]
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = ["stamped", "dumps", "fast_json", "fast_dumps", "loads", "plain", "ident", "ID_PATTERN"]
+
+
+def stamped(item: M, fields: dict[str, Any]) -> M:
+    """A shallow copy of a stored item with the fields the store set (sequence number, rollout and attempt
+    ids), without validating them again: ``model_copy(update=...)`` at a fraction of its cost on the write
+    path. ``fields`` must hold values of the fields' own types (the store's own stamps)."""
+    copied = copy.copy(item)  # pydantic's __copy__: the same shallow copy model_copy makes
+    copied.__dict__.update(fields)
+    return copied
 
 
 def dumps(value: Any) -> str:

@@ -15,7 +15,6 @@ server committed its batch.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from tenacity import (
 )
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
+from agentforge.stores.codec import stamped
 from agentforge.stores.tables import dumps
 from agentforge.stores.wire import MAX_BATCH, BatchItem, BatchRequest, BatchResults, json_bytes, parse
 from agentforge.stores.writer import GroupCommitWriter
@@ -88,9 +88,7 @@ def _patched(items: Sequence[Span | Reward], answer: bytes) -> list[Span | Rewar
             return None
         if not all(v is None or type(v) is _PLAIN_PATCH[k] for k, v in patch.items()):
             return None
-        stored = copy.copy(sent)  # pydantic's shallow copy, as model_copy(update=...) makes
-        stored.__dict__.update(patch)
-        out.append(stored)
+        out.append(stamped(sent, patch))
     return out
 
 

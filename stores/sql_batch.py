@@ -13,7 +13,6 @@ written. Database errors propagate, so the transaction runner retries the whole 
 
 from __future__ import annotations
 
-import copy
 import operator
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
@@ -23,6 +22,7 @@ from pydantic_core import PydanticSerializationError
 from sqlmodel import Session, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
+from agentforge.stores.codec import stamped
 from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id, wrap_driver_error
 from agentforge.stores.tables import (
     RewardRow,
@@ -173,8 +173,9 @@ def _insert_spans(cur: _Cursor, spans: list[Span]) -> list[Result]:
             assert row is not None
             row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
             rows.append(_span_row(row))
-            results[i] = stored = copy.copy(spans[i])  # pydantic's shallow copy, as model_copy makes
-            stored.__dict__.update(sequence=seq, rollout_id=rollout_id, attempt_id=attempt_id)
+            results[i] = stamped(
+                spans[i], {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
+            )
         cur.insert_rows("af_spans", _SPAN_COLUMNS, len(_SPAN_FIELDS), rows)
     for i, span in enumerate(spans):
         if results[i] is None:  # duplicate id later in the batch
