@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from agentforge.errors import AgentForgeError
+from agentforge.queries import RolloutPage, RolloutQuery
 from agentforge.types import (
     Attempt,
     AttemptState,
@@ -91,6 +92,15 @@ class TraceStore(Protocol):
         limit: int | None = None,
     ) -> list[Rollout]:
         """Rollouts filtered by state / group / agent / ``created_at >= since`` (seconds), oldest first."""
+        ...
+
+    def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        """One page of rollouts matching ``query``, newest (last enqueued) first, each with its training
+        reward, the policy versions of its LLM calls and their count (:mod:`agentforge.queries`).
+
+        Keyset paging: a page costs the same wherever it starts; pass ``page.next`` as ``query.before`` for
+        the next, older page. Read-only.
+        """
         ...
 
     def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:

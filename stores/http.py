@@ -32,6 +32,7 @@ from tenacity import (
 )
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, StoreError, UserError
+from agentforge.queries import RolloutPage, RolloutQuery
 from agentforge.stores.codec import stamped
 from agentforge.stores.tables import dumps
 from agentforge.stores.wire import MAX_BATCH, BatchItem, BatchRequest, BatchResults, json_bytes, parse
@@ -254,6 +255,11 @@ class HTTPStore:
         """See :meth:`TraceStore.list_rollouts`."""
         params = {"state": state, "group_id": group_id, "agent": agent, "since": since, "limit": limit}
         return [Rollout.model_validate(d) for d in self._request("GET", "/api/rollouts", params=params)]
+
+    def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        """See :meth:`TraceStore.page_rollouts` (``GET /api/rollouts/page``, the query as parameters)."""
+        params = query.model_dump(mode="json", exclude_none=True)
+        return RolloutPage.model_validate(self._request("GET", "/api/rollouts/page", params=params))
 
     def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
         """See :meth:`TraceStore.claim_rollout`."""

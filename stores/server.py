@@ -14,7 +14,7 @@ Two keys (:mod:`agentforge.stores.auth`): the store key for every route, and a d
 admin routes ``POST /api/resources`` and ``POST /api/resources/activate``, which also check adapter paths
 against the server's adapter root and log every call (:mod:`agentforge.stores.admin`).
 
-Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET|PATCH /api/rollouts/{id}``,
+Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET /api/rollouts/page`` (keyset pages), ``GET|PATCH /api/rollouts/{id}``,
 ``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
 ``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans``,
 ``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
@@ -27,16 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.loopback import LoopbackGuard
 from agentforge.ports import TraceStore
+from agentforge.queries import RolloutQuery
 from agentforge.stores.admin import admin_router
 from agentforge.stores.auth import check_keys, key_matches, presented_key
 from agentforge.stores.tables import dumps
@@ -197,6 +198,10 @@ def store_router(
     @r.post("/rollouts/requeue_stale")
     def requeue_stale(heartbeat_timeout_s: float = Body(embed=True)) -> Response:
         return _call(store.requeue_stale, heartbeat_timeout_s)
+
+    @r.get("/rollouts/page")  # before /rollouts/{rollout_id}, which would take "page" for an id
+    def page_rollouts(query: Annotated[RolloutQuery, Query()]) -> Response:
+        return _call(store.page_rollouts, query)
 
     @r.get("/rollouts/{rollout_id}")
     def get_rollout(rollout_id: str) -> Response:

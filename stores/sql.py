@@ -24,6 +24,7 @@ from agentforge.config import default_store_url
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
 from agentforge.stores.sql_batch import is_late, next_seqs, write_items, write_spans
+from agentforge.stores.sql_pages import RolloutPages
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
     AttemptRow,
@@ -56,7 +57,7 @@ from agentforge.types import (
 __all__ = ["SQLStore"]
 
 
-class SQLStore(RolloutQueue):
+class SQLStore(RolloutQueue, RolloutPages):
     """Trace store on SQLite or PostgreSQL through SQLModel / SQLAlchemy 2.
 
     Args:

@@ -17,6 +17,7 @@ import pytest
 from fixtures_store import adapter_root
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
+from agentforge.queries import RolloutQuery
 from agentforge.stores.base import TraceStore
 from agentforge.types import (
     AttemptState,
@@ -249,6 +250,55 @@ def test_list_rollouts_filters(store: TraceStore) -> None:
     assert [r.rollout_id for r in store.list_rollouts(limit=2)] == [a.rollout_id, b.rollout_id]
     store.claim_rollout("w")
     assert [r.rollout_id for r in store.list_rollouts(state=RolloutState.running)] == [a.rollout_id]
+
+
+def test_page_rollouts_filters_and_keyset_pages(store: TraceStore) -> None:
+    rollouts = []
+    for i in range(7):
+        meta = {"trainer_run": "run-a" if i % 2 == 0 else "run-b", "note": '"trainer_run":"run-a"'}
+        pin = {"policy": "policy@v2"} if i == 3 else {}
+        rollouts.append(
+            store.enqueue_rollout(
+                Rollout(agent="x" if i < 5 else "y", created_at=100.0 + i, metadata=meta, resources=pin)
+            )
+        )
+    ids = [r.rollout_id for r in rollouts]
+    for i, value in enumerate([0.1, 0.5, None, 0.9, 0.3]):  # rollouts 5 and 6 stay unscored
+        store.add_reward(Reward(rollout_id=ids[i], value=value))
+    store.add_reward(Reward(rollout_id=ids[4], value=0.7, final=True))  # final wins over a later one
+    store.add_reward(Reward(rollout_id=ids[4], value=0.0))
+    llm = LLMCall(model="policy", version="policy@v1", prompt_token_ids=[1], completion_token_ids=[2])
+    for _ in range(2):
+        store.add_span(Span(rollout_id=ids[1], kind=SpanKind.llm, llm=llm))
+    store.add_span(Span(rollout_id=ids[1], kind=SpanKind.tool, name="lookup"))
+
+    def page(**kw: object) -> list[str]:
+        return [row.rollout.rollout_id for row in store.page_rollouts(RolloutQuery(**kw)).items]  # type: ignore[arg-type]
+
+    assert page() == ids[::-1]  # newest first
+    assert page(agent="y") == [ids[6], ids[5]]
+    assert page(min_reward=0.3) == [ids[4], ids[3], ids[1]]  # 4's training reward is its final 0.7
+    assert page(max_reward=0.3) == [ids[0]]  # the invalid (2) and unscored (5, 6) drop out
+    assert page(since=102.0, until=104.0) == [ids[3], ids[2]]
+    assert page(trainer_run="run-a") == [ids[6], ids[4], ids[2], ids[0]]  # not matched by the look-alike note
+    assert page(version="policy@v1") == [ids[1]] and page(version="policy@v2") == [ids[3]]
+    store.claim_rollout("w")
+    assert page(state=RolloutState.running) == [ids[0]]
+    rows = {row.rollout.rollout_id: row for row in store.page_rollouts(RolloutQuery()).items}
+    assert rows[ids[1]].versions == ["policy@v1"] and rows[ids[1]].llm_calls == 2
+    assert rows[ids[3]].versions == ["policy@v2"] and rows[ids[3]].llm_calls == 0  # its pin
+    assert rows[ids[4]].reward == 0.7 and rows[ids[2]].reward is None and rows[ids[6]].reward is None
+    seen, before = [], None
+    while True:  # keyset pages of 3 walk every rollout once, newest first
+        got = store.page_rollouts(RolloutQuery(limit=3, before=before))
+        seen += [row.rollout.rollout_id for row in got.items]
+        assert len(got.items) == 3 or got.next is None
+        if got.next is None:
+            break
+        before = got.next
+    assert seen == ids[::-1]
+    with pytest.raises((UserError, ValueError)):
+        RolloutQuery(min_reward=1.0, max_reward=0.0)
 
 
 # --- spans ----------------------------------------------------------------------------------------

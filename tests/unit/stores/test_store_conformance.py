@@ -20,6 +20,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_leaving_running_by_update_closes_the_attempt,
     test_list_rollouts_filters,
     test_none_and_nan_rewards_are_stored_invalid,
+    test_page_rollouts_filters_and_keyset_pages,
     test_requeue_stale,
     test_resource_versions_publish_activate_rollback,
     test_retries_until_attempts_run_out,
