@@ -90,8 +90,11 @@ class TraceStore(Protocol):
         agent: str | None = None,
         since: float | None = None,
         limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Rollout]:
-        """Rollouts filtered by state / group / agent / ``created_at >= since`` (seconds), oldest first."""
+        """Rollouts filtered by state / group / agent / ``created_at >= since`` (seconds) / ``tenant``,
+        oldest first."""
         ...
 
     def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
@@ -161,9 +164,12 @@ class TraceStore(Protocol):
         kind: SpanKind | None = None,
         orphans: bool = False,
         valid_only: bool = False,
+        *,
+        tenant: str | None = None,
     ) -> list[Span]:
         """Spans by ``sequence``. ``orphans=True`` lists spans without a rollout; ``valid_only=True``
-        keeps only spans of the rollout's succeeded attempt (or of attempts not abandoned)."""
+        keeps only spans of the rollout's succeeded attempt (or of attempts not abandoned); ``tenant``
+        keeps only spans recorded for that tenant."""
         ...
 
     # --- batched writes (group commit) ----------------------------------------------------------

@@ -48,6 +48,9 @@ __all__ = [
     "ROLLOUT_PATH_PREFIX",
     "ROLLOUT_ID_HEADER",
     "ATTEMPT_ID_HEADER",
+    "TENANT_HEADER",
+    "check_tenant",
+    "tenant_of_name",
     "LOGPROBS_MODES",
     "LOGPROBS_MODE_ATTRIBUTE",
     "rollout_base_url",
@@ -67,6 +70,24 @@ ROLLOUT_ID_HEADER = "X-Rollout-Id"
 #: The header naming the attempt a call belongs to (the runner sends it; the store otherwise stamps the
 #: rollout's running attempt).
 ATTEMPT_ID_HEADER = "X-Attempt-Id"
+#: The header naming the tenant of a call that arrives on loopback without a tenant key (a tenant key wins).
+TENANT_HEADER = "X-Tenant"
+
+_TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def check_tenant(tenant: str) -> str:
+    """Return ``tenant`` if it is a valid tenant name, else raise.
+
+    A tenant name is 1-63 characters of lower-case ASCII letters, digits, ``_`` and ``-``, starting with a
+    letter or digit: it becomes part of version names (``policy@acme/v3``), so it holds no ``@`` or ``/``.
+
+    Raises:
+        UserError: the name breaks that rule (the message shows a valid one).
+    """
+    if not isinstance(tenant, str) or _TENANT.fullmatch(tenant) is None:
+        raise UserError(f"tenant {tenant!r} is not a tenant name; use 1-63 of a-z 0-9 _ -, e.g. 'acme-eu'")
+    return tenant
 
 
 def rollout_base_url(gateway_url: str, rollout_id: str) -> str:
@@ -174,6 +195,8 @@ class Rollout(BaseModel):
         group_id: rollouts of the same task sampled together for GRPO share a group id.
         max_attempts: total tries (first run + retries) before the rollout stays failed.
         timeout_s: wall-clock limit per attempt, seconds.
+        tenant: the customer of the app this rollout belongs to (``None``: no tenant); a tenant key sees and
+            writes only its own rollouts (:mod:`agentforge.stores.tenants`).
     """
 
     rollout_id: str = Field(default_factory=lambda: new_id("ro"))
@@ -189,6 +212,7 @@ class Rollout(BaseModel):
     error: str | None = None
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
+    tenant: str | None = None
 
 
 class Attempt(BaseModel):
@@ -275,6 +299,7 @@ class Span(BaseModel):
 
     A span whose ``rollout_id`` is ``None`` is an *orphan*: it reached the gateway without
     attribution. ``sequence`` orders spans and rewards of a rollout; the store assigns it on insert.
+    ``tenant`` names the tenant the call was made for (the gateway sets it from the tenant's key).
     Its JSON keeps ``NaN``/``Infinity`` in ``attributes`` as constants, like :class:`LLMCall`'s.
     """
 
@@ -292,6 +317,7 @@ class Span(BaseModel):
     started_at: float = Field(default_factory=now)
     ended_at: float | None = None
     sequence: int | None = None
+    tenant: str | None = None
 
 
 class Reward(BaseModel):
@@ -315,6 +341,7 @@ class Reward(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=now)
     sequence: int | None = None
+    tenant: str | None = None
 
     @field_validator("value")
     @classmethod
@@ -352,7 +379,9 @@ class ResourceVersion(BaseModel):
         return str(Version(self.name, self.version))
 
 
-_VERSION_NUMBER = re.compile(r"(?:(?P<name>.+)@)?v?(?P<number>[0-9]{1,9})")
+_VERSION_NUMBER = re.compile(
+    r"(?:(?P<name>.+)@|(?P<lineage>[^@]+@[a-z0-9][a-z0-9_-]{0,62})/)?v?(?P<number>[0-9]{1,9})"
+)
 
 
 class _NotAVersion(UserError):
@@ -368,8 +397,11 @@ class Version:
     :meth:`parse` reads every spelling a user or a record gives. Number 0 of an adapter alias is the base
     model (``policy@v0``).
 
+    A tenant's own lineage of a resource is the resource ``name@tenant`` (:meth:`lineage`), spelled
+    ``policy@acme/v3`` (``/`` instead of a second ``@``).
+
     Attributes:
-        name: the resource, e.g. ``policy`` or ``prompt:cs-system``.
+        name: the resource, e.g. ``policy``, ``prompt:cs-system`` or the tenant lineage ``policy@acme``.
         number: the version number, ``0, 1, 2, …``.
     """
 
@@ -377,7 +409,24 @@ class Version:
     number: int
 
     def __str__(self) -> str:
-        return f"{self.name}@v{self.number}"
+        return f"{self.name}{'/' if '@' in self.name else '@'}v{self.number}"
+
+    @staticmethod
+    def lineage(name: str, tenant: str) -> str:
+        """The resource holding ``tenant``'s own versions of ``name``: ``lineage("policy", "acme")`` is
+        ``"policy@acme"`` (its versions: ``policy@acme/v1``, ...).
+
+        Raises:
+            UserError: ``tenant`` is not a tenant name (:func:`check_tenant`) or ``name`` already names one.
+        """
+        if "@" in name:
+            raise UserError(f"resource {name!r} is already a tenant lineage; give the shared name")
+        return f"{name}@{check_tenant(tenant)}"
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant whose lineage this version belongs to (``policy@acme/v3`` → ``acme``), else ``None``."""
+        return self.name.partition("@")[2] or None
 
     @classmethod
     def parse(cls, value: int | str | Version, name: str | None = None) -> Version:
@@ -415,10 +464,23 @@ def _split_version(value: int | str | Version, name: str | None) -> tuple[str | 
     elif (match := _VERSION_NUMBER.fullmatch(str(value).strip())) is None:
         raise _NotAVersion(f"{value!r} is not a version number; use e.g. 3, 'v3' or 'name@v3'")
     else:
-        found, number = match.group("name"), int(match.group("number"))
+        found, number = match.group("name") or match.group("lineage"), int(match.group("number"))
     if name is not None and found not in (None, name):
         raise UserError(f"version {value!r} names {found!r}, not {name!r}")
     return found, number
+
+
+def tenant_of_name(value: str) -> str | None:
+    """The tenant whose lineage a resource name or version names, else ``None`` (shared).
+
+    ``"policy@acme"`` and ``"policy@acme/v3"`` → ``"acme"``; ``"policy"``, ``"policy@v3"`` and
+    ``"prompt:cs-system"`` → ``None``. A pin, a requested model or a listed resource of another tenant than the
+    caller's is refused by the gateway and the store API alike.
+    """
+    try:
+        return Version.parse(value).tenant
+    except UserError:
+        return str(value).partition("@")[2] or None
 
 
 def parse_version_number(

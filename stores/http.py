@@ -251,9 +251,13 @@ class HTTPStore:
         agent: str | None = None,
         since: float | None = None,
         limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Rollout]:
-        """See :meth:`TraceStore.list_rollouts`."""
+        """See :meth:`TraceStore.list_rollouts` (a tenant key's server lists only its tenant's rollouts)."""
         params = {"state": state, "group_id": group_id, "agent": agent, "since": since, "limit": limit}
+        if tenant is not None:
+            params["tenant"] = tenant
         return [Rollout.model_validate(d) for d in self._request("GET", "/api/rollouts", params=params)]
 
     def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
@@ -345,6 +349,8 @@ class HTTPStore:
         kind: SpanKind | None = None,
         orphans: bool = False,
         valid_only: bool = False,
+        *,
+        tenant: str | None = None,
     ) -> list[Span]:
         """See :meth:`TraceStore.list_spans`."""
         params = {
@@ -354,6 +360,8 @@ class HTTPStore:
             "orphans": orphans,
             "valid_only": valid_only,
         }
+        if tenant is not None:
+            params["tenant"] = tenant
         return [Span.model_validate(d) for d in self._request("GET", "/api/spans", params=params)]
 
     def add_reward(self, reward: Reward) -> Reward:

@@ -41,6 +41,8 @@ from agentforge.queries import RolloutQuery
 from agentforge.stores.admin import admin_router
 from agentforge.stores.auth import check_keys, key_matches, presented_key
 from agentforge.stores.tables import dumps
+from agentforge.stores.tenant_scope import TenantForbidden, TenantView
+from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
     BatchItem,
     BatchRequest,
@@ -112,6 +114,8 @@ def _checked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         error: Exception = exc
     except InvalidTransitionError as exc:
         status, error = 409, exc
+    except TenantForbidden as exc:
+        status, error = 403, exc
     except UserError as exc:
         status, error = 400, exc
     except StoreError as exc:
@@ -130,6 +134,7 @@ def store_router(
     *,
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
+    tenants: TenantDirectory | None = None,
 ) -> APIRouter:
     """JSON routes under ``/api`` serving ``store`` (see the module docstring for the list).
 
@@ -141,6 +146,9 @@ def store_router(
             ``api_key``; ``None`` closes them (403). See :mod:`agentforge.stores.admin`.
         adapter_root: the directory adapters may be published from (paths are checked to resolve inside
             it); ``None``: no resource naming an adapter path can be published or activated here.
+        tenants: where tenant keys are looked up (e.g. ``TenantKeyCache(sql_store.tenant_keys)``): a request
+            presenting a tenant key instead of ``api_key`` sees and writes only its tenant's rollouts, spans,
+            rewards and lineages (:class:`~agentforge.stores.tenant_scope.TenantView`); ``None``: no tenant keys.
 
     Returns:
         A router to ``include_router`` into a FastAPI app. Route functions are synchronous, so FastAPI
@@ -156,13 +164,20 @@ def store_router(
 
     def check_key(
         authorization: str | None = Header(default=None), x_api_key: str | None = Header(default=None)
-    ) -> None:
-        if api_key is None:
-            return
-        if not key_matches(presented_key(authorization, x_api_key), api_key):
-            raise HTTPException(
-                401, detail={"error": "UserError", "message": "missing or wrong store API key"}
-            )
+    ) -> str | None:
+        """The tenant the caller's key acts for (``None``: the store key, or no key configured)."""
+        given = presented_key(authorization, x_api_key)
+        if tenants is not None and given is not None and not (api_key and key_matches(given, api_key)):
+            tenant = tenants.tenant_of_key(given)
+            if tenant is not None:
+                return tenant
+        if api_key is None or key_matches(given, api_key):
+            return None
+        raise HTTPException(401, detail={"error": "UserError", "message": "missing or wrong store API key"})
+
+    def scoped(tenant: str | None = Depends(check_key)) -> Any:
+        """The store as the caller may see it: whole, or one tenant's view."""
+        return store if tenant is None else TenantView(store, tenant)
 
     r = APIRouter(dependencies=[Depends(check_key)])
     open_r = APIRouter(prefix="/api")
@@ -172,8 +187,8 @@ def store_router(
         return {"ok": True}
 
     @r.post("/rollouts")
-    def enqueue(rollout: Rollout) -> Response:
-        return _call(store.enqueue_rollout, rollout)
+    def enqueue(rollout: Rollout, st: Any = Depends(scoped)) -> Response:
+        return _call(st.enqueue_rollout, rollout)
 
     @r.get("/rollouts")
     def list_rollouts(
@@ -182,55 +197,65 @@ def store_router(
         agent: str | None = None,
         since: float | None = None,
         limit: int | None = None,
+        tenant: str | None = None,
+        st: Any = Depends(scoped),
     ) -> Response:
         return _call(
-            store.list_rollouts, state=state, group_id=group_id, agent=agent, since=since, limit=limit
-        )
+            st.list_rollouts,
+            state=state, group_id=group_id, agent=agent, since=since, limit=limit, tenant=tenant,
+        )  # fmt: skip
 
     @r.post("/rollouts/claim")
-    def claim(worker_id: str = Body(), agent: str | None = Body(default=None)) -> Response:
+    def claim(
+        worker_id: str = Body(), agent: str | None = Body(default=None), st: Any = Depends(scoped)
+    ) -> Response:
         def fn() -> Any:
-            got = store.claim_rollout(worker_id, agent=agent)
+            got = st.claim_rollout(worker_id, agent=agent)
             return None if got is None else {"rollout": got[0].model_dump(), "attempt": got[1].model_dump()}
 
         return _call(fn)
 
     @r.post("/rollouts/requeue_stale")
-    def requeue_stale(heartbeat_timeout_s: float = Body(embed=True)) -> Response:
-        return _call(store.requeue_stale, heartbeat_timeout_s)
+    def requeue_stale(heartbeat_timeout_s: float = Body(embed=True), st: Any = Depends(scoped)) -> Response:
+        return _call(st.requeue_stale, heartbeat_timeout_s)
 
     @r.get("/rollouts/page")  # before /rollouts/{rollout_id}, which would take "page" for an id
     def page_rollouts(query: Annotated[RolloutQuery, Query()]) -> Response:
         return _call(store.page_rollouts, query)
 
     @r.get("/rollouts/{rollout_id}")
-    def get_rollout(rollout_id: str) -> Response:
-        return _call(store.get_rollout, rollout_id)
+    def get_rollout(rollout_id: str, st: Any = Depends(scoped)) -> Response:
+        return _call(st.get_rollout, rollout_id)
 
     @r.patch("/rollouts/{rollout_id}")
-    def update_rollout(rollout_id: str, fields: dict[str, Any] = Body()) -> Response:
-        return _call(store.update_rollout, rollout_id, **fields)
+    def update_rollout(
+        rollout_id: str, fields: dict[str, Any] = Body(), st: Any = Depends(scoped)
+    ) -> Response:
+        return _call(st.update_rollout, rollout_id, **fields)
 
     @r.get("/rollouts/{rollout_id}/attempts")
-    def list_attempts(rollout_id: str) -> Response:
-        return _call(store.list_attempts, rollout_id)
+    def list_attempts(rollout_id: str, st: Any = Depends(scoped)) -> Response:
+        return _call(st.list_attempts, rollout_id)
 
     @r.post("/attempts/{attempt_id}/heartbeat")
-    def heartbeat(attempt_id: str) -> Response:
-        return _call(store.heartbeat, attempt_id)
+    def heartbeat(attempt_id: str, st: Any = Depends(scoped)) -> Response:
+        return _call(st.heartbeat, attempt_id)
 
     @r.post("/attempts/{attempt_id}/finish")
     def finish(
-        attempt_id: str, state: AttemptState = Body(), error: str | None = Body(default=None)
+        attempt_id: str,
+        state: AttemptState = Body(),
+        error: str | None = Body(default=None),
+        st: Any = Depends(scoped),
     ) -> Response:
-        return _call(store.finish_attempt, attempt_id, state, error)
+        return _call(st.finish_attempt, attempt_id, state, error)
 
     @r.post("/spans")
-    def add_span(span: Span) -> Response:
-        return _call(store.add_span, span)
+    def add_span(span: Span, st: Any = Depends(scoped)) -> Response:
+        return _call(st.add_span, span)
 
     @r.post("/batch")
-    async def write_batch(request: Request) -> Response:
+    async def write_batch(request: Request, st: Any = Depends(scoped)) -> Response:
         try:
             batch = parse(BatchRequest, await request.body())
         except ValueError as exc:  # pydantic's ValidationError is a ValueError too
@@ -240,7 +265,7 @@ def store_router(
             raise HTTPException(422, detail=errors) from None
 
         def write() -> Response:  # blocking: in a worker thread, like the synchronous routes
-            results = BatchResults(results=_checked(batch_results, store, batch.items, batch.ack))
+            results = BatchResults(results=_checked(batch_results, st, batch.items, batch.ack))
             return Response(json_bytes(results), media_type="application/json")
 
         return await anyio.to_thread.run_sync(write)
@@ -252,28 +277,30 @@ def store_router(
         kind: SpanKind | None = None,
         orphans: bool = False,
         valid_only: bool = False,
+        tenant: str | None = None,
+        st: Any = Depends(scoped),
     ) -> Response:
-        return _call(store.list_spans, rollout_id, attempt_id, kind, orphans, valid_only)
+        return _call(st.list_spans, rollout_id, attempt_id, kind, orphans, valid_only, tenant=tenant)
 
     @r.post("/rewards")
-    def add_reward(reward: Reward) -> Response:
-        return _call(store.add_reward, reward)
+    def add_reward(reward: Reward, st: Any = Depends(scoped)) -> Response:
+        return _call(st.add_reward, reward)
 
     @r.get("/rollouts/{rollout_id}/rewards")
-    def list_rewards(rollout_id: str) -> Response:
-        return _call(store.list_rewards, rollout_id)
+    def list_rewards(rollout_id: str, st: Any = Depends(scoped)) -> Response:
+        return _call(st.list_rewards, rollout_id)
 
     @r.get("/rollouts/{rollout_id}/final_reward")
-    def final_reward(rollout_id: str) -> Response:
-        return _call(store.final_reward, rollout_id)
+    def final_reward(rollout_id: str, st: Any = Depends(scoped)) -> Response:
+        return _call(st.final_reward, rollout_id)
 
     @r.get("/resources")
-    def list_resources(name: str | None = None) -> Response:
-        return _call(store.list_resources, name)
+    def list_resources(name: str | None = None, st: Any = Depends(scoped)) -> Response:
+        return _call(st.list_resources, name)
 
     @r.get("/resources/version")
-    def get_resource(name: str, version: int | None = None) -> Response:
-        return _call(store.get_resource, name, version)
+    def get_resource(name: str, version: int | None = None, st: Any = Depends(scoped)) -> Response:
+        return _call(st.get_resource, name, version)
 
     open_r.include_router(r)
     open_r.include_router(
@@ -288,6 +315,7 @@ def create_store_app(
     *,
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
+    tenants: TenantDirectory | None = None,
 ) -> FastAPI:
     """A FastAPI app serving only :func:`store_router` (run it with uvicorn, on any interface).
 
@@ -298,7 +326,7 @@ def create_store_app(
 
 
     Args:
-        store, api_key, admin_key, adapter_root: as for :func:`store_router`.
+        store, api_key, admin_key, adapter_root, tenants: as for :func:`store_router`.
 
     Returns:
         The app.
@@ -307,7 +335,9 @@ def create_store_app(
         UserError: as :func:`store_router` (weak or shared keys).
     """
     app = FastAPI(title="agentforge trace store", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root))
+    app.include_router(
+        store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root, tenants=tenants)
+    )
     if api_key is None:
         app.add_middleware(LoopbackGuard, what="store server")
     return app

@@ -42,6 +42,7 @@ from agentforge.stores.tables import (
     row_to_span,
     span_to_row,
 )
+from agentforge.stores.tenants import TenantKeys, add_tenant_columns
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -98,9 +99,8 @@ class SQLStore(RolloutQueue, RolloutPages):
             self.write_batch, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
         )
         if create_tables:
-            self._tx.run(
-                lambda s: SQLModel.metadata.create_all(s.connection()), write=True, integrity_retries=5
-            )
+            self._tx.run(_create_tables, write=True, integrity_retries=5)
+        self.tenant_keys = TenantKeys(self._tx)  # the key → tenant table (agentforge.stores.tenants)
 
     def __repr__(self) -> str:
         return f"SQLStore({make_url(self.url).render_as_string(hide_password=True)!r})"
@@ -167,6 +167,8 @@ class SQLStore(RolloutQueue, RolloutPages):
         kind: SpanKind | None = None,
         orphans: bool = False,
         valid_only: bool = False,
+        *,
+        tenant: str | None = None,
     ) -> list[Span]:
         """Spans by ``sequence``.
 
@@ -175,6 +177,7 @@ class SQLStore(RolloutQueue, RolloutPages):
             attempt_id: only this attempt's spans.
             kind: only spans of this kind.
             orphans: only spans without a rollout (not combinable with ``rollout_id``/``attempt_id``).
+            tenant: only spans recorded for this tenant.
             valid_only: per rollout, keep only spans of the succeeded attempt if there is one, else of
                 the latest attempt; spans without an attempt id are kept too. Spans stored as late (see
                 :meth:`add_span`) are always left out.
@@ -200,6 +203,8 @@ class SQLStore(RolloutQueue, RolloutPages):
                 q = q.where(SpanRow.attempt_id == attempt_id)
             if kind is not None:
                 q = q.where(SpanRow.kind == SpanKind(kind).value)
+            if tenant is not None:
+                q = q.where(SpanRow.tenant == tenant)
             spans = [row_to_span(r) for r in s.exec(q.order_by(SpanRow.seq))]
             return self._valid_spans(s, spans) if valid_only else spans
 
@@ -398,3 +403,9 @@ class SQLStore(RolloutQueue, RolloutPages):
         Safe to call twice."""
         self._writer.close()
         self._tx.close()
+
+
+def _create_tables(s: Session) -> None:
+    """Create missing tables and add the tenant columns older store files lack."""
+    SQLModel.metadata.create_all(s.connection())
+    add_tenant_columns(s.connection())

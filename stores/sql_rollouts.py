@@ -96,10 +96,14 @@ class RolloutQueue:
         agent: str | None = None,
         since: float | None = None,
         limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Rollout]:
-        """Rollouts filtered by state / group / agent / ``created_at >= since`` (epoch seconds),
+        """Rollouts filtered by state / group / agent / ``created_at >= since`` (epoch seconds) / tenant,
         oldest (first enqueued) first, at most ``limit``."""
         q = select(RolloutRow)
+        if tenant is not None:
+            q = q.where(RolloutRow.tenant == tenant)
         if state is not None:
             q = q.where(RolloutRow.state == RolloutState(state).value)
         if group_id is not None:

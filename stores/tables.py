@@ -21,7 +21,7 @@ from sqlmodel import Field, SQLModel
 
 from agentforge.errors import UserError
 from agentforge.stores.codec import ID_PATTERN, dumps, fast_dumps, fast_json, ident, loads, plain
-from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task
+from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task, check_tenant
 
 __all__ = [
     "RolloutRow",
@@ -78,6 +78,7 @@ class RolloutRow(SQLModel, table=True):
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: float = Field(index=True)
     updated_at: float
+    tenant: str | None = Field(default=None, index=True, max_length=63)
 
 
 class AttemptRow(SQLModel, table=True):
@@ -129,6 +130,7 @@ class SpanRow(SQLModel, table=True):
     attributes_json: str | None = _json_col()
     started_at: float
     ended_at: float | None = None
+    tenant: str | None = Field(default=None, max_length=63)
 
 
 class RewardRow(SQLModel, table=True):
@@ -148,6 +150,7 @@ class RewardRow(SQLModel, table=True):
     source: str = "agent"
     metadata_json: str | None = _json_col()
     created_at: float
+    tenant: str | None = Field(default=None, max_length=63)
 
 
 class ResourceRow(SQLModel, table=True):
@@ -166,6 +169,10 @@ class ResourceRow(SQLModel, table=True):
 # --- conversion ---------------------------------------------------------------------------------
 
 
+def _tenant(tenant: str | None) -> str | None:
+    return None if tenant is None else check_tenant(tenant)
+
+
 def rollout_to_row(r: Rollout) -> RolloutRow:
     """Rollout → row (``seq`` is assigned by the database)."""
     return RolloutRow(
@@ -182,6 +189,7 @@ def rollout_to_row(r: Rollout) -> RolloutRow:
         error=plain("error", r.error),
         created_at=r.created_at,
         updated_at=r.updated_at,
+        tenant=_tenant(r.tenant),
     )
 
 
@@ -201,6 +209,7 @@ def row_to_rollout(row: RolloutRow) -> Rollout:
         error=row.error,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        tenant=row.tenant,
     )
 
 
@@ -262,6 +271,7 @@ def span_values(s: Span, seq: int) -> dict[str, Any]:
         "attributes_json": fast_dumps(s.attributes),
         "started_at": s.started_at,
         "ended_at": s.ended_at,
+        "tenant": None if s.tenant is None else check_tenant(s.tenant),
     }
 
 
@@ -299,6 +309,7 @@ def row_to_span(row: SpanRow) -> Span:
         started_at=row.started_at,
         ended_at=row.ended_at,
         sequence=row.seq,
+        tenant=row.tenant,
     )
 
 
@@ -326,6 +337,7 @@ def reward_to_row(r: Reward, seq: int) -> RewardRow:
         source=plain("reward source", r.source),
         metadata_json=dumps(r.metadata),
         created_at=r.created_at,
+        tenant=_tenant(r.tenant),
     )
 
 
@@ -343,6 +355,7 @@ def row_to_reward(row: RewardRow) -> Reward:
         metadata=loads(row.metadata_json) or {},
         created_at=row.created_at,
         sequence=row.seq,
+        tenant=row.tenant,
     )
 
 

@@ -663,3 +663,25 @@ def test_concurrent_add_span_calls_share_commits_and_lose_nothing(store: TraceSt
     assert errors == []
     names = Counter(s.name for s in store.list_spans(rollout_id=rollout.rollout_id))
     assert len(names) == 360 and set(names.values()) == {1}
+
+
+# --- tenants --------------------------------------------------------------------------------------
+
+
+def test_tenant_is_stored_and_scopes_rollout_and_span_queries(store: TraceStore) -> None:
+    a = store.enqueue_rollout(Rollout(rollout_id="ro-ta", tenant="acme"))
+    store.enqueue_rollout(Rollout(rollout_id="ro-tb", tenant="bolt"))
+    store.enqueue_rollout(Rollout(rollout_id="ro-tn"))
+    assert a.tenant == "acme" and store.get_rollout("ro-tb").tenant == "bolt"
+    assert [r.rollout_id for r in store.list_rollouts(tenant="acme")] == ["ro-ta"]
+    assert [r.rollout_id for r in store.list_rollouts()] == ["ro-ta", "ro-tb", "ro-tn"]
+    span = store.add_span(Span(span_id="sp-ta", rollout_id="ro-ta", tenant="acme"))
+    store.add_span(Span(span_id="sp-tb", rollout_id="ro-tb", tenant="bolt"))
+    store.add_span(Span(span_id="sp-to", tenant="bolt"))  # an orphan call of tenant bolt
+    assert span.tenant == "acme"
+    assert [s.span_id for s in store.list_spans(tenant="bolt")] == ["sp-tb", "sp-to"]
+    assert [s.span_id for s in store.list_spans(orphans=True, tenant="acme")] == []
+    reward = store.add_reward(Reward(reward_id="rw-ta", rollout_id="ro-ta", value=1.0, tenant="acme"))
+    assert reward.tenant == "acme" and store.list_rewards("ro-ta")[0].tenant == "acme"
+    with pytest.raises(UserError, match="tenant"):
+        store.enqueue_rollout(Rollout(tenant="Not/A@Tenant"))
