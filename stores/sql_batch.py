@@ -44,6 +44,7 @@ _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
 _span_row = operator.itemgetter(*_SPAN_FIELDS)  # a span's column values dict -> its row tuple
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
+_FINISHED = frozenset(state.value for state in RolloutState if state.finished)  # rollout states, as stored
 #: Bound values per SQLite statement in bulk inserts (SQLite's default limit is 32,766 since 3.32; the
 #: rows of one statement are also one lock release, so a few hundred rows per statement suffice).
 _SQLITE_MAX_VARIABLES = 3_000
@@ -288,7 +289,7 @@ def _late(
     if rollout_id is None or span.kind != SpanKind.llm:
         return None
     state, tries = rollouts[rollout_id]
-    if RolloutState(state).finished:
+    if state in _FINISHED:
         return f"rollout {rollout_id!r} already {state}"
     if span.attempt_id is not None and attempt_states.get(span.attempt_id) != _RUNNING:
         return f"attempt {span.attempt_id!r} already {attempt_states.get(span.attempt_id)}"

@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -244,12 +243,13 @@ def row_to_attempt(row: AttemptRow) -> Attempt:
 
 
 def _llm_json(llm: LLMCall) -> str:
-    """The ``llm_json`` column: the model's own JSON (NaN kept, see :class:`LLMCall`), straight from
-    pydantic-core without an intermediate dict; lone surrogates fall back to :func:`dumps`."""
-    try:
-        return to_json(llm).decode("utf-8")
-    except (PydanticSerializationError, UnicodeError):
-        return dumps(llm.model_dump())
+    """The ``llm_json`` column: the model's fields as :func:`fast_dumps` writes them (NaN and ±Infinity
+    kept, see :class:`LLMCall`), from the model's own field dict without an intermediate
+    ``model_dump`` (only tool calls, models themselves, are dumped)."""
+    fields = llm.__dict__
+    if fields["tool_calls"]:
+        fields = {**fields, "tool_calls": [call.model_dump() for call in fields["tool_calls"]]}
+    return fast_dumps(fields)
 
 
 def span_values(s: Span, seq: int) -> dict[str, Any]:
