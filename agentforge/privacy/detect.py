@@ -1,0 +1,239 @@
+"""Finding personal data and secrets in text, offline, with well-kept libraries.
+
+Detectors per category (all run without a model or a network):
+
+* ``CARD``, ``IBAN``, ``EMAIL``, ``SSN``: Microsoft Presidio's pattern recognizers (``presidio-analyzer``:
+  ``CreditCardRecognizer`` validates the Luhn checksum, ``IbanRecognizer`` the ISO 13616 mod-97 checksum),
+  called directly, so no spaCy model is loaded. Email domains are checked against ``tldextract``'s bundled
+  public-suffix snapshot (never fetched).
+* ``PHONE``: Google's libphonenumber port ``phonenumbers`` (``PhoneNumberMatcher``, leniency ``VALID``).
+* ``SECRET``: Yelp's ``detect-secrets`` plugins: its known-prefix detectors (AWS, GitHub, OpenAI, Stripe,
+  Slack, JWT, private keys, ...), its keyword detector (``password=...``, ``"api_key": "..."``) and its
+  base64/hex entropy detectors (quoted strings above 4.5 / 3.0 bits per character, detect-secrets' defaults).
+* ``ADDRESS``: Presidio has no street-address recognizer without NER, so this is a Presidio
+  ``PatternRecognizer`` with one documented pattern for US/UK-style street lines: a house number, one to
+  four capitalised or ordinal words and a street suffix from USPS Publication 28 appendix C1 (``Street``,
+  ``Ave``, ``Drive``, ...), then optionally a unit (``Apt 4``, ``Suite 394``), a city, a state and a ZIP code.
+* ``DOB``: Presidio's ``DateRecognizer`` patterns (plus ``March 14, 1985`` forms) kept only when a birth
+  word (``born``, ``birth``, ``DOB``) stands within 40 characters before the date, so order and delivery
+  dates are not masked.
+* the deployment's own regexes (:attr:`~agentforge.privacy.config.PrivacyConfig.patterns`).
+
+Values on the allow-list are never reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agentforge.errors import MissingExtraError
+from agentforge.privacy.config import PrivacyConfig
+
+__all__ = ["Finding", "Detector"]
+
+_STREET_SUFFIX = (
+    "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Place|Pl|Way|Terrace|Ter|"
+    "Circle|Cir|Parkway|Pkwy|Highway|Hwy|Square|Sq|Trail|Trl|Crescent|Close|Row|Alley|Aly|Plaza|Plz"
+)
+#: The ``ADDRESS`` pattern (see the module docstring).
+ADDRESS_PATTERN = (
+    r"\b\d{1,6}[A-Z]?\s+(?:(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\.?\s+)?"
+    r"(?:(?:[A-Z][a-zA-Z'-]+|\d{1,3}(?:st|nd|rd|th))\s+){1,4}"
+    rf"(?:{_STREET_SUFFIX})\b\.?"
+    r"(?:,?\s+(?:Apt|Apartment|Suite|Ste|Unit|Flat|#)\.?\s*[\w-]+)?"
+    r"(?:,\s*[A-Z][a-zA-Z'.-]+(?:\s+[A-Z][a-zA-Z'.-]+){0,2})?"
+    r"(?:,\s*[A-Z]{2})?(?:,?\s+\d{5}(?:-\d{4})?)?"
+)
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_LONG_DATES = (
+    rf"\b(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}\b",
+    rf"\b\d{{1,2}}\s+(?:{_MONTHS}),?\s+\d{{4}}\b",
+)
+_BIRTH_RE = re.compile(r"(?i)(?:born|birth|\bdob\b|d\.o\.b)")
+_BIRTH_WINDOW = 40
+# cheap triggers: most detectors need a digit, emails an '@', secrets a keyword or a long token
+_DIGIT_RE = re.compile(r"\d")
+_SECRET_HINT_RE = re.compile(
+    r"(?i)(?:pass|secret|token|key|auth|cred|pwd|bearer|-----BEGIN)|[A-Za-z0-9_\-+/=]{20,}"
+)
+_SECRET_PLUGINS = (
+    "ArtifactoryDetector", "AWSKeyDetector", "AzureStorageKeyDetector", "BasicAuthDetector",
+    "CloudantDetector", "DiscordBotTokenDetector", "GitHubTokenDetector", "GitLabTokenDetector",
+    "IbmCloudIamDetector", "IbmCosHmacDetector", "JwtTokenDetector", "MailchimpDetector", "NpmDetector",
+    "OpenAIDetector", "PrivateKeyDetector", "PypiTokenDetector", "SendGridDetector", "SlackDetector",
+    "SoftlayerDetector", "SquareOAuthDetector", "StripeDetector", "TelegramBotTokenDetector",
+    "TwilioKeyDetector",
+)  # fmt: skip
+# a category's rank when two findings overlap (lower wins; then the longer one)
+_RANK = {"SECRET": 0, "CARD": 1, "IBAN": 2, "EMAIL": 3, "SSN": 4, "DOB": 5, "PHONE": 6, "ADDRESS": 7}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One detected value: ``text[start:end]`` is of ``category``.
+
+    Attributes:
+        start: offset of the first character (Python string index).
+        end: offset one past the last character.
+        category: e.g. ``CARD``, ``EMAIL`` or a deployment pattern's name.
+        value: the detected text.
+    """
+
+    start: int
+    end: int
+    category: str
+    value: str
+
+
+def _need(module: str) -> Any:
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError as exc:  # a core dependency; a broken install gets the fix named
+        raise MissingExtraError(
+            f'privacy detection needs {module}: pip install "agentforge" ({exc})'
+        ) from exc
+
+
+class Detector:
+    """The configured detectors over one policy (build once per process: Presidio's import takes seconds).
+
+    Args:
+        config: the policy (categories, deployment patterns, allow-list, phone regions).
+
+    Raises:
+        MissingExtraError: ``presidio-analyzer``, ``phonenumbers`` or ``detect-secrets`` is missing.
+    """
+
+    def __init__(self, config: PrivacyConfig) -> None:
+        self.config = config
+        wanted = set(config.categories)
+        presidio = _need("presidio_analyzer")
+        rec = _need("presidio_analyzer.predefined_recognizers")
+        self._pattern_recognizers: list[tuple[str, Any]] = []
+        if "CARD" in wanted:
+            self._pattern_recognizers.append(("CARD", rec.CreditCardRecognizer()))
+        if "IBAN" in wanted:
+            self._pattern_recognizers.append(("IBAN", rec.IbanRecognizer()))
+        if "EMAIL" in wanted:
+            self._pattern_recognizers.append(("EMAIL", _offline_email_recognizer(rec)))
+        if "SSN" in wanted:
+            self._pattern_recognizers.append(("SSN", rec.UsSsnRecognizer()))
+        if "ADDRESS" in wanted:
+            pattern = presidio.Pattern("street address", ADDRESS_PATTERN, 0.5)
+            self._pattern_recognizers.append(
+                ("ADDRESS", presidio.PatternRecognizer(supported_entity="ADDRESS", patterns=[pattern]))
+            )
+        for name, regex in config.patterns.items():
+            recognizer = presidio.PatternRecognizer(
+                supported_entity=name, patterns=[presidio.Pattern(name, regex, 1.0)]
+            )
+            self._pattern_recognizers.append((name, recognizer))
+        self._dates: list[re.Pattern[str]] = []
+        if "DOB" in wanted:
+            self._dates = [re.compile(p.regex, re.IGNORECASE) for p in rec.DateRecognizer.PATTERNS]
+            self._dates += [re.compile(p) for p in _LONG_DATES]
+        self._phonenumbers = _need("phonenumbers") if "PHONE" in wanted else None
+        self._secret_regexes: list[re.Pattern[str]] = []
+        self._secret_plugins: list[Any] = []
+        if "SECRET" in wanted:
+            plugins = _need("detect_secrets.core.plugins.util").get_mapping_from_secret_type_to_class()
+            by_name = {cls.__name__: cls for cls in plugins.values()}
+            for name in _SECRET_PLUGINS:
+                self._secret_regexes.extend(by_name[name]().denylist)
+            entropy = _need("detect_secrets.plugins.high_entropy_strings")
+            keyword = _need("detect_secrets.plugins.keyword")
+            self._secret_plugins = [
+                keyword.KeywordDetector(),
+                entropy.Base64HighEntropyString(limit=4.5),
+                entropy.HexHighEntropyString(limit=3.0),
+            ]
+        self._allow = frozenset(config.allow)
+        self._always = bool(config.patterns)  # a deployment pattern may match text without digits
+
+    def find(self, text: str) -> list[Finding]:
+        """The non-overlapping findings in ``text``, in order.
+
+        Args:
+            text: any text (a message, a tool result, tool-call arguments as JSON).
+
+        Returns:
+            Findings sorted by ``start``; where two overlap, the higher-ranked category (secrets, cards,
+            IBANs, emails, SSNs, birth dates, phones, addresses, then deployment patterns) or else the
+            longer one is kept.
+        """
+        found: list[Finding] = []
+        has_digit = _DIGIT_RE.search(text) is not None
+        if has_digit or "@" in text or self._always:
+            for category, recognizer in self._pattern_recognizers:
+                for result in recognizer.analyze(text, [recognizer.supported_entities[0]]):
+                    found.append(Finding(result.start, result.end, category, text[result.start : result.end]))
+        if has_digit:
+            found.extend(self._birth_dates(text))
+            found.extend(self._phones(text))
+        if self._secret_regexes and _SECRET_HINT_RE.search(text):
+            found.extend(self._secrets(text))
+        return self._resolve([f for f in found if f.value not in self._allow and f.value.strip()])
+
+    def _birth_dates(self, text: str) -> list[Finding]:
+        out: list[Finding] = []
+        for regex in self._dates:
+            for m in regex.finditer(text):
+                if _BIRTH_RE.search(text, max(0, m.start() - _BIRTH_WINDOW), m.start()):
+                    out.append(Finding(m.start(), m.end(), "DOB", m.group(0)))
+        return out
+
+    def _phones(self, text: str) -> list[Finding]:
+        pn = self._phonenumbers
+        if pn is None:
+            return []
+        out: list[Finding] = []
+        for region in self.config.phone_regions:
+            for match in pn.PhoneNumberMatcher(text, region, leniency=pn.Leniency.VALID):
+                out.append(Finding(match.start, match.end, "PHONE", match.raw_string))
+        return out
+
+    def _secrets(self, text: str) -> list[Finding]:
+        out: list[Finding] = []
+        for regex in self._secret_regexes:
+            for m in regex.finditer(text):
+                out.append(Finding(m.start(), m.end(), "SECRET", m.group(0)))
+        for line_start, line in _lines(text):
+            for plugin in self._secret_plugins:
+                for secret in plugin.analyze_line(filename="message.txt", line=line, line_number=0):
+                    value = secret.secret_value or ""
+                    at = line.find(value) if value else -1
+                    if at >= 0:
+                        out.append(Finding(line_start + at, line_start + at + len(value), "SECRET", value))
+        return out
+
+    @staticmethod
+    def _resolve(found: list[Finding]) -> list[Finding]:
+        found.sort(key=lambda f: (_RANK.get(f.category, 99), -(f.end - f.start), f.start))
+        kept: list[Finding] = []
+        for f in found:
+            if all(f.end <= k.start or f.start >= k.end for k in kept):
+                kept.append(f)
+        return sorted(kept, key=lambda f: f.start)
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    out, at = [], 0
+    for line in text.split("\n"):
+        out.append((at, line))
+        at += len(line) + 1
+    return out
+
+
+def _offline_email_recognizer(rec: Any) -> Any:
+    """Presidio's ``EmailRecognizer`` whose domain check reads tldextract's bundled suffix list: the stock
+    one calls ``tldextract.extract``, which fetches the list from the network on first use."""
+    tldextract = _need("tldextract")
+    extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+    class OfflineEmailRecognizer(rec.EmailRecognizer):  # type: ignore[misc, name-defined]
+        def validate_result(self, pattern_text: str) -> bool:
+            return bool(extract(pattern_text.rsplit("@", 1)[-1]).suffix)
+
+    return OfflineEmailRecognizer()

@@ -1,0 +1,298 @@
+"""The gateway's privacy hook: mask a request before the engine sees it, restore what the client receives,
+and seal what is stored (counts; in ``redact`` mode redacted text and withheld ids).
+
+The gateway calls :meth:`PrivacyGuard.begin` once per call; it returns ``None`` (nothing to do: privacy is
+off, or the call carries no personal data and its rollout was never masked) or a :class:`CallPrivacy`
+whose :meth:`~CallPrivacy.restore_body` / :meth:`~CallPrivacy.restore_sse` rewrite the answer and whose
+:meth:`~CallPrivacy.seal` prepares the stored call. Mappings live only in this process's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from agentforge.privacy.config import PrivacyConfig, PrivacyMode
+from agentforge.privacy.detect import Detector
+from agentforge.privacy.mapping import Mapping, split_open_tail
+from agentforge.types import LLMCall
+
+__all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG"]
+
+#: the flag (and ``not_trainable_reason``) of a span whose ids were withheld in ``redact`` mode
+REDACTED_FLAG = "privacy_redacted"
+
+_DETECTORS: dict[str, Detector] = {}
+_DETECTORS_LOCK = threading.Lock()
+
+
+def _detector(config: PrivacyConfig) -> Detector:
+    with _DETECTORS_LOCK:  # one per policy per process: Presidio's import and set-up take seconds
+        key = config.model_dump_json(exclude={"mode", "max_rollouts"})
+        found = _DETECTORS.get(key)
+        if found is None:
+            found = _DETECTORS[key] = Detector(config)
+        return found
+
+
+def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], str]) -> dict[str, Any]:
+    """A copy of ``body`` with ``fn(text, is_json)`` applied to each message text, content part, tool-call
+    arguments string (chat) or prompt string (completions)."""
+    out = dict(body)
+    if endpoint == "chat":
+        if not isinstance(body.get("messages"), list):
+            return out  # the gateway answers 400 for it
+        messages = []
+        for message in body["messages"]:
+            if not isinstance(message, dict):
+                messages.append(message)
+                continue
+            m = dict(message)
+            content = m.get("content")
+            if isinstance(content, str):
+                m["content"] = fn(content, False)
+            elif isinstance(content, list):
+                m["content"] = [
+                    {**p, "text": fn(p["text"], False)}
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    else p
+                    for p in content
+                ]
+            calls = m.get("tool_calls")
+            if isinstance(calls, list):
+                m["tool_calls"] = [_call_with(c, fn) for c in calls]
+            messages.append(m)
+        out["messages"] = messages
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            out["prompt"] = fn(prompt, False)
+        elif isinstance(prompt, list):
+            out["prompt"] = [fn(p, False) if isinstance(p, str) else p for p in prompt]
+    return out
+
+
+def _call_with(call: Any, fn: Callable[[str, bool], str]) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    function = dict(call["function"])
+    if isinstance(function.get("arguments"), str):
+        function["arguments"] = fn(function["arguments"], True)
+    return {**call, "function": function}
+
+
+class CallPrivacy:
+    """What one call was masked with, and how its answer and its stored record are rewritten.
+
+    Attributes:
+        mode: the policy's mode.
+        mapping: the rollout's placeholders (``mask``), or this call's findings (``redact``).
+        counts: redactions in this call per category (the request's; ``seal`` adds the answer's).
+    """
+
+    def __init__(self, mode: PrivacyMode, mapping: Mapping, counts: Counter[str]) -> None:
+        self.mode, self.mapping, self.counts = mode, mapping, counts
+        self._held: dict[tuple[Any, ...], str] = {}
+
+    # --- the client's answer (mask mode) ---------------------------------------------------------
+    def restore_body(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A unary answer (chat or completions, OpenAI's shape) with the real values back."""
+        if self.mode is not PrivacyMode.mask:
+            return data
+        out = dict(data)
+        choices = []
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                choices.append(choice)
+                continue
+            c = dict(choice)
+            if isinstance(c.get("text"), str):
+                c["text"] = self.mapping.restore(c["text"])
+            message = c.get("message")
+            if isinstance(message, dict):
+                c["message"] = self._restore_message(message)
+            choices.append(c)
+        out["choices"] = choices
+        return out
+
+    def _restore_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        m = dict(message)
+        if isinstance(m.get("content"), str):
+            m["content"] = self.mapping.restore(m["content"])
+        if isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [
+                _call_with(c, lambda s, _j: self.mapping.restore(s, in_json=True)) for c in m["tool_calls"]
+            ]
+        return m
+
+    def restore_chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """One streamed chunk with the real values back; a placeholder split across chunks is held back
+        until it is whole (or the choice finishes)."""
+        out = dict(chunk)
+        choices = []
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                choices.append(choice)
+                continue
+            c, index = dict(choice), choice.get("index", 0)
+            final = c.get("finish_reason") is not None
+            if isinstance(c.get("text"), str) or (final and ("text",) + (index,) in self._held):
+                c["text"] = self._feed(("text", index), c.get("text") or "", final, False)
+            delta = c.get("delta")
+            if isinstance(delta, dict):
+                d = dict(delta)
+                if isinstance(d.get("content"), str) or (final and ("content", index) in self._held):
+                    d["content"] = self._feed(("content", index), d.get("content") or "", final, False)
+                if isinstance(d.get("tool_calls"), list):
+                    d["tool_calls"] = [self._tool_delta(index, t, final) for t in d["tool_calls"]]
+                c["delta"] = d
+            choices.append(c)
+        out["choices"] = choices
+        return out
+
+    def _tool_delta(self, index: Any, call: Any, final: bool) -> Any:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            return call
+        function = dict(call["function"])
+        if isinstance(function.get("arguments"), str):
+            key = ("arguments", index, call.get("index", 0))
+            function["arguments"] = self._feed(key, function["arguments"], final, True)
+        return {**call, "function": function}
+
+    def _feed(self, key: tuple[Any, ...], text: str, final: bool, in_json: bool) -> str:
+        text = self._held.pop(key, "") + text
+        if not final:
+            text, held = split_open_tail(text)
+            if held:
+                self._held[key] = held
+        return self.mapping.restore(text, in_json=in_json)
+
+    async def restore_sse(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The gateway's SSE bytes (whole ``data: ...`` events per item) with the real values back."""
+        try:
+            async for block in events:
+                out = []
+                for event in block.split(b"\n\n"):
+                    if not event.startswith(b"data: {"):
+                        out.append(event)
+                        continue
+                    chunk = json.loads(event[6:])  # stdlib json: keeps NaN/Infinity logprobs as sent
+                    restored = json.dumps(
+                        self.restore_chunk(chunk), ensure_ascii=False, separators=(",", ":")
+                    )
+                    out.append(b"data: " + restored.encode())
+                yield b"\n\n".join(out)
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    # --- the stored record ------------------------------------------------------------------------
+    def seal(self, llm: LLMCall) -> tuple[LLMCall, dict[str, Any]]:
+        """The call as it is stored, and the span attributes that count its redactions.
+
+        ``mask``: the call is stored as the engine saw it (placeholders only). ``redact``: request and
+        answer text are redacted (``[CARD]``); when anything was redacted the token ids and logprobs are
+        withheld and the call is not trainable (flag :data:`REDACTED_FLAG`).
+        """
+        counts = Counter(self.counts)
+        if self.mode is PrivacyMode.redact:
+            llm, answer_counts = _redact_call(llm, self.mapping)
+            counts.update(answer_counts)
+        attributes: dict[str, Any] = {
+            "privacy": {"mode": self.mode.value, "redactions": dict(sorted(counts.items()))}
+        }
+        if self.mode is PrivacyMode.redact and counts:
+            llm = llm.model_copy(
+                update={
+                    "prompt_token_ids": None, "completion_token_ids": None, "logprobs": None,
+                    "trainable": False, "flags": [*llm.flags, REDACTED_FLAG],
+                }
+            )  # fmt: skip
+            attributes["not_trainable_reason"] = REDACTED_FLAG
+        return llm, attributes
+
+
+def _redact_call(llm: LLMCall, mapping: Mapping) -> tuple[LLMCall, Counter[str]]:
+    counts: Counter[str] = Counter()
+
+    def redact(text: str, _is_json: bool) -> str:
+        out, at = [], 0
+        for f in mapping.detector.find(text):
+            out += [text[at : f.start], f"[{f.category}]"]
+            counts[f.category] += 1
+            at = f.end
+        return "".join(out) + text[at:]
+
+    request = _walk_texts(llm.request, llm.endpoint, redact)
+    text = redact(llm.response_text, False)
+    calls = []
+    for call in llm.tool_calls:
+        arguments = redact(call.arguments, True)
+        try:
+            parsed = json.loads(arguments) if call.parsed is not None else None
+        except ValueError:
+            parsed = None
+        calls.append(call.model_copy(update={"arguments": arguments, "parsed": parsed}))
+    return llm.model_copy(update={"request": request, "response_text": text, "tool_calls": calls}), counts
+
+
+class PrivacyGuard:
+    """The gateway's privacy policy at work: one in-memory mapping per rollout (least recently used go).
+
+    Args:
+        config: the policy; its detectors are built here (seconds, once per process and policy).
+    """
+
+    def __init__(self, config: PrivacyConfig) -> None:
+        self.config = config
+        self.detector = _detector(config) if config.mode is not PrivacyMode.off else None
+        self._rollouts: OrderedDict[str, Mapping] = OrderedDict()
+
+    def begin(
+        self, rollout_id: str | None, endpoint: str, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], CallPrivacy | None]:
+        """Mask one request.
+
+        Args:
+            rollout_id: the call's rollout (its mapping is shared by the rollout's calls); ``None``: the call
+                gets a mapping of its own.
+            endpoint: ``"chat"`` or ``"completions"``.
+            body: the validated request body (not modified).
+
+        Returns:
+            ``(body the engine gets, CallPrivacy)``; ``(body, None)`` when privacy is off or nothing was
+            found in a rollout never masked before (the body is then forwarded untouched: no cost later).
+        """
+        if self.detector is None:
+            return body, None
+        mapping = self._mapping(rollout_id)
+        counts: Counter[str] = Counter()
+
+        def mask(text: str, _is_json: bool) -> str:
+            masked, found = mapping.mask(text)
+            counts.update(found)
+            return masked
+
+        if self.config.mode is PrivacyMode.redact:  # the engine sees the values; seal redacts the record
+            return body, CallPrivacy(self.config.mode, mapping, counts)
+        masked = _walk_texts(body, endpoint, mask)
+        if not counts and not mapping.by_value:
+            return body, None
+        return masked, CallPrivacy(self.config.mode, mapping, counts)
+
+    def _mapping(self, rollout_id: str | None) -> Mapping:
+        assert self.detector is not None
+        if rollout_id is None:
+            return Mapping(self.detector)
+        found = self._rollouts.get(rollout_id)
+        if found is None:
+            found = self._rollouts[rollout_id] = Mapping(self.detector)
+            while len(self._rollouts) > self.config.max_rollouts:
+                self._rollouts.popitem(last=False)
+        else:
+            self._rollouts.move_to_end(rollout_id)
+        return found

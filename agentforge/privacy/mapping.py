@@ -1,0 +1,128 @@
+"""One rollout's placeholders: real value <-> ``<CATEGORY_n>``, kept only in memory (never stored)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from agentforge.privacy.config import PLACEHOLDER_RE
+from agentforge.privacy.detect import Detector, Finding
+
+__all__ = ["Mapping", "json_escaped"]
+
+#: a text tail that may be the start of a placeholder still being streamed (``<CA``, ``<CARD_``)
+_OPEN_TAIL_RE = re.compile(r"<[A-Z0-9_]{0,40}$")
+_TEXT_CACHE = 512  # masked texts remembered per rollout (a chat resends its whole history every turn)
+
+
+def json_escaped(value: str) -> str:
+    """``value`` as it reads inside a JSON string (tool-call arguments)."""
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+class Mapping:
+    """The placeholders of one rollout (or of one unattributed call).
+
+    The same value always gets the same placeholder; numbers count per category from 1. Values the
+    rollout already revealed are masked wherever they occur again, detected or not (the client sends back
+    what it was given: restored answers, tool-call arguments).
+
+    Args:
+        detector: the configured detectors.
+    """
+
+    def __init__(self, detector: Detector) -> None:
+        self.detector = detector
+        self.by_value: dict[str, str] = {}
+        self.by_placeholder: dict[str, str] = {}
+        self._numbers: Counter[str] = Counter()
+        self._known: re.Pattern[str] | None = None
+        self._texts: dict[str, tuple[str, Counter[str]]] = {}
+
+    def placeholder(self, category: str, value: str) -> str:
+        """The placeholder of ``value`` (a new one, numbered next in ``category``, if unseen)."""
+        found = self.by_value.get(value)
+        if found is None:
+            self._numbers[category] += 1
+            found = f"<{category}_{self._numbers[category]}>"
+            self.by_value[value] = found
+            self.by_placeholder[found] = value
+            escaped = json_escaped(value)
+            if escaped != value:
+                self.by_value[escaped] = found
+            self._known = None
+        return found
+
+    def mask(self, text: str) -> tuple[str, Counter[str]]:
+        """``text`` with every detected or already known value replaced by its placeholder.
+
+        Returns:
+            The masked text and the count of replacements per category.
+        """
+        cached = self._texts.get(text)
+        if cached is not None:
+            return cached[0], Counter(cached[1])
+        findings = self._known_findings(text) + self.detector.find(text)
+        out: list[str] = []
+        counts: Counter[str] = Counter()
+        at = 0
+        for f in sorted(findings, key=lambda f: f.start):  # known values first (stable sort), then new ones
+            if f.start < at:
+                continue
+            out.append(text[at : f.start])
+            ph = self.placeholder(f.category, f.value)
+            out.append(ph)
+            counts[ph[1:].rsplit("_", 1)[0]] += 1
+            at = f.end
+        out.append(text[at:])
+        masked = "".join(out)
+        if len(self._texts) >= _TEXT_CACHE:
+            self._texts.pop(next(iter(self._texts)))
+        self._texts[text] = (masked, Counter(counts))
+        return masked, counts
+
+    def _known_findings(self, text: str) -> list[Finding]:
+        if not self.by_value:
+            return []
+        if self._known is None:
+            values = sorted(self.by_value, key=len, reverse=True)
+            self._known = re.compile("|".join(re.escape(v) for v in values))
+        found = []
+        for m in self._known.finditer(text):
+            ph = self.by_value[m.group(0)]
+            found.append(Finding(m.start(), m.end(), ph[1:].rsplit("_", 1)[0], m.group(0)))
+        return found
+
+    def restore(self, text: str, *, in_json: bool = False) -> str:
+        """``text`` with this rollout's placeholders replaced by their real values (JSON-escaped when
+        ``in_json``: tool-call arguments); placeholders it never issued stay as they are."""
+        if "<" not in text:
+            return text
+
+        def real(m: re.Match[str]) -> str:
+            value = self.by_placeholder.get(m.group(0))
+            if value is None:
+                return m.group(0)
+            return json_escaped(value) if in_json else value
+
+        return PLACEHOLDER_RE.sub(real, text)
+
+    def restore_value(self, value: Any) -> Any:
+        """A JSON value with placeholders restored in every string (a deep copy where anything changed)."""
+        if isinstance(value, str):
+            return self.restore(value)
+        if isinstance(value, list):
+            return [self.restore_value(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.restore_value(v) for k, v in value.items()}
+        return value
+
+
+def split_open_tail(text: str) -> tuple[str, str]:
+    """``(ready, held)``: ``held`` is a tail of ``text`` that may be the start of a placeholder."""
+    m = _OPEN_TAIL_RE.search(text)
+    if m is None:
+        return text, ""
+    return text[: m.start()], text[m.start() :]

@@ -1,0 +1,72 @@
+"""The offline detectors (agentforge/privacy/detect.py) and a rollout's placeholders (mapping.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentforge.errors import UserError
+from agentforge.privacy import Detector, Mapping, PrivacyConfig
+
+VISA = "4111 1111 1111 1111"  # Luhn-valid
+IBAN = "DE89 3704 0044 0532 0130 00"  # mod-97-valid
+
+
+@pytest.fixture(scope="module")
+def detector() -> Detector:
+    return Detector(PrivacyConfig(patterns={"ACCOUNT": r"ACME-\d{8}"}, allow=("help@shop.example",)))
+
+
+def _found(detector: Detector, text: str) -> list[tuple[str, str]]:
+    return [(f.category, f.value) for f in detector.find(text)]
+
+
+def test_each_category_is_found(detector: Detector) -> None:
+    text = (
+        f"card {VISA}, IBAN {IBAN}, account ACME-12345678, mail jane.doe@example.com, "
+        "phone +1 415-555-0132, SSN 536-22-8726"
+    )
+    assert _found(detector, text) == [
+        ("CARD", VISA), ("IBAN", IBAN), ("ACCOUNT", "ACME-12345678"), ("EMAIL", "jane.doe@example.com"),
+        ("PHONE", "+1 415-555-0132"), ("SSN", "536-22-8726"),
+    ]  # fmt: skip
+    tool = '{"address": "445 Maple Drive, Suite 394, Fort Worth, TX 76165", "date_of_birth": "1985-03-14"}'
+    assert _found(detector, tool) == [
+        ("ADDRESS", "445 Maple Drive, Suite 394, Fort Worth, TX 76165"), ("DOB", "1985-03-14")
+    ]  # fmt: skip
+    secrets = 'password = "hunter2xyz" and AKIAIOSFODNN7EXAMPLE'
+    assert _found(detector, secrets) == [("SECRET", "hunter2xyz"), ("SECRET", "AKIAIOSFODNN7EXAMPLE")]
+
+
+def test_look_alikes_and_allowed_values_are_not_found(detector: Detector) -> None:
+    assert _found(detector, "order #12345678 placed on 2024-05-03 costs $129.99, ships by 05/10/2024") == []
+    assert (
+        _found(detector, "card 4111 1111 1111 1112 is not Luhn-valid; DE89 3704 0044 0532 0130 01 neither")
+        == []
+    )
+    assert _found(detector, "write to help@shop.example") == []
+
+
+def test_same_value_same_placeholder_and_known_values_masked_anywhere(detector: Detector) -> None:
+    mapping = Mapping(detector)
+    masked, counts = mapping.mask(f"pay with {VISA} or {IBAN}; again {VISA}")
+    assert masked == "pay with <CARD_1> or <IBAN_1>; again <CARD_1>"
+    assert dict(counts) == {"CARD": 2, "IBAN": 1}
+    other, _ = mapping.mask('{"date_of_birth": "1985-03-14"}')
+    assert other == '{"date_of_birth": "<DOB_1>"}'
+    # a known value is masked where the detector alone would not find it (no birth word near it)
+    assert mapping.mask("so 1985-03-14 it is")[0] == "so <DOB_1> it is"
+    assert mapping.restore("<CARD_1>, <DOB_1> and <CARD_9>") == f"{VISA}, 1985-03-14 and <CARD_9>"
+    assert mapping.restore('{"a": "<CARD_1>"}', in_json=True) == f'{{"a": "{VISA}"}}'
+
+
+def test_bad_policies_are_refused() -> None:
+    with pytest.raises(UserError, match="not a valid regex"):
+        PrivacyConfig(patterns={"ACCOUNT": "ACME-("})
+    with pytest.raises(UserError, match="upper-case"):
+        PrivacyConfig(patterns={"account": r"\d+"})
+    with pytest.raises(UserError, match="unknown privacy categories"):
+        PrivacyConfig(categories=("EMAIL", "NAME"))
+    with pytest.raises(UserError, match="NAME=REGEX"):
+        PrivacyConfig.from_options("mask", ["ACME-\\d{8}"])
+    with pytest.raises(UserError, match="unknown privacy mode"):
+        PrivacyConfig.from_options("hide")
