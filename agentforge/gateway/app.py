@@ -72,6 +72,8 @@ from agentforge.gateway.wire import (
     upstream_error_body,
 )
 from agentforge.loopback import check_key
+from agentforge.privacy.config import PrivacyConfig, PrivacyMode
+from agentforge.privacy.flight import CallPrivacy, PrivacyGuard
 from agentforge.types import (
     ATTEMPT_ID_HEADER,
     ROLLOUT_ID_HEADER,
@@ -97,8 +99,11 @@ class _Gateway(SpanRecorder):
         router: ModelRouter,
         transport: httpx.AsyncBaseTransport | None,
         timeout_s: float,
+        privacy: PrivacyConfig | None = None,
     ) -> None:
         super().__init__(store)
+        on = privacy is not None and privacy.mode is not PrivacyMode.off
+        self.privacy = PrivacyGuard(privacy) if on else None  # type: ignore[arg-type]
         self.router = router
         self._transport, self._timeout_s = transport, timeout_s
         self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
@@ -136,6 +141,8 @@ class _Gateway(SpanRecorder):
                 error_body("request body must be a JSON object", "invalid_request_error", "invalid_json"), 400
             )
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
+        if self.privacy is not None:  # personal data masked before anything sees or stores it
+            ctx.body, ctx.privacy = self.privacy.begin(rollout_id, endpoint, body)
         problem = validate_body(body, endpoint)
         if problem is not None:
             return await self.fail(
@@ -175,6 +182,8 @@ class _Gateway(SpanRecorder):
             raise
         if not isinstance(response, StreamingResponse):
             release()  # a stream's relay releases when the stream ends or the client leaves
+        if ctx.privacy is not None and ctx.privacy.mode is PrivacyMode.mask:
+            return _restored(response, ctx.privacy)
         return response
 
     async def send(
@@ -263,6 +272,21 @@ class _Gateway(SpanRecorder):
         return JSONResponse({"object": "list", "data": data})
 
 
+def _restored(response: Response, privacy: CallPrivacy) -> Response:
+    """The client's answer with the real values back in place of the call's placeholders."""
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = privacy.restore_sse(response.body_iterator)  # type: ignore[arg-type]
+        return response
+    try:
+        data = decode_json(bytes(response.body))
+    except (ValueError, UnicodeDecodeError):
+        return response
+    if not isinstance(data, dict):
+        return response
+    body = encode_json(privacy.restore_body(data))
+    return Response(body, status_code=response.status_code, media_type=response.media_type)
+
+
 def create_gateway(
     store: TraceStore,
     router: ModelRouter,
@@ -274,6 +298,7 @@ def create_gateway(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
+    privacy: PrivacyConfig | None = None,
 ) -> FastAPI:
     """Build the gateway app (see the module docstring for routes, attribution and errors).
 
@@ -290,6 +315,8 @@ def create_gateway(
         admin_key: the mounted store API's admin key (publishing and activating versions); ``None``
             closes those routes (see :mod:`agentforge.stores.admin`).
         adapter_root: the directory adapters may be published from through the mounted store API.
+        privacy: the privacy policy (:mod:`agentforge.privacy`); ``None`` or mode ``off``: requests are
+            forwarded and stored as sent. Building it loads the detectors (seconds, once per process).
 
     Without ``api_key`` the app serves only requests that arrived on a loopback interface, whichever
     ASGI server runs it (:class:`~agentforge.loopback.LoopbackGuard`).
@@ -301,7 +328,7 @@ def create_gateway(
         UserError: ``api_key`` is shorter than :data:`~agentforge.loopback.MIN_KEY_LENGTH` characters.
     """
     check_key(api_key, "gateway")
-    gateway = _Gateway(store, router, transport, timeout_s)
+    gateway = _Gateway(store, router, transport, timeout_s, privacy)
     app = GatewayApp(
         title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )

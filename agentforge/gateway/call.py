@@ -16,6 +16,7 @@ from agentforge.types import now
 
 if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
+    from agentforge.privacy.flight import CallPrivacy
 
 __all__ = ["CallContext", "clean_text", "validate_body", "health_response", "not_found", "http_error"]
 
@@ -32,6 +33,8 @@ class CallContext:
         t0: ``time.perf_counter()`` at the start, for ``latency_s``.
         version: the resolved version (empty until resolved).
         logprobs_mode: the resolved upstream's log-prob mode (recorded on the span; ``None``: not known).
+        privacy: what the gateway's privacy policy did to this call (``None``: nothing; ``body`` is then
+            the client's own).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class CallContext:
         self.started_at, self.t0 = now(), time.perf_counter()
         self.version = ""
         self.logprobs_mode: str | None = None
+        self.privacy: CallPrivacy | None = None
 
     @property
     def model(self) -> str:

@@ -57,6 +57,9 @@ class SpanRecorder:
         (``asyncio.shield``); ``shield`` also shields the wait from anyio cancel scopes (a streamed
         response's task group cancels when its client leaves; a unary call has none)."""
         self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
+        if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
+            llm, sealed = ctx.privacy.seal(llm)
+            attributes = {**attributes, **sealed}
         span = Span(
             rollout_id=ctx.rollout_id,
             attempt_id=ctx.attempt_id,

@@ -1,0 +1,109 @@
+"""Mask in flight through the gateway (fake engine): the engine and the store see placeholders, the client
+gets the real values back (message text, streamed deltas split inside a placeholder, tool-call arguments);
+redact at rest; privacy off forwards the body untouched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from gateway_helpers import parse_sse
+
+from agentforge.gateway import GatewayServer
+from agentforge.privacy import REDACTED_FLAG, PrivacyConfig, PrivacyMode
+from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream, memory_store
+from agentforge.types import Rollout
+
+VISA, ACCOUNT = "4111 1111 1111 1111", "ACME-12345678"
+USER = {"role": "user", "content": f"Charge my card {VISA} for account {ACCOUNT}, key AKIAIOSFODNN7EXAMPLE"}
+POLICY = PrivacyConfig(patterns={"ACCOUNT": r"ACME-\d{8}"})
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[GatewayServer, ScriptedUpstream]]:
+    store, upstream = memory_store(), ScriptedUpstream()
+    config = getattr(request, "param", POLICY)
+    server = GatewayServer(store, upstream.router(), transport=upstream.transport(), privacy=config).start()
+    yield server, upstream
+    server.stop()
+    store.close()
+
+
+def _post(server: GatewayServer, rid: str, messages: list[dict], **extra) -> httpx.Response:
+    body = {"model": "policy", "messages": messages, **extra}
+    return httpx.post(f"{server.rollout_base_url(rid)}/chat/completions", json=body, timeout=30)
+
+
+def test_engine_and_store_see_placeholders_the_client_the_values(served) -> None:
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    call = ScriptedToolCall("charge", '{"card": "<CARD_1>", "account": "<ACCOUNT_1>"}')
+    upstream.add(ScriptedTurn("Charging <CARD_1>.", tool_calls=[call]))
+    answer = _post(server, rid, [USER]).json()["choices"][0]["message"]
+    assert answer["content"] == f"Charging {VISA}."
+    assert json.loads(answer["tool_calls"][0]["function"]["arguments"]) == {"card": VISA, "account": ACCOUNT}
+    sent = upstream.requests[-1].body["messages"][0]["content"]
+    assert sent == "Charge my card <CARD_1> for account <ACCOUNT_1>, key <SECRET_1>"
+    # the follow-up sends back the real values; the engine sees the same placeholders again
+    tool_msg = {
+        "role": "tool",
+        "tool_call_id": answer["tool_calls"][0]["id"],
+        "content": "charged 4111 1111 1111 1111",
+    }
+    upstream.add(ScriptedTurn("Done <CARD_1>.", pieces=["Done <CA", "RD_1", ">."], token_ids=[7, 8, 9]))
+    events = parse_sse(_post(server, rid, [USER, answer, tool_msg], stream=True).text)
+    assert (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+        == f"Done {VISA}."
+    )
+    followup = upstream.requests[-1].body["messages"]
+    assert followup[1]["tool_calls"][0]["function"]["arguments"] == call.arguments
+    assert followup[2]["content"] == "charged <CARD_1>"
+    spans = server.store.list_spans(rollout_id=rid)
+    stored = "".join(s.model_dump_json() for s in spans)
+    for value in (VISA, ACCOUNT, "AKIAIOSFODNN7EXAMPLE"):
+        assert value not in stored
+    assert spans[0].attributes["privacy"] == {
+        "mode": "mask",
+        "redactions": {"ACCOUNT": 1, "CARD": 1, "SECRET": 1},
+    }
+    # user message, assistant text and arguments, tool result: each occurrence counted
+    assert spans[1].attributes["privacy"]["redactions"] == {"ACCOUNT": 2, "CARD": 4, "SECRET": 1}
+    assert all(s.llm.trainable for s in spans)
+
+
+@pytest.mark.parametrize(
+    "served", [PrivacyConfig(mode=PrivacyMode.redact, patterns=POLICY.patterns)], indirect=True
+)
+def test_redact_at_rest_withholds_ids_and_marks_the_span(served) -> None:
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn(f"Charging {VISA}."))
+    assert _post(server, rid, [USER]).json()["choices"][0]["message"]["content"] == f"Charging {VISA}."
+    assert upstream.requests[-1].body["messages"][0]["content"] == USER["content"]  # the engine saw it
+    (span,) = server.store.list_spans(rollout_id=rid)
+    assert (
+        span.llm.request["messages"][0]["content"]
+        == "Charge my card [CARD] for account [ACCOUNT], key [SECRET]"
+    )
+    assert span.llm.response_text == "Charging [CARD]."
+    assert (
+        span.llm.prompt_token_ids is None
+        and span.llm.completion_token_ids is None
+        and span.llm.logprobs is None
+    )
+    assert not span.llm.trainable and REDACTED_FLAG in span.llm.flags
+    assert span.attributes["not_trainable_reason"] == REDACTED_FLAG
+    assert span.attributes["privacy"]["redactions"] == {"ACCOUNT": 1, "CARD": 2, "SECRET": 1}
+
+
+def test_a_call_without_personal_data_is_forwarded_untouched(served) -> None:
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn("Hi <b>there</b>"))
+    message = {"role": "user", "content": "Where is my order?"}
+    assert _post(server, rid, [message]).json()["choices"][0]["message"]["content"] == "Hi <b>there</b>"
+    (span,) = server.store.list_spans(rollout_id=rid)
+    assert "privacy" not in span.attributes and span.llm.request["messages"] == [message]
