@@ -13,7 +13,7 @@ postgres:
 	bash scripts/start_postgres.sh
 
 test: setup
-	AGENTFORGE_TEST_PG_URL="$$(bash scripts/start_postgres.sh | tail -n 1)" AGENTFORGE_REQUIRE_VLLM=1 AGENTFORGE_REQUIRE_FRAMEWORKS=1 AGENTFORGE_REQUIRE_DATA=1 \
+	AGENTFORGE_TEST_PG_URL="$$(bash scripts/start_postgres.sh | tail -n 1)" AGENTFORGE_REQUIRE_VLLM=1 AGENTFORGE_REQUIRE_FRAMEWORKS=1 AGENTFORGE_REQUIRE_DATA=1 AGENTFORGE_REQUIRE_BROWSER=1 \
 		.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup

@@ -123,6 +123,9 @@ def serve(
             "remote trainers, `agentforge rollback`)."
         ),
     ] = True,  # fmt: skip
+    dashboard: Annotated[
+        bool, typer.Option(help="Serve the read-only dashboard at {url}/dashboard/ (behind --api-key).")
+    ] = True,  # fmt: skip
 ) -> None:
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy.
 
@@ -172,6 +175,12 @@ def serve(
             from agentforge.trainers.publish import StorePublisher
 
             StorePublisher(store).publish(adapter, step=0)
+        mounts = {}
+        if dashboard:  # on the gateway's port, behind the same key (or loopback only without one)
+            from agentforge.dashboard.app import MOUNT_PATH, create_dashboard_app
+
+            words = (Path(path) / "tokenizer.json").is_file()  # token texts of the served model, else ids
+            mounts[MOUNT_PATH] = create_dashboard_app(store, api_key, tokenizer=path if words else False)
         gateway = GatewayServer(
             store,
             router,
@@ -180,6 +189,7 @@ def serve(
             api_key=api_key,
             admin_key=admin_key,
             adapter_root=adapter_root,
+            mounts=mounts,
         ).start()
         follower = None
         if follow:
@@ -199,6 +209,8 @@ def serve(
         f"store {store!r})"
     )
     print_engine(server)
+    if dashboard:
+        console.print(f"[bold]dashboard[/] {gateway.url}/dashboard/")
     typer.echo(gateway.url)
     stop, why = _stop_on_sigterm()
     try:
@@ -259,6 +271,7 @@ def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-
 
 def _register() -> None:
     """Add the pipeline's sub-commands (each in :mod:`agentforge.commands`; heavy imports stay inside)."""
+    from agentforge.commands.dashboard import dashboard
     from agentforge.commands.optimize import optimize_prompt_cmd
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
@@ -273,6 +286,7 @@ def _register() -> None:
     app.command("versions")(versions)
     app.command("rollback")(rollback)
     app.add_typer(traces_app, name="traces")
+    app.command("dashboard")(dashboard)
 
 
 _register()

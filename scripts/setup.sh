@@ -70,6 +70,25 @@ if [ "${AGENTFORGE_SKIP_FRAMEWORKS:-0}" != "1" ]; then
   done
 fi
 
+# --- dashboard assets and the browser its tests drive ----------------------------------------------------
+# Chart.js from npm into agentforge/dashboard/assets/node_modules (the app serves it; no CDN at run time), and
+# Debian's chromium for the browser tests (Playwright drives the system browser; no `playwright install`).
+assets=agentforge/dashboard/assets
+if ! stamp_ok dashboard-assets "$(sha256sum "$assets/package-lock.json" | cut -c1-16)" || [ ! -d "$assets/node_modules" ]; then
+  command -v npm >/dev/null || { echo "[setup] npm is missing: apt-get install -y npm (the dashboard's Chart.js)"; exit 1; }
+  echo "[setup] npm ci: the dashboard's Chart.js"
+  npm ci --prefix "$assets" --no-audit --no-fund --silent
+  stamp_set dashboard-assets "$(sha256sum "$assets/package-lock.json" | cut -c1-16)"
+fi
+if ! command -v chromium >/dev/null 2>&1 && [ "${AGENTFORGE_SKIP_BROWSER:-0}" != "1" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing chromium (apt-get) for the dashboard's browser tests"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  else
+    echo "[setup] chromium is missing: the dashboard's browser tests need it (sudo apt-get install -y chromium)"
+  fi
+fi
+
 # --- default model ---------------------------------------------------------------------------------
 .venv/bin/agentforge model prepare
 echo "[setup] done"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +81,8 @@ from agentforge.types import (
 )
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
     from agentforge.ports import TraceStore
 
 __all__ = ["create_gateway", "CallContext"]
@@ -298,6 +300,7 @@ def create_gateway(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
+    mounts: Mapping[str, ASGIApp] | None = None,
     privacy: PrivacyConfig | None = None,
 ) -> FastAPI:
     """Build the gateway app (see the module docstring for routes, attribution and errors).
@@ -315,6 +318,8 @@ def create_gateway(
         admin_key: the mounted store API's admin key (publishing and activating versions); ``None``
             closes those routes (see :mod:`agentforge.stores.admin`).
         adapter_root: the directory adapters may be published from through the mounted store API.
+        mounts: apps to serve under path prefixes on the same port (``{"/dashboard": app}``); each checks
+            ``api_key`` itself (the gateway's key check lets their paths through, its loopback rule does not).
         privacy: the privacy policy (:mod:`agentforge.privacy`); ``None`` or mode ``off``: requests are
             forwarded and stored as sent. Building it loads the detectors (seconds, once per process).
 
@@ -334,7 +339,7 @@ def create_gateway(
     )
     app.state.gateway = gateway
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
-    app.serve_llm_routes(gateway.handle, api_key, max_request_bytes)
+    app.serve_llm_routes(gateway.handle, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
 
     def handler(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
@@ -360,6 +365,8 @@ def create_gateway(
             app.include_router(
                 store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root)
             )
+    for prefix, mounted in (mounts or {}).items():  # before the catch-all, which would answer 404
+        app.mount(prefix, mounted)
     app.add_api_route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # e.g. 405: OpenAI's shape too
     return app

@@ -17,16 +17,20 @@ __all__ = ["ApiKeyMiddleware"]
 
 
 class ApiKeyMiddleware:
-    """Reject requests without ``Authorization: Bearer <api_key>`` (or ``X-Api-Key``) with a 401."""
+    """Reject requests without ``Authorization: Bearer <api_key>`` (or ``X-Api-Key``) with a 401; paths under
+    ``open_prefixes`` (apps mounted there that check the same key themselves) pass."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_prefixes: tuple[str, ...] = ()) -> None:
         self.app, self._key = app, api_key.encode()
+        # apps mounted under these prefixes check the key themselves (the dashboard takes it from a cookie)
+        self._open = tuple(p.rstrip("/") + "/" for p in open_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, root = scope.get("path", ""), scope.get("root_path") or ""
         if root and path.startswith(root):  # mounted in a parent app: judge the path inside the gateway
             path = path[len(root) :]
-        if scope["type"] == "http" and path != "/health" and not path.startswith("/api/"):
+        mounted = bool(self._open) and (path + "/").startswith(self._open)
+        if scope["type"] == "http" and path != "/health" and not path.startswith("/api/") and not mounted:
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"x-api-key") or bearer_token(
                 headers.get(b"authorization", b"").decode("latin-1")

@@ -210,15 +210,19 @@ class GatewayApp(FastAPI):
         handle: Callable[[Request, Endpoint], Awaitable[Response]],
         api_key: str | None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        open_prefixes: tuple[str, ...] = (),
     ) -> None:
         """Route LLM calls to ``handle``; with ``api_key``, every request is checked first (see
         :class:`~agentforge.gateway.auth.ApiKeyMiddleware`), whichever route serves it; without one, only
         requests that arrived on a loopback interface are served (:class:`~agentforge.loopback.LoopbackGuard`),
-        however the app is run."""
+        however the app is run. Paths under ``open_prefixes`` (mounted apps that check the key themselves)
+        skip the key check, not the loopback rule."""
         from agentforge.gateway.auth import ApiKeyMiddleware
 
         entry: Any = FastPathMiddleware(super().__call__, handle, max_request_bytes)
-        self._entry = ApiKeyMiddleware(entry, api_key) if api_key else LoopbackGuard(entry, "gateway")
+        self._entry = (
+            ApiKeyMiddleware(entry, api_key, open_prefixes) if api_key else LoopbackGuard(entry, "gateway")
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._entry is None:
