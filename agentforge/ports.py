@@ -373,3 +373,17 @@ class SampleSource(Protocol):
         :func:`~agentforge.trainers.samples.to_rollout_func_output`); may block. A sample that must not train
         keeps its slot as :func:`~agentforge.trainers.samples.masked_sample`. Raises whatever ends training (e.g. ``RolloutTimeout``)."""
         ...
+
+
+@runtime_checkable
+class TenantDirectory(Protocol):
+    """Who a presented key acts for (:mod:`agentforge.stores.tenants`: the store's key → tenant table).
+
+    The gateway and the store API ask it about every key that is not their own; one answer may be remembered
+    for a few seconds (``TenantKeyCache``), so a revoked key is refused within that interval, without a restart.
+    """
+
+    def tenant_of_key(self, key: str) -> str | None:
+        """The tenant ``key`` acts for, or ``None`` (not a tenant key, unknown or revoked). May block (a store
+        read); never raises for a bad key."""
+        ...

@@ -22,12 +22,13 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
 from sqlmodel import Field, Session, SQLModel, select
 
 from agentforge.errors import NotFoundError, UserError
+from agentforge.ports import TenantDirectory
 from agentforge.types import check_tenant, now
 
 if TYPE_CHECKING:
@@ -92,15 +93,6 @@ def _split(key: str) -> tuple[str, str] | None:
     if not sep or len(key_id) != 16 or not secret:
         return None
     return key_id, secret
-
-
-class TenantDirectory(Protocol):
-    """What a server needs to know about tenant keys: the tenant a presented key acts for."""
-
-    def tenant_of_key(self, key: str) -> str | None:
-        """The tenant ``key`` acts for, or ``None`` (not a tenant key, unknown, revoked). May block (a store
-        read); never raises for a bad key."""
-        ...
 
 
 class TenantKeys:
@@ -178,7 +170,7 @@ class TenantKeys:
         return self._tx.run(fn, write=False)
 
     def tenant_of_key(self, key: str) -> str | None:
-        """See :meth:`TenantDirectory.tenant_of_key` (one primary-key read, constant-time digest check)."""
+        """See :meth:`~agentforge.ports.TenantDirectory.tenant_of_key` (one primary-key read, constant-time digest check)."""
         parts = _split(key)
         if parts is None:
             return None
@@ -215,7 +207,7 @@ class TenantKeyCache:
         self._lock = threading.Lock()
 
     def tenant_of_key(self, key: str) -> str | None:
-        """See :meth:`TenantDirectory.tenant_of_key`."""
+        """See :meth:`~agentforge.ports.TenantDirectory.tenant_of_key`."""
         t = time.monotonic()
         hit = self._seen.get(key)
         if hit is not None and t - hit[0] < self.cache_s:

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentforge.errors import NotFoundError
+from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.call import (
     CallContext,
     health_response,
@@ -54,6 +55,7 @@ from agentforge.gateway.prefix_wire import engine_headers
 from agentforge.gateway.record import SpanRecorder
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
+from agentforge.gateway.tenancy import GatewayTenants, TenantModels, TenantRefused
 from agentforge.gateway.upstream import (
     UpstreamClient,
     UpstreamResponse,
@@ -83,7 +85,7 @@ from agentforge.types import (
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
-    from agentforge.ports import TraceStore
+    from agentforge.ports import TenantDirectory, TraceStore
 
 __all__ = ["create_gateway", "CallContext"]
 
@@ -94,6 +96,8 @@ _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/com
 
 class _Gateway(SpanRecorder):
     """State and handlers behind one gateway app (recording: :class:`~agentforge.gateway.record.SpanRecorder`)."""
+
+    tenants: GatewayTenants | None = None  # set by create_gateway when tenants are configured
 
     def __init__(
         self,
@@ -160,8 +164,14 @@ class _Gateway(SpanRecorder):
             else:
                 target = await anyio.to_thread.run_sync(self.pins.target, rollout_id, ctx.model)
         try:
-            ctx.version, upstream = self.router.acquire(target)
+            if self.tenants is None:
+                ctx.version, upstream = self.router.acquire(target)
+            else:
+                ctx.version, upstream = await self._tenant_acquire(request, ctx, target)
             ctx.logprobs_mode = upstream.logprobs_mode
+        except TenantRefused as exc:
+            body = error_body(str(exc), "permission_error", "tenant_refused")
+            return await self.fail(ctx, 403, body, "tenant_refused")
         except NotFoundError as exc:
             return await self.fail(
                 ctx,
@@ -187,6 +197,19 @@ class _Gateway(SpanRecorder):
         if ctx.privacy is not None and ctx.privacy.mode is PrivacyMode.mask:
             return _restored(response, ctx.privacy)
         return response
+
+    async def _tenant_acquire(self, request: Request, ctx: CallContext, target: str) -> tuple[str, Upstream]:
+        """Resolve ``target`` for the call's tenant (:mod:`agentforge.gateway.tenancy`); a rollout of another
+        tenant is a ``NotFoundError``, as if it did not exist."""
+        assert self.tenants is not None
+        tenant = self.tenants.tenant(request)
+        if ctx.rollout_id is not None and ctx.rollout_id in self.pins:
+            owner = self.pins.owner(ctx.rollout_id)
+            if tenant is not None and owner != tenant:
+                raise NotFoundError(f"rollout {ctx.rollout_id!r} does not exist")
+            tenant = owner
+        ctx.tenant = tenant
+        return await self.tenants.acquire(tenant, target)
 
     async def send(
         self,
@@ -300,6 +323,9 @@ def create_gateway(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
+    tenants: TenantDirectory | None = None,
+    tenant_models: TenantModels | None = None,
+    tenant_header: bool = False,
     mounts: Mapping[str, ASGIApp] | None = None,
     privacy: PrivacyConfig | None = None,
 ) -> FastAPI:
@@ -318,6 +344,13 @@ def create_gateway(
         admin_key: the mounted store API's admin key (publishing and activating versions); ``None``
             closes those routes (see :mod:`agentforge.stores.admin`).
         adapter_root: the directory adapters may be published from through the mounted store API.
+        tenants: where tenant keys are looked up (:mod:`agentforge.stores.tenants`): a tenant key is taken in
+            place of ``api_key``, on the LLM routes and the store API, and acts for its tenant only
+            (:mod:`agentforge.gateway.tenancy`).
+        tenant_models: serving's tenant adapters (:class:`~agentforge.serving.tenants.TenantAdapters`): a
+            tenant's ``policy`` is its own lineage's live version, loaded on demand.
+        tenant_header: take the tenant from ``X-Tenant`` for callers with the gateway key (or any loopback
+            caller of a gateway without a key).
         mounts: apps to serve under path prefixes on the same port (``{"/dashboard": app}``); each checks
             ``api_key`` itself (the gateway's key check lets their paths through, its loopback rule does not).
         privacy: the privacy policy (:mod:`agentforge.privacy`); ``None`` or mode ``off``: requests are
@@ -338,8 +371,14 @@ def create_gateway(
         title="agentforge gateway", lifespan=gateway.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.gateway = gateway
+    if tenants is not None or tenant_models is not None or tenant_header:
+        gateway.tenants = GatewayTenants(router, tenant_models, trust_header=tenant_header)
+        gateway.pins.loads_tenants = tenant_models is not None
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
     app.serve_llm_routes(gateway.handle, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
+
+    if tenants is not None and isinstance(app._entry, ApiKeyMiddleware):  # tenant keys pass the key check
+        app._entry.tenants = tenants
 
     def handler(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
@@ -363,7 +402,9 @@ def create_gateway(
             logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
             app.include_router(
-                store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root)
+                store_router(
+                    store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root, tenants=tenants
+                )
             )
     for prefix, mounted in (mounts or {}).items():  # before the catch-all, which would answer 404
         app.mount(prefix, mounted)

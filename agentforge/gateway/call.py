@@ -33,6 +33,7 @@ class CallContext:
         t0: ``time.perf_counter()`` at the start, for ``latency_s``.
         version: the resolved version (empty until resolved).
         logprobs_mode: the resolved upstream's log-prob mode (recorded on the span; ``None``: not known).
+        tenant: the tenant the call acts for (recorded on the span; ``None``: none).
         privacy: what the gateway's privacy policy did to this call (``None``: nothing; ``body`` is then
             the client's own).
     """
@@ -44,6 +45,7 @@ class CallContext:
         self.rollout_id, self.attempt_id = rollout_id, attempt_id
         self.started_at, self.t0 = now(), time.perf_counter()
         self.version = ""
+        self.tenant: str | None = None
         self.logprobs_mode: str | None = None
         self.privacy: CallPrivacy | None = None
 

@@ -7,6 +7,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from agentforge.errors import NotFoundError
+from agentforge.types import tenant_of_name
 
 if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
@@ -30,10 +31,18 @@ class PinCache:
     def __init__(self, store: TraceStore, router: ModelRouter, size: int = 4096) -> None:
         self.store, self.router, self._size = store, router, size
         self._pins: dict[str, dict[str, str]] = {}
+        self._owners: dict[str, str | None] = {}  # rollout → its tenant (kept beside its pins)
         self._lock = threading.Lock()
+        #: a pin of a tenant lineage (``policy@acme/v3``) is served even when not loaded: serving loads it on
+        #: demand (the gateway sets this when it has serving's tenant adapters)
+        self.loads_tenants = False
 
     def __contains__(self, rollout_id: object) -> bool:
         return rollout_id in self._pins
+
+    def owner(self, rollout_id: str) -> str | None:
+        """The tenant of a rollout :meth:`target` has read (``None``: no tenant, or not read: unknown)."""
+        return self._owners.get(rollout_id)
 
     def target(self, rollout_id: str, model: str) -> str:
         """The version a rollout pinned for ``model`` (``Rollout.resources[model]``), else ``model``.
@@ -47,16 +56,20 @@ class PinCache:
         resources = self._pins.get(rollout_id)
         if resources is None:
             try:
-                resources = self.store.get_rollout(rollout_id).resources
+                rollout = self.store.get_rollout(rollout_id)
             except Exception:  # unknown or malformed id: the span becomes an orphan later
                 return model
+            resources = rollout.resources
             with self._lock:  # lookups run in worker threads
                 if len(self._pins) >= self._size:
-                    self._pins.pop(next(iter(self._pins)), None)
-                self._pins[rollout_id] = resources
+                    self._owners.pop(oldest := next(iter(self._pins)), None)
+                    self._pins.pop(oldest, None)
+                self._pins[rollout_id], self._owners[rollout_id] = resources, rollout.tenant
         pinned = resources.get(model)
         if pinned is None:  # a traffic canary behind the alias may take this rollout (sticky by id)
             return self.router.canary_target(model, rollout_id) or model
+        if self.loads_tenants and tenant_of_name(pinned) is not None:
+            return pinned
         try:
             self.router.resolve(pinned)
         except NotFoundError:

@@ -71,6 +71,7 @@ class SpanRecorder:
             attributes={"endpoint": ctx.endpoint, **_mode(ctx), **attributes},
             started_at=ctx.started_at,
             ended_at=now(),
+            tenant=ctx.tenant,
         )
         if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
             self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
