@@ -116,6 +116,21 @@ def serve(
             "trainable); recorded on every span."
         ),
     ] = "raw_logprobs",
+    privacy: Annotated[
+        str,
+        typer.Option(
+            help="Personal data and secrets: mask (in flight: the engine and the store see placeholders, the "
+            "client the real values; spans stay trainable), redact (at rest: for a model that must read the "
+            "values; stored text redacted, ids withheld, span not trainable) or off. README 'Privacy'."
+        ),
+    ] = "mask",
+    privacy_pattern: Annotated[
+        list[str] | None,
+        typer.Option(help="A deployment's own detector NAME=REGEX, e.g. 'ACCOUNT=ACME-\\d{8}' (repeatable)."),
+    ] = None,
+    privacy_allow: Annotated[
+        list[str] | None, typer.Option(help="A value never masked, e.g. the shop's own address (repeatable).")
+    ] = None,
     follow: Annotated[
         bool,
         typer.Option(
@@ -147,6 +162,9 @@ def serve(
         raise typer.BadParameter(f"choose {' or '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
     try:
         check_bind(host, api_key, "gateway")  # before the engine's slow start, not after it
+        from agentforge.privacy import PrivacyConfig
+
+        policy = PrivacyConfig.from_options(privacy, privacy_pattern, privacy_allow)
         path = model or prepare_default_model()
         if backend == "vllm":
             from agentforge.serving.vllm import VLLMServer
@@ -189,6 +207,7 @@ def serve(
             api_key=api_key,
             admin_key=admin_key,
             adapter_root=adapter_root,
+            privacy=policy,
             mounts=mounts,
         ).start()
         follower = None
@@ -272,6 +291,7 @@ def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-
 def _register() -> None:
     """Add the pipeline's sub-commands (each in :mod:`agentforge.commands`; heavy imports stay inside)."""
     from agentforge.commands.dashboard import dashboard
+    from agentforge.commands.forget import forget_cmd
     from agentforge.commands.optimize import optimize_prompt_cmd
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
@@ -286,6 +306,7 @@ def _register() -> None:
     app.command("versions")(versions)
     app.command("rollback")(rollback)
     app.add_typer(traces_app, name="traces")
+    app.command("forget")(forget_cmd)
     app.command("dashboard")(dashboard)
 
 

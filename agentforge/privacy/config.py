@@ -48,6 +48,8 @@ class PrivacyConfig(BaseModel):
         allow: values never masked (exact strings, e.g. the shop's own support address).
         phone_regions: ISO country codes whose national phone formats are recognised (``phonenumbers``);
             numbers written with a ``+`` country code are recognised whatever the region.
+        exportable: whether spans in which something was masked or redacted may leave the store; ``False``
+            marks them ``attributes["privacy"]["exportable"] = False`` and exports refuse their rollouts.
         max_rollouts: how many rollouts' mappings the gateway keeps in memory (least recently used go first;
             a rollout evicted mid-way gets new placeholder numbers).
     """
@@ -59,6 +61,7 @@ class PrivacyConfig(BaseModel):
     patterns: dict[str, str] = Field(default_factory=dict)
     allow: tuple[str, ...] = ()
     phone_regions: tuple[str, ...] = ("US", "GB", "DE", "FR")
+    exportable: bool = True
     max_rollouts: int = 4096
 
     @field_validator("categories")

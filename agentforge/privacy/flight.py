@@ -93,8 +93,10 @@ class CallPrivacy:
         counts: redactions in this call per category (the request's; ``seal`` adds the answer's).
     """
 
-    def __init__(self, mode: PrivacyMode, mapping: Mapping, counts: Counter[str]) -> None:
-        self.mode, self.mapping, self.counts = mode, mapping, counts
+    def __init__(
+        self, mode: PrivacyMode, mapping: Mapping, counts: Counter[str], exportable: bool = True
+    ) -> None:
+        self.mode, self.mapping, self.counts, self.exportable = mode, mapping, counts, exportable
         self._held: dict[tuple[Any, ...], str] = {}
 
     # --- the client's answer (mask mode) ---------------------------------------------------------
@@ -205,6 +207,8 @@ class CallPrivacy:
         attributes: dict[str, Any] = {
             "privacy": {"mode": self.mode.value, "redactions": dict(sorted(counts.items()))}
         }
+        if counts and not self.exportable:  # exports refuse it (agentforge.privacy.ledger.must_stay)
+            attributes["privacy"]["exportable"] = False
         if self.mode is PrivacyMode.redact and counts:
             llm = llm.model_copy(
                 update={
@@ -278,11 +282,11 @@ class PrivacyGuard:
             return masked
 
         if self.config.mode is PrivacyMode.redact:  # the engine sees the values; seal redacts the record
-            return body, CallPrivacy(self.config.mode, mapping, counts)
+            return body, CallPrivacy(self.config.mode, mapping, counts, self.config.exportable)
         masked = _walk_texts(body, endpoint, mask)
         if not counts and not mapping.by_value:
             return body, None
-        return masked, CallPrivacy(self.config.mode, mapping, counts)
+        return masked, CallPrivacy(self.config.mode, mapping, counts, self.config.exportable)
 
     def _mapping(self, rollout_id: str | None) -> Mapping:
         assert self.detector is not None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import MissingExtraError
 from agentforge.ports import TraceStore
+from agentforge.privacy.ledger import record_export
 from agentforge.trainers.replay.output import ExportReport, atomic_path
 from agentforge.trainers.replay.select import (
     EmptySelectionError,
@@ -185,6 +186,7 @@ def export_hf(
     target = Path(path)
     with atomic_path(target, directory=True) as tmp:
         dataset.save_to_disk(str(tmp))
+    record_export(store, target, "hf", (rec.rollout_id for rec in selection.records))
     return ExportReport(
         target, len(selection.records), len(dataset), selection.considered, Counter(selection.skipped)
     )

@@ -34,6 +34,7 @@ from pydantic_core import to_jsonable_python
 
 from agentforge.errors import AgentForgeError, StoreError, UserError
 from agentforge.ports import TraceStore
+from agentforge.privacy.ledger import record_export
 from agentforge.trainers.replay.output import ExportReport, atomic_path, progress_bar
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.trainers.replay.trust import (
@@ -145,6 +146,7 @@ def export_jsonl(
                 advance(1)
         f.flush()
         os.fsync(f.fileno())
+    record_export(store, target, "jsonl", (rec.rollout_id for rec in selection.records))
     n = len(selection.records)
     return ExportReport(target, n, n, selection.considered, Counter(selection.skipped), size)
 

@@ -8,6 +8,8 @@ of a :class:`TraceFilter`; each rollout it drops is counted under one reason in
 
 ``"state"``, ``"before since"`` / ``"after until"``, ``"agent"``, ``"task id"``, ``"group id"``,
 ``"resource mismatch"`` (pinned resources, or the policy version recorded on the LLM spans),
+``"privacy: must not leave the store"`` (a span whose privacy policy forbids exports:
+:func:`agentforge.privacy.ledger.must_stay`),
 ``"no reward"`` (none stored, or ``None``/NaN/inf), ``"reward below threshold"`` / ``"reward above
 threshold"``, ``"doubled start token"`` (a prompt that starts with the same token twice, a doubled BOS:
 :class:`~agentforge.trainers.samples.DoubledStartTokenError`), ``"no token ids"`` (an LLM span without engine
@@ -29,6 +31,7 @@ from types import MappingProxyType
 
 from agentforge.errors import UserError
 from agentforge.ports import TraceStore
+from agentforge.privacy.ledger import must_stay
 from agentforge.trainers.samples import (
     DoubledStartTokenError,
     SampleValidationError,
@@ -313,6 +316,8 @@ def _examine(store: TraceStore, rollout: Rollout, flt: TraceFilter) -> tuple[Tra
     spans = store.list_spans(rollout_id=rollout.rollout_id, valid_only=True)
     if not _policy_matches(rollout, spans, flt):
         return None, "resource mismatch"
+    if any(must_stay(s) for s in spans):  # the deployment's privacy policy keeps it in the store
+        return None, "privacy: must not leave the store"
     try:
         trajectories = build_trajectories(spans)
     except DoubledStartTokenError:  # never trained on, whatever require_tokens says

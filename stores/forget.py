@@ -1,0 +1,242 @@
+"""Deleting a subject's data from a SQL store (``agentforge forget``) and raw traces past a retention age.
+
+A subject is a rollout id, a session or a user: a rollout belongs to session ``S`` / user ``U`` when its
+metadata, its task's input or its task's metadata has ``"session_id": S`` / ``"user_id": U``. Deleting a
+rollout deletes its spans (the messages, tool results and token ids they hold), rewards and attempts, and the
+rollout row (its task). Samples are derived from these rows on read (:mod:`agentforge.trainers.samples`), so
+none outlive them; files exported earlier are listed, not touched.
+
+Freed space is erased too: on SQLite the delete runs with ``PRAGMA secure_delete`` (freed pages are zeroed),
+then ``VACUUM`` rewrites the file and ``wal_checkpoint(TRUNCATE)`` empties the WAL; on PostgreSQL ``VACUUM``
+(``full=True``: ``VACUUM FULL``, which rewrites the tables under an exclusive lock) follows.
+
+Each run is logged without its data (:mod:`agentforge.privacy.ledger`). Deleting twice is harmless: the second
+run finds nothing and logs a deletion of zero rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, or_, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, select
+
+from agentforge.errors import UserError
+from agentforge.privacy.ledger import exports_holding, record_deletion
+from agentforge.stores.sql import SQLStore
+from agentforge.stores.tables import AttemptRow, RewardRow, RolloutRow, SpanRow
+from agentforge.types import ResourceVersion
+
+__all__ = ["ForgetReport", "forget", "apply_retention", "RETAINED_METRICS", "SUBJECT_KEYS"]
+
+#: the key naming each subject kind in a rollout's metadata / task input / task metadata
+SUBJECT_KEYS = {"session": "session_id", "user": "user_id"}
+#: the resource whose versions keep the aggregates of rollouts deleted by retention
+RETAINED_METRICS = "metrics:retained"
+_TERMINAL = ("succeeded", "failed", "cancelled")
+_CHUNK = 500
+
+
+@dataclass
+class ForgetReport:
+    """What one deletion did.
+
+    Attributes:
+        rollout_ids: the rollouts deleted.
+        deleted: rows deleted per table (``rollouts``, ``attempts``, ``spans``, ``rewards``).
+        exports_before: exported files made earlier that hold some of those rollouts (still on disk).
+    """
+
+    rollout_ids: list[str] = field(default_factory=list)
+    deleted: dict[str, int] = field(default_factory=dict)
+    exports_before: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _owner_values(row: RolloutRow, key: str) -> set[str]:
+    values = set()
+    for raw, path in ((row.metadata_json, ()), (row.task_json, ("input",)), (row.task_json, ("metadata",))):
+        try:
+            obj = json.loads(raw) if raw else {}
+        except ValueError:
+            continue
+        for step in path:
+            obj = obj.get(step) if isinstance(obj, dict) else None
+        if isinstance(obj, dict) and isinstance(obj.get(key), str):
+            values.add(obj[key])
+    return values
+
+
+def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]:
+    key = SUBJECT_KEYS[kind]
+    found = []
+    for value in values:
+        needle = json.dumps(value)[1:-1]  # how the value reads inside the stored JSON
+        rows = s.exec(
+            select(RolloutRow).where(
+                or_(RolloutRow.metadata_json.contains(needle), RolloutRow.task_json.contains(needle))
+            )  # type: ignore[union-attr]
+        ).all()
+        found += [r.rollout_id for r in rows if value in _owner_values(r, key)]
+    return found
+
+
+def _delete(s: Session, ids: list[str]) -> dict[str, int]:
+    if s.get_bind().dialect.name == "sqlite":
+        s.execute(text("PRAGMA secure_delete = ON"))  # freed pages are zeroed, not left readable
+    counts = dict.fromkeys(("spans", "rewards", "attempts", "rollouts"), 0)
+    for at in range(0, len(ids), _CHUNK):
+        chunk = ids[at : at + _CHUNK]
+        for name, table in (
+            ("spans", SpanRow),
+            ("rewards", RewardRow),
+            ("attempts", AttemptRow),
+            ("rollouts", RolloutRow),
+        ):
+            result = s.execute(delete(table).where(table.rollout_id.in_(chunk)))  # type: ignore[attr-defined]
+            counts[name] += result.rowcount or 0
+    return counts
+
+
+def _erase_freed(store: SQLStore, full: bool) -> None:
+    if store.dialect == "sqlite":
+        if store.url in ("sqlite://", "sqlite:///:memory:"):
+            return
+        # a connection of its own, outside SQLAlchemy's transaction handling (VACUUM refuses any transaction)
+        conn = sqlite3.connect(make_url(store.url).database or "", isolation_level=None, timeout=30)
+        try:
+            conn.execute("PRAGMA secure_delete = ON")
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    else:
+        with store._tx.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            verb = "VACUUM FULL" if full else "VACUUM"
+            for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
+                conn.exec_driver_sql(f"{verb} {table}")
+
+
+def forget(
+    store: SQLStore,
+    *,
+    rollouts: Iterable[str] = (),
+    sessions: Iterable[str] = (),
+    users: Iterable[str] = (),
+    vacuum: bool = True,
+    full: bool = False,
+) -> ForgetReport:
+    """Delete every row of the given subjects and log the deletion (see the module docstring).
+
+    Args:
+        store: a SQLite or PostgreSQL store.
+        rollouts: rollout ids.
+        sessions: session ids (``session_id`` of a rollout's metadata, task input or task metadata).
+        users: user ids (``user_id`` in the same places).
+        vacuum: erase the freed space afterwards (SQLite ``VACUUM``; PostgreSQL ``VACUUM``).
+        full: on PostgreSQL, ``VACUUM FULL`` (rewrites the tables; blocks them meanwhile).
+
+    Returns:
+        The deleted rollouts, row counts and the exports made before that hold them.
+
+    Raises:
+        UserError: no subject given.
+    """
+    rollouts, sessions, users = list(rollouts), list(sessions), list(users)
+    if not (rollouts or sessions or users):
+        raise UserError("forget needs at least one --rollout, --session or --user")
+    started = time.time()
+
+    def run(s: Session) -> tuple[list[str], dict[str, int]]:
+        ids = list(
+            dict.fromkeys(
+                rollouts + _subject_rollouts(s, "session", sessions) + _subject_rollouts(s, "user", users)
+            )
+        )
+        return ids, _delete(s, ids)
+
+    ids, counts = store._tx.run(run, write=True)
+    if vacuum:
+        _erase_freed(store, full)
+    report = ForgetReport(ids, counts, exports_holding(store, ids, started))
+    for subject, values in (("rollout", rollouts), ("session", sessions), ("user", users)):
+        if values:
+            record_deletion(store, subject, values, counts, report.exports_before)
+    return report
+
+
+def apply_retention(
+    store: SQLStore, days: float, *, vacuum: bool = True, at: float | None = None
+) -> ForgetReport:
+    """Delete finished rollouts created more than ``days`` days ago; keep their aggregates.
+
+    The aggregates (per UTC day, agent and state: rollouts, rollouts with a valid final reward, the sum and
+    mean of those rewards) are stored first as the next version of :data:`RETAINED_METRICS`.
+
+    Args:
+        store: a SQLite or PostgreSQL store.
+        days: the retention age, days (> 0).
+        vacuum: erase the freed space afterwards.
+        at: "now", seconds since the epoch (default: the clock).
+
+    Returns:
+        What was deleted.
+
+    Raises:
+        UserError: ``days`` is not a positive number.
+    """
+    if not (isinstance(days, int | float) and math.isfinite(days) and days > 0):
+        raise UserError(f"retention needs a positive number of days, got {days!r}")
+    cutoff = (at if at is not None else time.time()) - days * 86400.0
+
+    def run(s: Session) -> tuple[list[str], dict[str, int], list[dict[str, Any]]]:
+        rows = s.exec(
+            select(RolloutRow.rollout_id, RolloutRow.agent, RolloutRow.state, RolloutRow.created_at).where(
+                RolloutRow.created_at < cutoff,
+                RolloutRow.state.in_(_TERMINAL),  # type: ignore[attr-defined]
+            )
+        ).all()
+        ids = [r[0] for r in rows]
+        finals: dict[str, float] = {}
+        for at_ in range(0, len(ids), _CHUNK):
+            chunk = ids[at_ : at_ + _CHUNK]
+            for rid, value in s.exec(
+                select(RewardRow.rollout_id, RewardRow.value).where(
+                    RewardRow.rollout_id.in_(chunk),
+                    RewardRow.final,
+                    RewardRow.valid,  # type: ignore[attr-defined]
+                )
+            ).all():
+                finals[rid] = value
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for rid, agent, state, created in rows:
+            day = time.strftime("%Y-%m-%d", time.gmtime(created))
+            g = groups.setdefault((day, agent, state), [0, 0, 0.0])
+            g[0] += 1
+            if rid in finals and finals[rid] is not None:
+                g[1] += 1
+                g[2] += finals[rid]
+        aggregates = [
+            {"day": d, "agent": a, "state": st, "rollouts": n, "rewarded": k, "reward_sum": total,
+             "reward_mean": total / k if k else None}
+            for (d, a, st), (n, k, total) in sorted(groups.items())
+        ]  # fmt: skip
+        return ids, _delete(s, ids), aggregates
+
+    ids, counts, aggregates = store._tx.run(run, write=True)
+    if aggregates:
+        payload = {"cutoff": cutoff, "days": days, "aggregates": aggregates}
+        store.publish_resource(
+            ResourceVersion(name=RETAINED_METRICS, kind="other", payload=payload), activate=False
+        )
+    if vacuum and ids:
+        _erase_freed(store, False)
+    report = ForgetReport(ids, counts, exports_holding(store, ids, cutoff + days * 86400.0))
+    record_deletion(store, "retention", [str(cutoff)], counts, report.exports_before)
+    return report

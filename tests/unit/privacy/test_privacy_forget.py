@@ -1,0 +1,113 @@
+"""agentforge forget and retention on SQLite and PostgreSQL: a user's rows go (file bytes grepped after the
+vacuum), other users' stay, a second run is harmless, the log holds no data, earlier exports are listed,
+exports refuse spans that must stay, retention keeps aggregates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures_store import PG_ENV
+from typer.testing import CliRunner
+
+from agentforge.cli import app
+from agentforge.privacy.ledger import DELETIONS, EXPORTS
+from agentforge.stores.forget import RETAINED_METRICS, apply_retention, forget
+from agentforge.stores.sql import SQLStore
+from agentforge.trainers.replay import TraceFilter, export_jsonl
+from agentforge.types import AttemptState, LLMCall, Reward, Rollout, Span, SpanKind, Task
+
+
+def _rollout(store: SQLStore, user: str, marker: str, attributes: dict | None = None) -> str:
+    """A succeeded rollout of ``user`` with one attempt, one LLM span holding ``marker`` and a final reward."""
+    rid = store.enqueue_rollout(Rollout(task=Task(input={"user_id": user}))).rollout_id
+    claimed = store.claim_rollout("w1")
+    assert claimed is not None and claimed[0].rollout_id == rid
+    llm = LLMCall(request={"messages": [{"role": "user", "content": f"my address is {marker}"}]}, response_text=marker,
+                  prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1])  # fmt: skip
+    span = Span(
+        rollout_id=rid,
+        attempt_id=claimed[1].attempt_id,
+        kind=SpanKind.llm,
+        llm=llm,
+        attributes=attributes or {},
+    )
+    store.add_span(span)
+    store.add_reward(Reward(rollout_id=rid, value=1.0, final=True))
+    store.finish_attempt(claimed[1].attempt_id, AttemptState.succeeded)
+    return rid
+
+
+def _files(url: str) -> bytes:
+    path = Path(url.removeprefix("sqlite:///"))
+    return b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'traces.db'}"
+    if not __import__("os").environ.get(PG_ENV):
+        pytest.skip(f"needs {PG_ENV}")
+    return request.getfixturevalue("pg_url")
+
+
+def test_forget_a_user_everywhere_and_only_them(store_url: str, tmp_path: Path) -> None:
+    with SQLStore(store_url) as store:
+        alice = [_rollout(store, "alice_17", f"77 Alice Lane #{i} zq9") for i in range(2)]
+        bob = _rollout(store, "bob_42", "12 Bob Street kw3")
+        export_jsonl(store, tmp_path / "before.jsonl", TraceFilter(require_tokens=False))
+        report = forget(store, users=["alice_17"])
+        assert sorted(report.rollout_ids) == sorted(alice)
+        assert report.deleted == {"spans": 2, "rewards": 2, "attempts": 2, "rollouts": 2}
+        assert [e["path"] for e in report.exports_before] == [str(tmp_path / "before.jsonl")]
+        assert [s.rollout_id for s in store.list_spans(rollout_id=bob)] == [bob]
+        assert store.get_rollout(bob).task.input == {"user_id": "bob_42"}
+        again = forget(store, users=["alice_17"])  # idempotent
+        assert again.rollout_ids == [] and again.deleted == {
+            "spans": 0,
+            "rewards": 0,
+            "attempts": 0,
+            "rollouts": 0,
+        }
+        log = [v.payload for v in store.list_resources(DELETIONS)]
+        assert len(log) == 2 and log[0]["subject"] == "user" and "alice" not in json.dumps(log)
+        assert len(store.list_resources(EXPORTS)) == 1
+    if store_url.startswith("sqlite"):
+        data = _files(store_url)
+        assert b"Alice Lane" not in data and b"alice_17" not in data
+        assert b"12 Bob Street kw3" in data
+
+
+def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    with SQLStore(url) as store:
+        kept = _rollout(store, "u1", "ok text")
+        held = _rollout(store, "u2", "held text", {"privacy": {"mode": "redact", "exportable": False}})
+        report = export_jsonl(store, tmp_path / "out.jsonl", TraceFilter(require_tokens=False))
+        assert report.skipped == {"privacy: must not leave the store": 1}
+        assert b"held text" not in (tmp_path / "out.jsonl").read_bytes()
+        gone = apply_retention(store, 1, at=store.get_rollout(kept).created_at + 2 * 86400)
+        assert sorted(gone.rollout_ids) == sorted([kept, held])
+        (metrics,) = store.list_resources(RETAINED_METRICS)
+        (row,) = metrics.payload["aggregates"]
+        assert (row["rollouts"], row["rewarded"], row["reward_mean"], row["state"]) == (
+            2,
+            2,
+            1.0,
+            "succeeded",
+        )
+    assert b"held text" not in _files(url)
+
+
+def test_forget_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    with SQLStore(url) as store:
+        rid = _rollout(store, "carol", "5 Carol Court")
+    runner = CliRunner()
+    result = runner.invoke(app, ["forget", "--rollout", rid, "--store-url", url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["deleted"]["spans"] == 1
+    bad = runner.invoke(app, ["forget", "--store-url", url])
+    assert bad.exit_code == 2 and "--older-than-days" in bad.output
