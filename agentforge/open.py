@@ -5,6 +5,9 @@
 * ``postgresql+psycopg://user:pw@host/db`` → :class:`~agentforge.stores.sql.SQLStore` on PostgreSQL;
 * ``http(s)://host:port`` (a store server, or a gateway's store API) → :class:`~agentforge.stores.http.HTTPStore`.
 
+A SQL store exports what it commits to an OpenTelemetry collector while ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set (:mod:`agentforge.stores.otlp`).
+
 It is the one wiring point below the CLI that names concrete store backends (the import-layer contracts in
 ``pyproject.toml`` allow it and nothing else in the core). The store classes are imported on call, so
 importing this module stays cheap::
@@ -59,7 +62,9 @@ def open_store(
     Raises:
         UserError: the URL cannot be parsed, names another database than SQLite or PostgreSQL, or (with
             ``must_exist``) names a SQLite file that does not exist.
-        MissingExtraError: a PostgreSQL URL without ``psycopg`` installed.
+        MissingExtraError: a PostgreSQL URL without ``psycopg`` installed, or an OTLP endpoint in the environment
+            without the OpenTelemetry SDK and exporter (``agentforge[otel]``).
+        ConfigError: the OpenTelemetry environment holds a value that is not valid.
         StoreError: the database cannot be opened.
     """
     url = url or default_store_url()
@@ -81,9 +86,16 @@ def open_store(
         path = Path(parsed.database).expanduser()
         if not path.is_file():
             raise UserError(f"no trace store at {path} (from {url!r}); check the path")
+    from agentforge.stores.otlp import export_to_otlp
     from agentforge.stores.sql import SQLStore
 
-    return SQLStore(url)
+    store = SQLStore(url)
+    try:
+        export_to_otlp(store)  # only while the OpenTelemetry environment names an OTLP endpoint
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def is_process_local(url: str) -> bool:

@@ -19,8 +19,9 @@ Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET /api/rollouts/page`
 ``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans``,
 ``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
 ``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
-``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate`` and the
-unauthenticated ``GET /api/store/health``.
+``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate``,
+``GET /api/store/metrics`` (the OTLP export's counters in Prometheus' text format, :func:`otlp_metrics_text`) and
+the unauthenticated ``GET /api/store/health``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,32 @@ from agentforge.stores.wire import (
 )
 from agentforge.types import AttemptState, Reward, Rollout, RolloutState, Span, SpanKind
 
-__all__ = ["store_router", "create_store_app", "batch_results"]
+__all__ = ["store_router", "create_store_app", "batch_results", "otlp_metrics_text"]
+
+
+def otlp_metrics_text(store: TraceStore) -> str:
+    """The counters of ``store``'s OTLP export (:meth:`agentforge.stores.otlp.OTLPExport.metrics`) in Prometheus'
+    text format: ``agentforge_otlp_export_enabled`` (0 or 1), ``agentforge_otlp_spans_exported_total``,
+    ``agentforge_otlp_dropped_total{reason="queue_full"|"export_failed"|"build_error"}`` and
+    ``agentforge_otlp_queue_size``."""
+    listener = getattr(store, "listener", None)
+    counts = listener.metrics() if hasattr(listener, "metrics") else None
+    lines = [
+        "# TYPE agentforge_otlp_export_enabled gauge",
+        f"agentforge_otlp_export_enabled {int(counts is not None)}",
+    ]
+    if counts is not None:
+        lines += [
+            "# TYPE agentforge_otlp_spans_exported_total counter",
+            f"agentforge_otlp_spans_exported_total {counts['exported']}",
+            "# TYPE agentforge_otlp_dropped_total counter",
+            f'agentforge_otlp_dropped_total{{reason="queue_full"}} {counts["dropped_queue_full"]}',
+            f'agentforge_otlp_dropped_total{{reason="export_failed"}} {counts["dropped_export_failed"]}',
+            f'agentforge_otlp_dropped_total{{reason="build_error"}} {counts["build_errors"]}',
+            "# TYPE agentforge_otlp_queue_size gauge",
+            f"agentforge_otlp_queue_size {counts['queued']}",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def batch_results(store: TraceStore, items: list[BatchItem], ack: str = "full") -> list[BatchResult]:
@@ -185,6 +211,10 @@ def store_router(
     @open_r.get("/store/health")
     def health() -> dict[str, bool]:
         return {"ok": True}
+
+    @r.get("/store/metrics")
+    def metrics() -> Response:
+        return Response(otlp_metrics_text(store), media_type="text/plain; version=0.0.4")
 
     @r.post("/rollouts")
     def enqueue(rollout: Rollout, st: Any = Depends(scoped)) -> Response:

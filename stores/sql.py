@@ -402,6 +402,8 @@ class SQLStore(RolloutQueue, RolloutPages):
         """Write what is queued, then dispose of the connection pool (an in-memory database is lost).
         Safe to call twice."""
         self._writer.close()
+        if self.listener is not None:  # e.g. the OTLP export: flushes what the writer committed last
+            self.listener.close()
         self._tx.close()
 
 

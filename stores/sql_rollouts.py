@@ -6,7 +6,9 @@ The state machine is :data:`agentforge.types.ROLLOUT_TRANSITIONS`; every state c
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
@@ -24,9 +26,14 @@ from agentforge.stores.tables import (
     row_to_attempt,
     row_to_rollout,
 )
-from agentforge.types import Attempt, AttemptState, Rollout, RolloutState, check_transition, now
+from agentforge.types import Attempt, AttemptState, Reward, Rollout, RolloutState, Span, check_transition, now
 
-__all__ = ["RolloutQueue", "close_rollout"]
+if TYPE_CHECKING:
+    from agentforge.stores.writer import GroupCommitWriter
+
+__all__ = ["CommitListener", "RolloutQueue", "close_rollout"]
+
+logger = logging.getLogger("agentforge.stores")
 
 _UPDATABLE = {"metadata", "resources", "state", "error"}
 
@@ -57,10 +64,53 @@ def close_rollout(ro: RolloutRow, att: AttemptRow, state: AttemptState, error: s
     ro.state, ro.updated_at = target.value, t
 
 
+class CommitListener(Protocol):
+    """What a store tells after it committed (e.g. :class:`~agentforge.stores.otlp.OTLPExport`).
+
+    Both methods are called on the committing thread (the writer thread, or the caller of a rollout method)
+    after the commit: they must return at once (queue the work for a thread of their own) and not raise.
+    """
+
+    def committed(self, items: Sequence[Span | Reward]) -> None:
+        """Spans and rewards of one committed batch, as stored (``sequence`` and ``attempt_id`` set)."""
+        ...
+
+    def rollouts_changed(self, rollout_ids: Sequence[str]) -> None:
+        """Rollouts whose attempts or state may have changed (``finish_attempt``, ``update_rollout`` of a state,
+        ``requeue_stale``); the listener reads them itself if it needs to."""
+        ...
+
+    def close(self) -> None:
+        """The store is closing (its writer has written everything): finish up within a bounded time."""
+        ...
+
+
 class RolloutQueue:
-    """The rollout half of :class:`~agentforge.stores.sql.SQLStore` (which sets ``_tx``)."""
+    """The rollout half of :class:`~agentforge.stores.sql.SQLStore` (which sets ``_tx`` and ``_writer``)."""
 
     _tx: Transactor
+    _writer: GroupCommitWriter[Span | Reward, Span | Reward]
+    #: Told after every commit of this store; ``None`` (default): nobody (see :meth:`listen`).
+    listener: CommitListener | None = None
+
+    def listen(self, listener: CommitListener | None) -> None:
+        """Tell ``listener`` what this store commits from now on (``None``: stop telling anyone).
+
+        Args:
+            listener: gets each committed batch of spans and rewards (on the writer thread) and the ids of
+                rollouts whose attempts or state changed (on the caller's thread, after the commit).
+        """
+        self.listener = listener
+        self._writer.on_commit = None if listener is None else listener.committed
+
+    def _changed(self, rollout_ids: Sequence[str]) -> None:
+        if (listener := self.listener) is not None and rollout_ids:
+            try:
+                listener.rollouts_changed(rollout_ids)
+            except Exception:
+                logger.exception(
+                    "the commit listener failed on rollouts %s (they are committed)", rollout_ids
+                )
 
     # --- rollouts ---------------------------------------------------------------------------------
     def enqueue_rollout(self, rollout: Rollout) -> Rollout:
@@ -196,7 +246,9 @@ class RolloutQueue:
                 s.flush()
             return row_to_rollout(ro)
 
-        return self._tx.run(fn, write=True)
+        rollout = self._tx.run(fn, write=True)
+        self._changed((rollout.rollout_id,))
+        return rollout
 
     def requeue_stale(self, heartbeat_timeout_s: float) -> list[str]:
         """Abandon running attempts whose last heartbeat is older than ``heartbeat_timeout_s`` seconds;
@@ -227,7 +279,9 @@ class RolloutQueue:
             s.flush()
             return affected
 
-        return self._tx.run(fn, write=True)
+        affected = self._tx.run(fn, write=True)
+        self._changed(affected)
+        return affected
 
     def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
         """Update ``metadata``, ``resources``, ``error`` or ``state``.
@@ -282,7 +336,10 @@ class RolloutQueue:
             s.flush()
             return row_to_rollout(ro)
 
-        return self._tx.run(fn, write=True)
+        rollout = self._tx.run(fn, write=True)
+        if "state" in fields:
+            self._changed((rollout_id,))
+        return rollout
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
         """All attempts of a rollout, by number. Raises: ``NotFoundError``."""

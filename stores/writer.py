@@ -16,6 +16,10 @@ acknowledged is written after it. An item the store rejects (unknown rollout, ba
 batch that fails as a whole (the database stayed unreachable through the store's retries) fails every
 item of it with that error.
 
+A store that exports what it commits (:mod:`agentforge.stores.otlp`) sets :attr:`GroupCommitWriter.on_commit`:
+the writer thread hands it each batch's stored items after resolving the callers' futures, so a listener never
+delays an acknowledgement; ``None`` (the default) costs one attribute read per batch.
+
 After ``os.fork`` the child starts a writer thread of its own on first use (threads do not survive a
 fork) and items queued in the parent stay the parent's. The store's database connections must not cross a
 fork, though (SQLite's own rule; PostgreSQL pools likewise): a forked child opens a new store, as the
@@ -52,9 +56,16 @@ class GroupCommitWriter(Generic[T, R]):
         name: the thread's name (for logs and debuggers).
         max_batch: most items per ``write_batch`` call.
 
+    Attributes:
+        on_commit: called on the writer thread with each batch's stored items (those that did not fail), after
+            the batch's futures are resolved; must not block (an exception is logged and ignored). ``None``:
+            nothing is called.
+
     Raises (from :meth:`submit`):
         UserError: the writer is closed.
     """
+
+    on_commit: Callable[[Sequence[R]], None] | None = None
 
     def __init__(
         self,
@@ -160,6 +171,16 @@ class GroupCommitWriter(Generic[T, R]):
                     loop.call_soon_threadsafe(_settle, settled)
                 except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
                     pass
+            if (listener := self.on_commit) is not None:
+                _notify(listener, [o for o in outcomes if not isinstance(o, BaseException)], self._name)
+
+
+def _notify(listener: Callable[[Sequence[R]], None], stored: list[R], name: str) -> None:
+    """Hand a committed batch to the writer's listener; its failure is logged, never the writer's."""
+    try:
+        listener(stored)
+    except Exception:
+        logger.exception("%s: the commit listener failed (the batch itself is committed)", name)
 
 
 def _settle(settled: list[tuple[asyncio.Future[R], R | BaseException]]) -> None:
