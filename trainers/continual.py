@@ -121,6 +121,9 @@ class ContinualTrainer:
         poll_s: seconds between store polls; temperature: sampling temperature of the re-runs.
         max_age_s: only conversations younger than this many seconds (``None``: any).
         gateway_api_key: the gateway's API key, if any.
+        tenant: learn one tenant's adapter from that tenant's conversations only (its rated rollouts, its
+            re-runs); pair it with a publisher of the tenant's lineage, e.g. ``StorePublisher(store,
+            alias="policy@acme")``, so the versions it publishes are ``policy@acme/vN``. ``None``: no tenant.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class ContinualTrainer:
         temperature: float = 1.0,
         max_age_s: float | None = None,
         gateway_api_key: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         if temperature <= 0:
             raise UserError(f"temperature={temperature}: the re-runs of a group must differ; use > 0")
@@ -156,6 +160,7 @@ class ContinualTrainer:
             max_attempts=config.rollout_max_attempts,
             wait_timeout_s=config.wait_timeout_s,
             max_staleness=config.max_staleness,
+            tenant=tenant,
         )
         self.source = FeedbackSource(
             store,

@@ -105,6 +105,9 @@ class FeedbackSource:
         stop: set to end the run; checked at every poll.
         app_agent: the app's agent name; poll_s: seconds between polls; temperature: replay sampling.
         max_age_s: ignore conversations created longer ago than this (``None``: any age).
+
+    With a tenant on the inner source (``RolloutSource(tenant=...)``) only that tenant's conversations are read,
+    and the re-runs are that tenant's rollouts.
     """
 
     def __init__(
@@ -151,7 +154,7 @@ class FeedbackSource:
         marked used and counted in :attr:`skipped`)."""
         since = None if self.max_age_s is None else time.time() - self.max_age_s
         out = []
-        for rollout in self.store.list_rollouts(agent=self.app_agent, since=since):
+        for rollout in self.store.list_rollouts(agent=self.app_agent, since=since, tenant=self.inner.tenant):
             if "continual" in rollout.metadata:
                 continue
             reward = self.store.final_reward(rollout.rollout_id)
@@ -188,7 +191,7 @@ class FeedbackSource:
         """
         if self._earlier is None:
             self._earlier = {}
-            for rollout in self.store.list_rollouts(agent=self.app_agent):
+            for rollout in self.store.list_rollouts(agent=self.app_agent, tenant=self.inner.tenant):
                 mark = rollout.metadata.get("continual")
                 if not isinstance(mark, dict) or mark.get("run") != self.run_id or mark.get("trained"):
                     continue

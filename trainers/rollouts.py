@@ -49,7 +49,7 @@ from agentforge.trainers.samples import (
     trajectory_sample,
     with_temperatures,
 )
-from agentforge.types import Rollout, RolloutState, SpanKind, Task, new_id, parse_version_number
+from agentforge.types import Rollout, RolloutState, SpanKind, Task, check_tenant, new_id, parse_version_number
 
 __all__ = ["BatchReport", "RolloutSource", "SampleSource", "stored_reward"]
 
@@ -71,6 +71,9 @@ class RolloutSource:
         max_staleness: versions a sample may lag behind ``current_version()``.
         run_id: identifies this training run on every rollout (``metadata.trainer_run``).
         poll_s: store polling interval while waiting, seconds.
+        tenant: train one tenant's lineage on that tenant's rollouts only: every rollout is enqueued for the
+            tenant (and read back filtered by it), pinning ``current_version()`` (the tenant's version, e.g.
+            ``StorePublisher(store, alias="policy@acme").current``) under ``alias``. ``None``: no tenant.
     """
 
     def __init__(
@@ -89,8 +92,10 @@ class RolloutSource:
         max_staleness: int = 1,
         run_id: str | None = None,
         poll_s: float = 0.2,
+        tenant: str | None = None,
     ) -> None:
         self.store, self.tasks, self.group_size = store, tasks, group_size
+        self.tenant = None if tenant is None else check_tenant(tenant)
         self.current_version, self.alias = current_version, alias
         self.placeholder = placeholder_token_id
         self.agent, self.timeout_s, self.max_attempts = agent, timeout_s, max_attempts
@@ -143,7 +148,7 @@ class RolloutSource:
         """
         if self._formed is None:
             self._formed = defaultdict(list)
-            for rollout in self.store.list_rollouts(agent=self.agent or None):
+            for rollout in self.store.list_rollouts(agent=self.agent or None, tenant=self.tenant):
                 meta = rollout.metadata
                 if meta.get("trainer_run") == self.run_id and isinstance(meta.get("step"), int):
                     if meta["step"] >= step:  # earlier steps are in the checkpoint's weights already
@@ -176,6 +181,7 @@ class RolloutSource:
                 max_attempts=self.max_attempts,
                 timeout_s=self.timeout_s,
                 metadata={"trainer_run": self.run_id, "step": self.step},
+                tenant=self.tenant,
             )
         left = sorted({r.task.task_id for groups in earlier.values() for g in groups for r in g})
         if left:

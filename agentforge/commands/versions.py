@@ -13,6 +13,16 @@ from agentforge.commands.common import console, reported
 __all__ = ["versions", "rollback"]
 
 StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
+Tenant = Annotated[str | None, typer.Option(help="A tenant: its own lineage of the resource (policy → policy@TENANT, versions policy@TENANT/vN).")]  # fmt: skip
+
+
+def _lineage(name: str | None, tenant: str | None) -> str | None:
+    """The resource a command acts on: ``name``, or ``tenant``'s lineage of it (``policy`` → ``policy@acme``)."""
+    if tenant is None:
+        return name
+    from agentforge.types import Version
+
+    return Version.lineage(name or "policy", tenant)
 
 
 def _store(url: str | None):  # type: ignore[no-untyped-def]
@@ -26,11 +36,12 @@ def versions(
         str | None, typer.Argument(help="A resource name (policy, prompt:triage…); default: all.")
     ] = None,
     store_url: StoreUrl = None,
+    tenant: Tenant = None,
 ) -> None:
     """List versions of the store's resources (the active one is marked) and the promotion history: every
-    gate decision (eval, canary, promote, watch) with its numbers.
+    gate decision (eval, canary, promote, watch) with its numbers. With --tenant, that tenant's lineage.
 
-    Example: `agentforge versions prompt:triage`.
+    Example: `agentforge versions prompt:triage`, `agentforge versions --tenant acme`.
     """
     from rich.markup import escape
     from rich.table import Table
@@ -39,6 +50,7 @@ def versions(
     from agentforge.prompts import CANARY_PREFIX
 
     with reported():
+        name = _lineage(name, tenant)
         store = _store(store_url)
         internal = (DECISION_PREFIX, CANARY_PREFIX)  # the decision log and prompt canaries: shown below
         resources = [r for r in store.list_resources(name) if not r.name.startswith(internal)]
@@ -114,16 +126,19 @@ def rollback(
         str, typer.Argument(help="The version to go back to: 3, v3 or policy@v3 (0 = base model).")
     ],
     store_url: StoreUrl = None,
+    tenant: Tenant = None,
 ) -> None:
     """Go back to an earlier version in one call: a prompt's version is re-activated (the next rollouts use it);
-    an adapter is re-published as a new version that every following `agentforge serve` hot-swaps in.
+    an adapter is re-published as a new version that every following `agentforge serve` hot-swaps in. With
+    --tenant, in that tenant's lineage (policy@TENANT).
 
-    Example: `agentforge rollback prompt:triage 2` or `agentforge rollback policy 3`.
+    Example: `agentforge rollback prompt:triage 2`, `agentforge rollback policy 3 --tenant acme`.
     """
     from agentforge.prompts import rollback_prompt
     from agentforge.trainers.publish import rollback_adapter
 
     with reported():
+        name = _lineage(name, tenant) or name
         store = _store(store_url)
         kinds = {r.kind for r in store.list_resources(name)}
         if not kinds:

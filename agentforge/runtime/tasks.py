@@ -28,6 +28,7 @@ def enqueue_tasks(
     max_attempts: int = 3,
     timeout_s: float = 600.0,
     metadata: Mapping[str, Any] | None = None,
+    tenant: str | None = None,
 ) -> list[Rollout]:
     """Enqueue ``group_size`` rollouts per task; the rollouts of one task share a fresh ``group_id``.
 
@@ -40,6 +41,7 @@ def enqueue_tasks(
         max_attempts: tries per rollout (first run + retries).
         timeout_s: wall-clock limit per attempt, seconds.
         metadata: stored with every rollout.
+        tenant: the tenant every rollout belongs to (``Rollout.tenant``; ``None``: none).
 
     Returns:
         The stored rollouts, task by task, in enqueue order.
@@ -56,7 +58,7 @@ def enqueue_tasks(
         for _ in range(group_size):
             rollout = Rollout(
                 task=task, agent=agent, group_id=group_id, resources=dict(resources or {}),
-                metadata=dict(metadata or {}), max_attempts=max_attempts, timeout_s=timeout_s,
+                metadata=dict(metadata or {}), max_attempts=max_attempts, timeout_s=timeout_s, tenant=tenant,
             )  # fmt: skip
             out.append(store.enqueue_rollout(rollout))
     return out

@@ -1,0 +1,250 @@
+"""Many tenants' adapters on one engine: loaded on demand, least recently used unloaded first, never mid-request.
+
+Each tenant may own a lineage of the policy (``policy@acme``, versions ``policy@acme/vN``, published like any
+resource; :meth:`agentforge.types.Version.lineage`). :class:`TenantAdapters` is the gateway's
+:class:`~agentforge.gateway.tenancy.TenantModels`: for a call of tenant ``acme`` asking for ``policy`` it finds the
+lineage's active version in the store, and
+
+* if that version is loaded, counts the call in flight on it (a dictionary lookup under a lock: the warm path);
+* else (a **cold start**) loads it into the engine and registers it in the router while the call waits; the call is
+  served by its tenant's version or fails, never by another tenant's adapter (no alias is shared between tenants);
+* before a load, when ``max_loaded`` tenant versions are loaded, unloads the least recently used one **that has no
+  request in flight** (checked and unregistered under the lock every tenant call takes, so no call can start on it
+  in between); when every loaded version is busy the load waits up to ``slot_wait_s`` for one to go idle;
+* a tenant without a lineage gets the shared alias (``policy``), which this class never loads or unloads.
+
+Loads are one at a time (vLLM loads adapters one after another anyway). Unloading a version and loading the same
+version again later reuses its name: its weights are the same, so vLLM's prefix cache stays right (DESIGN fact 2
+forbids reusing a name for *other* weights). Counts and cold-start latencies are in :meth:`TenantAdapters.metrics`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from agentforge.errors import ConfigError, NotFoundError, ServingError, UserError
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.types import Version, tenant_of_name
+
+if TYPE_CHECKING:
+    from agentforge.ports import PolicyServer, TraceStore
+
+__all__ = ["TenantAdapters"]
+
+log = logging.getLogger(__name__)
+
+
+class TenantAdapters:
+    """Loads each tenant's live adapter version into ``server`` on demand (see the module docstring).
+
+    Args:
+        server: the engine (started), with ``load_adapter``/``unload_adapter``.
+        router: the gateway's router (the shared ``alias`` is registered there by serving as usual).
+        store: where each lineage's versions are published (``get_resource``).
+        alias: the shared alias; a tenant's lineage is ``{alias}@{tenant}``.
+        max_loaded: most tenant versions loaded at once; default: the engine's adapter capacity
+            (``--max-cpu-loras``, else ``--max-loras``) minus 2 slots for the shared policy's hot swap (old + new).
+        refresh_s: seconds a lineage's active version is reused before the store is asked again (a newly
+            activated version serves after at most this long).
+        slot_wait_s: seconds a cold start waits for a loaded version to go idle before it fails.
+
+    Raises:
+        ConfigError: ``max_loaded`` is below 1 or above the engine's adapter capacity.
+    """
+
+    def __init__(
+        self,
+        server: PolicyServer,
+        router: ModelRouter,
+        store: TraceStore,
+        alias: str = "policy",
+        *,
+        max_loaded: int | None = None,
+        refresh_s: float = 2.0,
+        slot_wait_s: float = 30.0,
+    ) -> None:
+        self.server, self.router, self.store, self.alias = server, router, store, alias
+        capacity = getattr(server, "max_cpu_loras", None) or getattr(server, "max_loras", None)
+        if max_loaded is None:
+            if capacity is None:
+                raise ConfigError("the engine does not say how many adapters it holds; pass max_loaded")
+            max_loaded = capacity - 2
+        if max_loaded < 1 or (capacity is not None and max_loaded > capacity):
+            raise ConfigError(
+                f"max_loaded={max_loaded} tenant adapters must be in [1, {capacity}] (the engine's --max-cpu-loras, "
+                "else --max-loras); start the engine with a larger --max-cpu-loras"
+            )
+        self.max_loaded, self.refresh_s, self.slot_wait_s = max_loaded, refresh_s, slot_wait_s
+        self._lock = threading.Lock()  # the loaded set and the counters; held only for dictionary work
+        self._load_lock = threading.Lock()  # one load (and its evictions) at a time
+        self._loaded: OrderedDict[str, str] = OrderedDict()  # version → tenant, least recently used first
+        self._live: dict[
+            str, tuple[float, tuple[str, str] | None]
+        ] = {}  # lineage → (read at, (version, path))
+        self.loads = self.evictions = self.cold_starts = self.hits = 0
+        self.cold_start_s: list[float] = []  # seconds each cold start's call waited for its load
+
+    # --- what a call gets ---------------------------------------------------------------------------
+    def acquire(self, tenant: str, model: str) -> tuple[str, Upstream]:
+        """See :meth:`~agentforge.gateway.tenancy.TenantModels.acquire`.
+
+        ``model`` is the shared alias or the tenant's lineage alias (→ the lineage's active version, else the
+        shared alias), a version of the tenant's lineage (→ that version), or anything else (→ the router).
+
+        Raises:
+            NotFoundError: the version is not published, or nothing serves ``model``.
+            ServingError: the load failed, or no loaded version went idle within ``slot_wait_s``.
+        """
+        found = self._version(tenant, model)
+        if found is None:
+            return self.router.acquire(self.alias if model == Version.lineage(self.alias, tenant) else model)
+        name, path = found
+        with self._lock:
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+                self.hits += 1
+                return self.router.acquire(name)
+        return self._load(tenant, name, path, cold=True)
+
+    def preload(self, tenant: str) -> str | None:
+        """Load ``tenant``'s active version ahead of its first call (counted as a load, not a cold start).
+
+        Returns:
+            The version, or ``None`` when the tenant has no lineage.
+        """
+        found = self._version(tenant, self.alias)
+        if found is None:
+            return None
+        with self._lock:
+            if found[0] in self._loaded:
+                return found[0]
+        version, _ = self._load(tenant, *found, cold=False)
+        self.router.release(version)
+        return version
+
+    def _version(self, tenant: str, model: str) -> tuple[str, str] | None:
+        """``(version, adapter path)`` a call of ``tenant`` for ``model`` needs, or ``None`` (not the tenant's)."""
+        lineage = Version.lineage(self.alias, tenant)
+        if model in (self.alias, lineage):
+            return self._active(lineage)
+        if tenant_of_name(model) != tenant:
+            return None
+        version = Version.parse(model)
+        if version.name != lineage:
+            return None
+        return str(version), self._path(self.store.get_resource(lineage, version.number).payload, model)
+
+    def _active(self, lineage: str) -> tuple[str, str] | None:
+        now = time.monotonic()
+        hit = self._live.get(lineage)
+        if hit is not None and now - hit[0] < self.refresh_s:
+            return hit[1]
+        try:
+            resource = self.store.get_resource(lineage)
+            found: tuple[str, str] | None = (resource.ref, self._path(resource.payload, resource.ref))
+        except NotFoundError:
+            found = None
+        self._live[lineage] = (now, found)
+        return found
+
+    @staticmethod
+    def _path(payload: dict[str, object], version: str) -> str:
+        path = payload.get("path")
+        if not isinstance(path, str) or not path:
+            raise UserError(f"{version} names no adapter directory (payload['path']); publish it with one")
+        return path
+
+    # --- loading and unloading ------------------------------------------------------------------------
+    def _load(self, tenant: str, name: str, path: str, *, cold: bool) -> tuple[str, Upstream]:
+        t0 = time.monotonic()
+        with self._load_lock:
+            with self._lock:  # another call of this tenant may have loaded it while this one waited
+                if name in self._loaded:
+                    self._loaded.move_to_end(name)
+                    if cold:
+                        self.cold_starts += 1
+                        self.cold_start_s.append(time.monotonic() - t0)
+                    return self.router.acquire(name)
+            self._make_room(name)
+            self.server.load_adapter(name, path)
+            self.router.register(name, self._upstream(name))
+            with self._lock:
+                self._loaded[name] = tenant
+                self.loads += 1
+                if cold:
+                    self.cold_starts += 1
+                    self.cold_start_s.append(time.monotonic() - t0)
+                acquired = self.router.acquire(name)
+        log.info("loaded %s for tenant %s (%.3f s)", name, tenant, time.monotonic() - t0)
+        return acquired
+
+    def _make_room(self, name: str) -> None:
+        """Unload idle least recently used versions until one more fits (holding the load lock)."""
+        deadline = time.monotonic() + self.slot_wait_s
+        while True:
+            with self._lock:
+                if len(self._loaded) < self.max_loaded:
+                    return
+                victim = next((v for v in self._loaded if self.router.inflight(v) == 0), None)
+                if victim is not None:  # no call can start on it now: every tenant call takes this lock
+                    self.router.drain(victim, timeout_s=0.0)
+                    del self._loaded[victim]
+                    self.evictions += 1
+            if victim is not None:
+                self.server.unload_adapter(victim)
+                log.info("unloaded %s (least recently used, idle) to load %s", victim, name)
+                continue
+            if time.monotonic() > deadline:
+                raise ServingError(
+                    f"all {self.max_loaded} loaded tenant adapters have requests in flight after {self.slot_wait_s}s; "
+                    f"{name} was not loaded. Raise max_loaded (and the engine's --max-cpu-loras)"
+                )
+            time.sleep(0.01)
+
+    def _upstream(self, model: str) -> Upstream:
+        return Upstream(
+            base_url=self.server.base_url,
+            model=model,
+            api_key=getattr(self.server, "api_key", None),
+            token_in=True,
+            logprobs_mode=getattr(self.server, "logprobs_mode", None),
+        )
+
+    def loaded(self) -> list[str]:
+        """The tenant versions loaded now, least recently used first."""
+        with self._lock:
+            return list(self._loaded)
+
+    def close(self) -> None:
+        """Unload every tenant version that has no request in flight (the engine keeps serving the rest)."""
+        with self._load_lock:
+            for name in self.loaded():
+                with self._lock:
+                    if self.router.inflight(name):
+                        continue
+                    self.router.drain(name, timeout_s=0.0)
+                    del self._loaded[name]
+                try:
+                    self.server.unload_adapter(name)
+                except (NotFoundError, ServingError) as exc:
+                    log.warning("could not unload %s: %s", name, exc)
+
+    def metrics(self) -> dict[str, float]:
+        """``tenants/loads``, ``/evictions``, ``/cold_starts``, ``/hits`` (counts since start), ``/loaded`` (now),
+        ``/cold_start_s_mean`` and ``/cold_start_s_max`` (seconds a cold call waited for its load; NaN: none)."""
+        with self._lock:
+            waits = list(self.cold_start_s)
+            out = {
+                "tenants/loads": float(self.loads),
+                "tenants/evictions": float(self.evictions),
+                "tenants/cold_starts": float(self.cold_starts),
+                "tenants/hits": float(self.hits),
+                "tenants/loaded": float(len(self._loaded)),
+            }
+        out["tenants/cold_start_s_mean"] = sum(waits) / len(waits) if waits else float("nan")
+        out["tenants/cold_start_s_max"] = max(waits) if waits else float("nan")
+        return out

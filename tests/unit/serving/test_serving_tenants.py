@@ -1,0 +1,97 @@
+"""TenantAdapters bookkeeping on a recording fake engine (the real-engine run is ``test_tenant_eviction``): least
+recently used idle versions are unloaded first, a version with a request in flight never is, a cold start waits
+for a slot (or fails after ``slot_wait_s``), a tenant without a lineage gets the shared alias."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from serving_helpers import FakeServer
+
+from agentforge.errors import ConfigError, ServingError
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.serving.tenants import TenantAdapters
+from agentforge.stores.sql import SQLStore
+from agentforge.testing import memory_store
+from agentforge.types import ResourceVersion
+
+
+@pytest.fixture
+def store() -> Iterator[SQLStore]:
+    store = memory_store()
+    for tenant in "abcd":
+        store.publish_resource(
+            ResourceVersion(name=f"policy@{tenant}", kind="adapter", payload={"path": f"/ad/{tenant}"})
+        )
+    yield store  # type: ignore[misc]
+    store.close()
+
+
+def _adapters(
+    store: SQLStore, max_loaded: int = 2, **kw: float
+) -> tuple[TenantAdapters, FakeServer, ModelRouter]:
+    server, router = FakeServer(max_loras=4), ModelRouter()
+    router.register("policy@v0", Upstream(base_url="http://fake/v1", model="base"))
+    router.set_alias("policy", "policy@v0")
+    return TenantAdapters(server, router, store, max_loaded=max_loaded, **kw), server, router  # type: ignore[arg-type]
+
+
+def _call(adapters: TenantAdapters, router: ModelRouter, tenant: str, model: str = "policy") -> str:
+    version, _ = adapters.acquire(tenant, model)
+    router.release(version)
+    return version
+
+
+def test_least_recently_used_idle_versions_are_unloaded_first(store: SQLStore) -> None:
+    adapters, server, router = _adapters(store)
+    assert [_call(adapters, router, t) for t in "aba"] == ["policy@a/v1", "policy@b/v1", "policy@a/v1"]
+    assert _call(adapters, router, "c") == "policy@c/v1"  # b is the least recently used
+    assert adapters.loaded() == server.loaded == ["policy@a/v1", "policy@c/v1"]
+    assert router.models() == ["policy", "policy@a/v1", "policy@c/v1", "policy@v0"]
+    assert _call(adapters, router, "e") == "policy@v0"  # no lineage: the shared version, nothing loaded
+    metrics = adapters.metrics()
+    assert {k: metrics[k] for k in ("tenants/loads", "tenants/evictions", "tenants/cold_starts", "tenants/hits")} == {
+        "tenants/loads": 3.0, "tenants/evictions": 1.0, "tenants/cold_starts": 3.0, "tenants/hits": 1.0
+    }  # fmt: skip
+    assert metrics["tenants/loaded"] == 2.0 and metrics["tenants/cold_start_s_max"] >= 0.0
+
+
+def test_a_version_with_a_request_in_flight_is_never_unloaded(store: SQLStore) -> None:
+    adapters, server, router = _adapters(store, slot_wait_s=10)
+    va, _ = adapters.acquire("a", "policy")  # both stay in flight
+    vb, _ = adapters.acquire("b", "policy")
+    got: list[str] = []
+    cold = threading.Thread(target=lambda: got.append(_call(adapters, router, "c")))
+    cold.start()
+    time.sleep(0.3)
+    assert got == [] and server.loaded == ["policy@a/v1", "policy@b/v1"]  # c waits for a slot
+    router.release(vb)
+    cold.join(5)
+    assert got == ["policy@c/v1"] and server.loaded == [
+        "policy@a/v1",
+        "policy@c/v1",
+    ]  # b went, a (busy) stayed
+    router.release(va)
+
+
+def test_a_cold_start_fails_when_no_version_goes_idle(store: SQLStore) -> None:
+    adapters, server, router = _adapters(store, max_loaded=1, slot_wait_s=0.2)
+    adapters.acquire("a", "policy")
+    with pytest.raises(ServingError, match="in flight"):
+        adapters.acquire("b", "policy")
+    assert server.loaded == ["policy@a/v1"]
+
+
+def test_pinned_versions_new_versions_and_limits(store: SQLStore) -> None:
+    adapters, server, router = _adapters(store, refresh_s=0)
+    store.publish_resource(ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}))
+    assert _call(adapters, router, "a") == "policy@a/v2"  # the active version
+    assert _call(adapters, router, "a", "policy@a/v1") == "policy@a/v1"  # a rollout pinned to v1 gets v1
+    assert _call(adapters, router, "a", "policy@a") == "policy@a/v2"
+    assert adapters.preload("b") == "policy@b/v1" and adapters.metrics()["tenants/cold_starts"] == 2.0
+    with pytest.raises(ConfigError, match="max_loaded=9"):
+        TenantAdapters(server, router, store, max_loaded=9)  # type: ignore[arg-type]
+    assert TenantAdapters(server, router, store).max_loaded == 2  # type: ignore[arg-type]  # 4 slots - 2 for swaps
