@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -141,6 +141,14 @@ def serve(
     dashboard: Annotated[
         bool, typer.Option(help="Serve the read-only dashboard at {url}/dashboard/ (behind --api-key).")
     ] = True,  # fmt: skip
+    tenants: Annotated[
+        bool,
+        typer.Option(
+            help="Many tenants: take the store's tenant keys (`agentforge tenants issue`) and X-Tenant from the "
+            "gateway key's holders; a tenant's policy is its own lineage policy@TENANT/vN, loaded on demand, least "
+            "recently used unloaded within --max-cpu-loras (else --max-loras) minus 2."
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy.
 
@@ -199,6 +207,7 @@ def serve(
 
             words = (Path(path) / "tokenizer.json").is_file()  # token texts of the served model, else ids
             mounts[MOUNT_PATH] = create_dashboard_app(store, api_key, tokenizer=path if words else False)
+        tenancy = _tenancy(server, router, store) if tenants else {}
         gateway = GatewayServer(
             store,
             router,
@@ -207,6 +216,7 @@ def serve(
             api_key=api_key,
             admin_key=admin_key,
             adapter_root=adapter_root,
+            **tenancy,
             privacy=policy,
             mounts=mounts,
         ).start()
@@ -288,6 +298,19 @@ def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-
         ) from exc
 
 
+def _tenancy(server: Any, router: Any, store: Any) -> dict[str, Any]:
+    """``serve --tenants``: the gateway arguments that serve each tenant its own lineage (issue 17)."""
+    from agentforge.errors import UserError
+    from agentforge.serving.tenants import TenantAdapters
+    from agentforge.stores.tenants import TenantKeyCache
+
+    keys = getattr(store, "tenant_keys", None)
+    if keys is None:
+        raise UserError("--tenants needs the SQL store (sqlite:// or postgresql://) holding the tenant keys")
+    models = TenantAdapters(server, router, store)
+    return {"tenants": TenantKeyCache(keys), "tenant_models": models, "tenant_header": True}
+
+
 def _register() -> None:
     """Add the pipeline's sub-commands (each in :mod:`agentforge.commands`; heavy imports stay inside)."""
     from agentforge.commands.dashboard import dashboard
@@ -295,6 +318,7 @@ def _register() -> None:
     from agentforge.commands.optimize import optimize_prompt_cmd
     from agentforge.commands.replay import replay_app
     from agentforge.commands.run import run
+    from agentforge.commands.tenants import tenants_app
     from agentforge.commands.traces import traces_app
     from agentforge.commands.train import train
     from agentforge.commands.versions import rollback, versions
@@ -308,6 +332,7 @@ def _register() -> None:
     app.add_typer(traces_app, name="traces")
     app.command("forget")(forget_cmd)
     app.command("dashboard")(dashboard)
+    app.add_typer(tenants_app, name="tenants")
 
 
 _register()

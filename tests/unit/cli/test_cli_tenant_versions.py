@@ -36,3 +36,24 @@ def test_versions_and_rollback_of_one_tenants_lineage(tmp_path: Path) -> None:
         assert store.get_resource("policy@acme").payload["rollback_of"] == 1
     bad = runner.invoke(app, ["versions", "--tenant", "Not A Tenant", "--store-url", url])
     assert bad.exit_code != 0 and "tenant name" in bad.output
+
+
+def test_tenant_keys_issue_list_rotate_revoke(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'traces.db'}"
+    SQLStore(url).close()
+    runner = CliRunner()
+
+    def run(*args: str) -> object:
+        result = runner.invoke(app, ["tenants", *args, "--store-url", url])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1])
+
+    key = run("issue", "acme")["key"]  # type: ignore[index]
+    (listed,) = run("list")  # type: ignore[misc]
+    assert listed["tenant"] == "acme" and listed["active"] and listed["key_id"] in key
+    new = run("rotate", listed["key_id"])["key"]  # type: ignore[index]
+    with SQLStore(url) as store:
+        assert store.tenant_keys.tenant_of_key(key) is None and store.tenant_keys.tenant_of_key(new) == "acme"
+    new_id = next(k["key_id"] for k in run("list", "--tenant", "acme") if k["active"])  # type: ignore[attr-defined]
+    assert run("revoke", new_id)["tenant"] == "acme"  # type: ignore[index]
+    assert [k["active"] for k in run("list")] == [False, False]  # type: ignore[attr-defined]
