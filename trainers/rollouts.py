@@ -265,6 +265,9 @@ class RolloutSource:
             return {}, "missing_reward"
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
+        for name, value in (reward.metadata.get("parts") or {}).items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                report.parts.setdefault(str(name), []).append(float(value))
         return with_temperatures(trajectory_sample(traj, float(reward.value), rollout.rollout_id), traj), None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:

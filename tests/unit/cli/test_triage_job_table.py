@@ -1,4 +1,4 @@
-"""The main job's final table (examples/main_job.py, `make demo`) fits an 80-column terminal, names whole."""
+"""The triage job's final table (examples/triage_job.py) fits an 80-column terminal, names whole."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow  # importing the example loads torch through the f
 
 
 @pytest.fixture(scope="module")
-def main_job():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("main_job_example", ROOT / "examples" / "main_job.py")
+def triage_job():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("triage_job_example", ROOT / "examples" / "triage_job.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -24,14 +24,14 @@ def main_job():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("alias", ["policy", "customer-service", "customer-service-bot"])
-def test_the_final_table_fits_80_columns_and_never_cuts_a_version_name(main_job, alias: str) -> None:
+def test_the_final_table_fits_80_columns_and_never_cuts_a_version_name(triage_job, alias: str) -> None:
     results = [
         {"seed": seed, "version": f"{alias}@v{120 + seed}", "steps": 120, "train_s": 2563.0 + seed,
          "after": after, "top_answer": "cancellation_fee 31%"}
         for seed, after in [(0, 0.4733), (1, 0.46)]
     ]  # fmt: skip
     console = Console(file=io.StringIO(), width=80, record=True, color_system=None)
-    console.print(main_job.results_table(0.1867, f"{alias}@v0", "account 62%", results))
+    console.print(triage_job.results_table(0.1867, f"{alias}@v0", "account 62%", results))
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, text

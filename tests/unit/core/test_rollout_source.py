@@ -9,7 +9,8 @@ from agentforge.trainers.rollouts import BatchReport, RolloutSource
 from agentforge.types import AttemptState, LLMCall, Reward, RolloutState, Span, SpanKind, Task
 
 
-def _finish(store, rollout, reward, *, completion=(5, 6), finish_reason="stop", version="policy@v1", ok=True):
+def _finish(store, rollout, reward, *, completion=(5, 6), finish_reason="stop", version="policy@v1", ok=True,
+            parts=None):  # fmt: skip
     claimed, attempt = store.claim_rollout("w")
     assert claimed.rollout_id == rollout.rollout_id
     call = LLMCall(prompt_token_ids=[1, 2], completion_token_ids=list(completion),
@@ -18,7 +19,8 @@ def _finish(store, rollout, reward, *, completion=(5, 6), finish_reason="stop", 
         Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call)
     )
     if reward is not ...:
-        store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
+        meta = {"parts": parts} if parts is not None else {}
+        store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True, metadata=meta))
     store.finish_attempt(attempt.attempt_id, AttemptState.succeeded if ok else AttemptState.failed)
 
 
@@ -67,6 +69,23 @@ def test_failed_missing_invalid_and_stale_samples_are_masked_and_counted() -> No
         for c, lp, m in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=True)
     )
     assert store.get_rollout(rollouts[3].rollout_id).state == RolloutState.failed
+
+
+def test_reward_parts_of_trained_samples_reach_the_batch_metrics_as_means() -> None:
+    store = memory_store()
+    source = _source(store)
+    rollouts = source.enqueue(["t1"] * 4)
+    parts = [{"tool": 1.0, "success": 1.0}, {"tool": 0.0, "success": 0.0}, {"tool": 1.0, "success": None}]
+    for r, p in zip(rollouts, parts, strict=False):
+        _finish(store, r, 0.5, parts=p)
+    _finish(
+        store, rollouts[3], 0.5, version="policy@v1", ok=False, parts={"tool": 0.0}
+    )  # failed: not counted
+    report = _report(source)
+    source.samples(source.wait(rollouts), report)
+    metrics = report.metrics()
+    assert report.parts == {"tool": [1.0, 0.0, 1.0], "success": [1.0, 0.0]}  # a None part is left out
+    assert metrics["batch/part/tool"] == 2 / 3 and metrics["batch/part/success"] == 0.5
 
 
 def _report(source):
