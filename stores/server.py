@@ -250,8 +250,8 @@ def store_router(
         return _call(st.requeue_stale, heartbeat_timeout_s)
 
     @r.get("/rollouts/page")  # before /rollouts/{rollout_id}, which would take "page" for an id
-    def page_rollouts(query: Annotated[RolloutQuery, Query()]) -> Response:
-        return _call(store.page_rollouts, query)
+    def page_rollouts(query: Annotated[RolloutQuery, Query()], st: Any = Depends(scoped)) -> Response:
+        return _call(st.page_rollouts, query)
 
     @r.get("/rollouts/{rollout_id}")
     def get_rollout(rollout_id: str, st: Any = Depends(scoped)) -> Response:

@@ -75,6 +75,9 @@ def test_a_tenant_key_sees_and_writes_only_its_own_tenant(served: tuple[SQLStore
             a.get_resource("policy@bolt")
         with pytest.raises(UserError):  # workers hold the store key
             a.claim_rollout("w-1")
+        assert (
+            httpx.get(f"{url}/api/rollouts/page", headers={"X-Api-Key": key_a}, timeout=10).status_code == 403
+        )
         with pytest.raises(UserError):  # publishing needs the admin key (a tenant key is not one)
             HTTPStore(url, api_key=key_a, admin_key=key_a).publish_resource(
                 ResourceVersion(name="policy@acme", kind="other")
