@@ -4,9 +4,13 @@ Detectors per category (all run without a model or a network):
 
 * ``CARD``, ``IBAN``, ``EMAIL``, ``SSN``: Microsoft Presidio's pattern recognizers (``presidio-analyzer``:
   ``CreditCardRecognizer`` validates the Luhn checksum, ``IbanRecognizer`` the ISO 13616 mod-97 checksum),
-  called directly, so no spaCy model is loaded. Email domains are checked against ``tldextract``'s bundled
-  public-suffix snapshot (never fetched).
-* ``PHONE``: Google's libphonenumber port ``phonenumbers`` (``PhoneNumberMatcher``, leniency ``VALID``).
+  called directly, so no spaCy model is loaded; a card must also start with 2-6 (ISO/IEC 7812-1 major
+  industry identifiers of payment networks), so Luhn-valid order numbers are not taken for cards. Email
+  domains are checked against ``tldextract``'s bundled public-suffix snapshot (never fetched).
+* ``PHONE``: Google's libphonenumber port ``phonenumbers`` (``PhoneNumberMatcher``, leniency ``VALID``), kept
+  with 7 to 15 digits (ITU-T E.164 allows at most 15) and not glued to an identifier (``#`` or ``X-`` right
+  before it), so 16-digit invoice numbers, 6-digit order numbers and ``TICKET-0308558`` that some region's
+  numbering plan accepts are not taken for phones.
 * ``SECRET``: Yelp's ``detect-secrets`` plugins: its known-prefix detectors (AWS, GitHub, OpenAI, Stripe,
   Slack, JWT, private keys, ...), its keyword detector (``password=...``, ``"api_key": "..."``) and its
   base64/hex entropy detectors (quoted strings above 4.5 / 3.0 bits per character, detect-secrets' defaults).
@@ -55,6 +59,7 @@ _BIRTH_RE = re.compile(r"(?i)(?:born|birth|\bdob\b|d\.o\.b)")
 _BIRTH_WINDOW = 40
 # cheap triggers: most detectors need a digit, emails an '@', secrets a keyword or a long token
 _DIGIT_RE = re.compile(r"\d")
+_ID_PREFIX_RE = re.compile(r"(?:#|[A-Za-z0-9]-)$")
 _SECRET_HINT_RE = re.compile(
     r"(?i)(?:pass|secret|token|key|auth|cred|pwd|bearer|-----BEGIN)|[A-Za-z0-9_\-+/=]{20,}"
 )
@@ -66,6 +71,9 @@ _SECRET_PLUGINS = (
     "SoftlayerDetector", "SquareOAuthDetector", "StripeDetector", "TelegramBotTokenDetector",
     "TwilioKeyDetector",
 )  # fmt: skip
+# ISO/IEC 7812-1: a payment card's first digit (major industry identifier) is 2-6; 1 (airlines), 7-9 and 0 are
+# not payment networks, and Luhn-valid order numbers starting with them are common (Bitext's 113542617735902)
+_CARD_FIRST_DIGITS = frozenset("23456")
 # a category's rank when two findings overlap (lower wins; then the longer one)
 _RANK = {"SECRET": 0, "CARD": 1, "IBAN": 2, "EMAIL": 3, "SSN": 4, "DOB": 5, "PHONE": 6, "ADDRESS": 7}
 
@@ -159,16 +167,20 @@ class Detector:
             text: any text (a message, a tool result, tool-call arguments as JSON).
 
         Returns:
-            Findings sorted by ``start``; where two overlap, the higher-ranked category (secrets, cards,
-            IBANs, emails, SSNs, birth dates, phones, addresses, then deployment patterns) or else the
-            longer one is kept.
+            Findings sorted by ``start``; where two overlap, the longer one is kept (an IBAN over the card
+            number inside it, ``ACME-12345678`` over the phone-like digits in it), at equal length the
+            higher-ranked category (secrets, cards, IBANs, emails, SSNs, birth dates, phones, addresses,
+            then deployment patterns).
         """
         found: list[Finding] = []
         has_digit = _DIGIT_RE.search(text) is not None
         if has_digit or "@" in text or self._always:
             for category, recognizer in self._pattern_recognizers:
                 for result in recognizer.analyze(text, [recognizer.supported_entities[0]]):
-                    found.append(Finding(result.start, result.end, category, text[result.start : result.end]))
+                    value = text[result.start : result.end]
+                    if category == "CARD" and value.lstrip()[:1] not in _CARD_FIRST_DIGITS:
+                        continue  # a Luhn-valid order number, not a payment card
+                    found.append(Finding(result.start, result.end, category, value))
         if has_digit:
             found.extend(self._birth_dates(text))
             found.extend(self._phones(text))
@@ -191,7 +203,9 @@ class Detector:
         out: list[Finding] = []
         for region in self.config.phone_regions:
             for match in pn.PhoneNumberMatcher(text, region, leniency=pn.Leniency.VALID):
-                out.append(Finding(match.start, match.end, "PHONE", match.raw_string))
+                glued = _ID_PREFIX_RE.search(text, max(0, match.start - 2), match.start) is not None
+                if 7 <= sum(c.isdigit() for c in match.raw_string) <= 15 and not glued:
+                    out.append(Finding(match.start, match.end, "PHONE", match.raw_string))
         return out
 
     def _secrets(self, text: str) -> list[Finding]:
@@ -210,7 +224,7 @@ class Detector:
 
     @staticmethod
     def _resolve(found: list[Finding]) -> list[Finding]:
-        found.sort(key=lambda f: (_RANK.get(f.category, 99), -(f.end - f.start), f.start))
+        found.sort(key=lambda f: (-(f.end - f.start), _RANK.get(f.category, 99), f.start))
         kept: list[Finding] = []
         for f in found:
             if all(f.end <= k.start or f.start >= k.end for k in kept):
