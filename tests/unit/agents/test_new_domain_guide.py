@@ -48,6 +48,7 @@ def domain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-
     assert write_guide_files(folder) == [
         "library/domain.py",
         "tasks.jsonl",
+        "check_tasks.py",
         "library/agent.py",
         "library/customer.py",
     ]
@@ -80,6 +81,8 @@ def test_the_guides_tasks_score_one_on_their_gold_path_and_need_their_env(domain
         assert tau_reward(dom.ENV.new_db(), task, [], env=dom.ENV) == 0.0  # did nothing, said nothing
         with pytest.raises(UserError, match="env="):  # the guide's promise: no silent 0.0 on the retail DB
             tau_reward(db, task, said)
+    checked = subprocess.run([sys.executable, "check_tasks.py"], cwd=folder, capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.strip() == "tasks ok", checked.stderr
     db = dom.ENV.new_db()
     assert db.call_tool("lend_book", '{"book_id": "b2", "member_id": "m1"}') == "Error: Emma is not available"
     assert db.call_tool("find_book", "{not json").startswith("Error: arguments are not JSON")
