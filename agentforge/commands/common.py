@@ -12,7 +12,7 @@ from rich.console import Console
 
 __all__ = [
     "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
-    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions", "print_engine",
+    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions", "print_engine", "ReportTo", "report_to_names",
 ]  # fmt: skip
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
@@ -63,6 +63,52 @@ KeptVersions = Annotated[
         "old). vLLM must hold this + 2 versions (--max-cpu-loras, else --max-loras); less is refused at start.",
     ),
 ]
+
+#: ``--report-to`` of the training jobs (``train``, ``replay sft``, ``replay grpo``): TRL's ``report_to``.
+ReportTo = Annotated[
+    str,
+    typer.Option(
+        help="Also log each step's metrics to these transformers integrations, comma-separated: tensorboard "
+        "(event files in --output-dir/runs; view with `tensorboard --logdir <output-dir>/runs`), wandb (W&B; "
+        "`pip install wandb`, then WANDB_API_KEY and WANDB_PROJECT, or WANDB_MODE=offline), mlflow, ...; "
+        "none: only --output-dir/metrics.jsonl.",
+    ),
+]
+
+
+def report_to_names(value: str, check: bool = True) -> list[str]:
+    """The integrations a ``--report-to`` value names (``"none"`` and empty names dropped).
+
+    Args:
+        value: comma-separated names, e.g. ``"tensorboard,wandb"``.
+        check: also check each name against transformers' integrations and that its package is installed.
+
+    Returns:
+        The names, in order (``[]``: none, so only ``metrics.jsonl``).
+
+    Raises:
+        UserError: (with ``check``) an unknown name, or one whose package is not installed (the message says
+            what to install).
+    """
+    names = [n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"]
+    if check and names:
+        from transformers.integrations.integration_utils import (
+            INTEGRATION_TO_CALLBACK,
+            get_available_reporting_integrations,
+        )
+
+        from agentforge.errors import UserError
+
+        unknown = [n for n in names if n not in INTEGRATION_TO_CALLBACK]
+        if unknown:
+            raise UserError(f"--report-to {','.join(unknown)}: not an integration; use none or some of "
+                            f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}")  # fmt: skip
+        missing = [n for n in names if n not in get_available_reporting_integrations()]
+        if missing:
+            raise UserError(f"--report-to {','.join(missing)}: not installed here; pip install "
+                            f"{' '.join('tensorboard' if n == 'tensorboard' else n for n in missing)}")  # fmt: skip
+    return names
+
 
 #: Everything human-facing goes to stderr; stdout carries only machine-readable results.
 console = Console(stderr=True)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from agentforge.commands.common import console, fail, parse_pins, reported
+from agentforge.commands.common import ReportTo, console, fail, parse_pins, report_to_names, reported
 from agentforge.types import RolloutState
 
 __all__ = ["replay_app", "make_filter"]
@@ -205,10 +205,11 @@ def _publisher(store: Any, publish: bool) -> Any:
     return StorePublisher(store) if publish else None
 
 
-def _device_args() -> dict[str, Any]:
+def _device_args(report_to: str = "none") -> dict[str, Any]:
     import torch
 
-    return {"use_cpu": not torch.cuda.is_available(), "bf16": True, "report_to": "none"}
+    return {"use_cpu": not torch.cuda.is_available(), "bf16": True,
+            "report_to": report_to_names(report_to, check=False) or "none"}  # fmt: skip
 
 
 @replay_app.command("sft")
@@ -228,6 +229,7 @@ def sft(
     batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 16,
     lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
     publish: Publish = True,
+    report_to: ReportTo = "none",
 ) -> None:
     """Rejection-sampling fine-tuning: LoRA SFT (TRL SFTTrainer) on the token-exact trajectories of rollouts
     that scored well, loss only on the tokens the policy sampled; then publish the adapter.
@@ -241,12 +243,13 @@ def sft(
 
     flt = make_filter(min_reward, None, since, until, agent, task, resource, limit)
     with reported():
+        report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
         store = _store(store_url)
         select_traces(store, flt)  # EmptySelectionError now, before torch or the model load
         config = ReplaySFTConfig(
             output_dir=str(output_dir), min_reward=min_reward, num_train_epochs=epochs, learning_rate=learning_rate,
             per_device_train_batch_size=batch_size, lora_r=lora_r, lora_alpha=2 * lora_r, logging_steps=1,
-            save_strategy="no", **_device_args(),
+            save_strategy="no", **_device_args(report_to),
         )  # fmt: skip
         result = run_replay_sft(
             model or prepare_default_model(), store, flt, config, _publisher(store, publish)
@@ -277,6 +280,7 @@ def grpo(
     task: TaskIds = None,
     resource: Pins = None,
     limit: Limit = None,
+    report_to: ReportTo = "none",
 ) -> None:
     """Offline GRPO on groups already in the store (no new rollouts): group-relative advantages from the stored
     rewards, TRL's importance-sampling correction from the engine's stored logprobs; then publish the adapter.
@@ -288,6 +292,7 @@ def grpo(
 
     flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit)
     with reported():
+        report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
         store = _store(store_url)
         select_traces(store, make_filter(min_reward, max_reward, since, until, agent, task, resource, limit,
                                          require_reward=False))  # fmt: skip
@@ -297,7 +302,7 @@ def grpo(
         config = TrainConfig(
             output_dir=str(output_dir), num_generations=group_size, tasks_per_step=groups_per_step,
             num_train_epochs=epochs, learning_rate=learning_rate, lora_r=lora_r, lora_alpha=2 * lora_r,
-            logging_steps=1, save_strategy="no", gradient_checkpointing=False, **_device_args(),
+            logging_steps=1, save_strategy="no", gradient_checkpointing=False, **_device_args(report_to),
         )  # fmt: skip
         result = run_offline_grpo(
             model or prepare_default_model(), store, flt, config, _publisher(store, True)

@@ -84,21 +84,6 @@ def train(
     gate_min_gain: Annotated[
         float, typer.Option(help="The eval gate's minimum mean-reward gain over the live version.")
     ] = 0.0,
-    rollout_timeout: Annotated[
-        float,
-        typer.Option(
-            min=1.0,
-            help="Seconds one attempt of a rollout may take (every model call, tool and customer turn); a "
-            "slower attempt is timed out and retried, and its late calls are stored as late spans, never "
-            "trained on. Raise it for long conversations or a busy machine.",
-        ),
-    ] = 300.0,
-    agent_name: Annotated[
-        str | None,
-        typer.Option(
-            help="Agent name stored on the rollouts (`agentforge traces list --agent`; default: AGENT)."
-        ),
-    ] = None,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
@@ -126,8 +111,7 @@ def train(
 
             gate = EvalGate(max_p=gate_max_p, min_gain=gate_min_gain)
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
-                         max_completion_length, seed, report_to, max_staleness,
-                         rollout_timeout_s=rollout_timeout, agent_name=agent if agent_name is None else agent_name)  # fmt: skip
+                         max_completion_length, seed, report_to, max_staleness)  # fmt: skip
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
 
@@ -138,7 +122,6 @@ def train(
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
         engine = {"max_model_len": max_model_len, "chat_template": chat_template, "max_loras": max_loras,
                   "max_cpu_loras": max_cpu_loras, "retain": config.max_staleness}  # fmt: skip
-        console.print(f"starting the {backend} engine with {model or 'the default model'} …")
         summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
                          engine)  # fmt: skip
     typer.echo(json.dumps(summary))
@@ -156,8 +139,6 @@ def _config(
     seed,
     report_to="none",
     max_staleness=1,
-    rollout_timeout_s=300.0,
-    agent_name="",
 ):  # type: ignore[no-untyped-def]
     import torch
 
@@ -171,7 +152,6 @@ def _config(
         save_strategy="steps", save_steps=swap_every, save_total_limit=1,
         report_to=[name.strip() for name in report_to.split(",") if name.strip()] or "none",
         use_cpu=not gpu, bf16=True, gradient_checkpointing=False, max_staleness=max_staleness,
-        rollout_timeout_s=rollout_timeout_s, agent_name=agent_name,
     )  # fmt: skip
 
 
