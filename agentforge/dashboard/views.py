@@ -221,11 +221,17 @@ def rollout_view(store: TraceStore, rollout_id: str, decode: Callable[[int], str
 
 
 def _produced_by(store: TraceStore) -> dict[str, dict[str, Any]]:
-    """Per adapter version (``policy@v3``): the run that first served it and the step it was at then."""
+    """Per adapter version (``policy@v3``): the run that published it. An adapter record names its step, not
+    its run, so the run is the one whose logged step of that number lies closest in time to the record."""
+    steps = [(run["run_id"], s["step"], s["time"]) for run in runs_view(store) for s in run["steps"]]
     out: dict[str, dict[str, Any]] = {}
-    for run in sorted(runs_view(store), key=lambda r: r["started"]):
-        for step in run["steps"]:
-            out.setdefault(step["version"], {"run_id": run["run_id"], "step": step["step"]})
+    for r in store.list_resources():
+        step = r.payload.get("step")
+        near = [
+            (abs(t - r.created_at), run_id) for run_id, n, t in steps if r.kind == "adapter" and n == step
+        ]
+        if near:
+            out[r.ref] = {"run_id": min(near)[1], "step": step}
     return out
 
 
