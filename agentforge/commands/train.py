@@ -14,9 +14,11 @@ from agentforge.commands.common import (
     MaxCpuLoras,
     MaxLoras,
     MaxModelLen,
+    ReportTo,
     console,
     open_store_url,
     print_engine,
+    report_to_names,
     reported,
     user_code_importable,
 )
@@ -65,13 +67,7 @@ def train(
     max_cpu_loras: MaxCpuLoras = None,
     workers: Annotated[int, typer.Option(help="Runner threads executing rollouts.")] = 8,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    report_to: Annotated[
-        str,
-        typer.Option(
-            help="Also log each step's metrics to these transformers integrations, comma-separated "
-            "(e.g. tensorboard: event files in --output-dir/runs; needs the tensorboard package)."
-        ),
-    ] = "none",
+    report_to: ReportTo = "none",
     resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint in --output-dir.")] = True,
     gate_max_p: Annotated[
         float | None,
@@ -84,6 +80,21 @@ def train(
     gate_min_gain: Annotated[
         float, typer.Option(help="The eval gate's minimum mean-reward gain over the live version.")
     ] = 0.0,
+    rollout_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds one attempt of a rollout may take (every model call, tool and customer turn); a "
+            "slower attempt is timed out and retried, and its late calls are stored as late spans, never "
+            "trained on. Raise it for long conversations or a busy machine.",
+        ),
+    ] = 300.0,
+    agent_name: Annotated[
+        str | None,
+        typer.Option(
+            help="Agent name stored on the rollouts (`agentforge traces list --agent`; default: AGENT)."
+        ),
+    ] = None,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
@@ -97,6 +108,7 @@ def train(
     user_code_importable()
     with reported():
         build_agent(agent)  # a wrong spec fails now, not after the engine started
+        report_to_names(report_to)  # an unknown or uninstalled integration too
         train_tasks = load_tasks(tasks)
         held_out = load_tasks(eval_tasks) if eval_tasks is not None else None
         if gate_max_p is not None and not held_out:
@@ -111,7 +123,8 @@ def train(
 
             gate = EvalGate(max_p=gate_max_p, min_gain=gate_min_gain)
         config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
-                         max_completion_length, seed, report_to, max_staleness)  # fmt: skip
+                         max_completion_length, seed, report_to, max_staleness,
+                         rollout_timeout_s=rollout_timeout, agent_name=agent if agent_name is None else agent_name)  # fmt: skip
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
 
@@ -122,6 +135,7 @@ def train(
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
         engine = {"max_model_len": max_model_len, "chat_template": chat_template, "max_loras": max_loras,
                   "max_cpu_loras": max_cpu_loras, "retain": config.max_staleness}  # fmt: skip
+        console.print(f"starting the {backend} engine with {model or 'the default model'} …")
         summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
                          engine)  # fmt: skip
     typer.echo(json.dumps(summary))
@@ -139,6 +153,8 @@ def _config(
     seed,
     report_to="none",
     max_staleness=1,
+    rollout_timeout_s=300.0,
+    agent_name="",
 ):  # type: ignore[no-untyped-def]
     import torch
 
@@ -150,8 +166,9 @@ def _config(
         tasks_per_step=tasks_per_step, swap_every=swap_every, learning_rate=lr, lr_scheduler_type="constant",
         lora_r=lora_r, lora_alpha=2 * lora_r, max_completion_length=max_len, logging_steps=1,
         save_strategy="steps", save_steps=swap_every, save_total_limit=1,
-        report_to=[name.strip() for name in report_to.split(",") if name.strip()] or "none",
+        report_to=report_to_names(report_to, check=False) or "none",
         use_cpu=not gpu, bf16=True, gradient_checkpointing=False, max_staleness=max_staleness,
+        rollout_timeout_s=rollout_timeout_s, agent_name=agent_name,
     )  # fmt: skip
 
 
