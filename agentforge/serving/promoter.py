@@ -63,10 +63,12 @@ class LiveRewards:
     Args:
         store: the trace store the gateway writes to.
         alias: the model alias live traffic asks for (``policy``).
+        tenant: count only this tenant's rollouts (a tenant's own lineage is judged on its own traffic);
+            ``None``: every rollout.
     """
 
-    def __init__(self, store: TraceStore, alias: str) -> None:
-        self.store, self.alias = store, alias
+    def __init__(self, store: TraceStore, alias: str, tenant: str | None = None) -> None:
+        self.store, self.alias, self.tenant = store, alias, tenant
         self._done: dict[str, tuple[str, float] | None] = {}  # rollout id → (version, reward) or not live
 
     def collect(self, since: float) -> dict[str, list[float]]:
@@ -77,7 +79,7 @@ class LiveRewards:
             next call (feedback may arrive late).
         """
         out: dict[str, list[float]] = {}
-        for rollout in self.store.list_rollouts(since=since):
+        for rollout in self.store.list_rollouts(since=since, tenant=self.tenant):
             rid = rollout.rollout_id
             if rid not in self._done:
                 if self.alias in rollout.resources or rollout.state in _NOT_SCORED:

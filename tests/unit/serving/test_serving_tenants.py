@@ -95,3 +95,25 @@ def test_pinned_versions_new_versions_and_limits(store: SQLStore) -> None:
     with pytest.raises(ConfigError, match="max_loaded=9"):
         TenantAdapters(server, router, store, max_loaded=9)  # type: ignore[arg-type]
     assert TenantAdapters(server, router, store).max_loaded == 2  # type: ignore[arg-type]  # 4 slots - 2 for swaps
+
+
+def test_the_live_reward_of_a_tenants_lineage_counts_only_its_own_traffic() -> None:
+    from agentforge.serving.promoter import LiveRewards
+    from agentforge.types import LLMCall, Reward, Rollout, Span, SpanKind
+
+    store = memory_store()
+    for tenant, version, value in (
+        ("a", "policy@a/v1", 1.0),
+        ("b", "policy@b/v1", 0.0),
+        (None, "policy@v1", 0.5),
+    ):
+        rid = store.enqueue_rollout(Rollout(tenant=tenant)).rollout_id
+        store.add_span(Span(rollout_id=rid, kind=SpanKind.llm, llm=LLMCall(model="policy", version=version)))
+        store.add_reward(Reward(rollout_id=rid, value=value, final=True))
+    assert LiveRewards(store, "policy", tenant="a").collect(0.0) == {"policy@a/v1": [1.0]}
+    assert LiveRewards(store, "policy").collect(0.0) == {
+        "policy@a/v1": [1.0],
+        "policy@b/v1": [0.0],
+        "policy@v1": [0.5],
+    }
+    store.close()
