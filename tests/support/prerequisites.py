@@ -6,6 +6,7 @@ piece is a failure, never a silent skip:
 * ``AGENTFORGE_REQUIRE_DATA`` — the offline data sets (``../shared/data`` or ``$AGENTFORGE_DATA_DIR``);
 * ``AGENTFORGE_REQUIRE_VLLM`` — the vLLM virtual environment (see ``fixtures_serving.py``);
 * ``AGENTFORGE_REQUIRE_FRAMEWORKS`` — the framework virtual environments (``test_examples_frameworks.py``).
+* ``AGENTFORGE_REQUIRE_PHOENIX`` — the Arize Phoenix environment, the OTLP receiver (``test_otlp_export_receiver.py``).
 """
 
 from __future__ import annotations

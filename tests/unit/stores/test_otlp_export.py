@@ -1,7 +1,7 @@
 """The OTLP export of what a SQL store commits (agentforge.stores.otlp, agentforge.stores.otel_spans).
 
 The SDK's in-memory exporter stands in for the collector here (the real receiver is in
-tests/integration/test_otlp_phoenix.py): one trace per rollout with the right parents, GenAI attributes, content
+tests/integration/test_otlp_export_receiver.py): one trace per rollout with the right parents, GenAI attributes, content
 only when asked for, the standard environment switching it on and off, and drops counted, never blocking a write.
 """
 
