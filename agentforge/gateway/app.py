@@ -289,11 +289,17 @@ class _Gateway(SpanRecorder):
         await self.record(ctx, llm)
         return Response(encode_json(shape_response(data, ask, ctx.version)), media_type="application/json")
 
-    async def models(self) -> JSONResponse:
-        """``GET /v1/models`` in OpenAI's list shape."""
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "agentforge"} for m in self.router.models()
-        ]
+    async def models(self, request: Request) -> JSONResponse:
+        """``GET /v1/models`` in OpenAI's list shape (a tenant's call lists no other tenant's versions)."""
+        names = self.router.models()
+        if self.tenants is not None:
+            try:
+                tenant = self.tenants.tenant(request)
+            except TenantRefused as exc:
+                return JSONResponse(error_body(str(exc), "permission_error", "tenant_refused"), 403)
+            if tenant is not None:
+                names = [m for m in names if self.tenants.visible(tenant, m)]
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "agentforge"} for m in names]
         return JSONResponse({"object": "list", "data": data})
 
 

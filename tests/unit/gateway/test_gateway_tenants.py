@@ -107,6 +107,8 @@ async def test_a_tenant_is_served_its_own_adapter_and_never_another_tenants(
         answer = await _ask(_client(app, GATEWAY_KEY, **{"X-Tenant": "bolt"}))
         assert answer.json()["model"] == "policy@bolt/v1"
         assert (await _ask(app_key)).json()["model"] == "policy@v1"
+        listed = {m["id"] for m in (await a.get("/v1/models")).json()["data"]}
+        assert "policy@acme/v1" in listed and not any("bolt" in m for m in listed)  # no other tenant's names
         # over the store API on the same port, acme's key cannot read bolt's rollout
         assert (await a.get(f"/api/rollouts/{ro_b}")).status_code == 404
         assert (await a.get(f"/api/rollouts/{ro_a}")).json()["tenant"] == "acme"
