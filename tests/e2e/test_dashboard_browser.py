@@ -31,7 +31,7 @@ from agentforge.stores.sql import SQLStore
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.trainers.samples import build_trajectories
-from agentforge.types import ResourceVersion, RolloutState, SpanKind, Task
+from agentforge.types import ResourceVersion, RolloutState, Span, SpanKind, Task
 
 pytestmark = pytest.mark.slow
 
@@ -136,9 +136,21 @@ def test_runs_page_draws_the_reward_curve(run, browser) -> None:
     assert points == steps  # one drawn point per logged step's batch reward
     assert _painted(page, ".reward-chart") > 1000 and _painted(page, ".steptime-chart") > 1000
     assert page.locator("#timeline tr.published").count() == len(run["result"]["versions"])
-    page.wait_for_timeout(1500)  # one poll of /runs.json went by without an error or a reload loop
-    assert errors == []
     _screenshot(page, run, "runs")
+    # live: a step logged while the page is open shows up on the open chart at the next poll (1 s here)
+    attrs = {
+        "run_id": run["run_id"],
+        "step": steps + 1,
+        "reward": 0.5,
+        "train/step_s": 1.0,
+        "version": "policy@v2",
+    }
+    run["store"].add_span(Span(kind=SpanKind.custom, name="trainer.metrics", attributes=attrs))
+    page.wait_for_function(
+        "([id, n]) => window.agentforgeCharts[id].reward.getDatasetMeta(0).data.length === n",
+        arg=[run["run_id"], steps + 1], timeout=15_000,
+    )  # fmt: skip
+    assert errors == []
     page.close()
 
 
