@@ -44,14 +44,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def phoenix(tmp_path_factory) -> Iterator[str]:
-    """A Phoenix server on free loopback ports (OTLP/HTTP on its web port); yields its base URL."""
+def phoenix(tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A Phoenix server on free loopback ports; yields its base URL (OTLP/HTTP too) and its OTLP/gRPC URL."""
     if not PHOENIX.exists():
         missing(f"no Phoenix at {PHOENIX} (scripts/setup.sh installs it)", REQUIRE_PHOENIX)
     work = tmp_path_factory.mktemp("phoenix")
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     env = {**os.environ, "PHOENIX_WORKING_DIR": str(work), "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
-           "PHOENIX_GRPC_PORT": str(_free_port()), "PHOENIX_TELEMETRY_ENABLED": "false"}  # fmt: skip
+           "PHOENIX_GRPC_PORT": str(grpc_port), "PHOENIX_TELEMETRY_ENABLED": "false"}  # fmt: skip
     log = (work / "phoenix.log").open("wb")
     proc = subprocess.Popen([str(PHOENIX), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -72,7 +72,7 @@ def phoenix(tmp_path_factory) -> Iterator[str]:
                     f"Phoenix did not answer within 240 s: {(work / 'phoenix.log').read_text()[-2000:]}"
                 )
             time.sleep(0.5)
-        yield url
+        yield url, f"http://127.0.0.1:{grpc_port}"
     finally:
         proc.terminate()
         try:
@@ -97,10 +97,10 @@ def _desk_agent(task, ctx) -> float:  # type: ignore[no-untyped-def]
     return 1.0
 
 
-def _phoenix_spans(url: str, expected: int, timeout_s: float = 60) -> list[dict]:
+def _phoenix_spans(url: str, expected: int, timeout_s: float = 60, project: str = PROJECT) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     while True:
-        answer = httpx.get(f"{url}/v1/projects/{PROJECT}/spans", params={"limit": 100}, timeout=10)
+        answer = httpx.get(f"{url}/v1/projects/{project}/spans", params={"limit": 100}, timeout=10)
         spans = answer.json().get("data", []) if answer.status_code == 200 else []
         if len(spans) >= expected or time.monotonic() > deadline:
             return spans
@@ -109,6 +109,7 @@ def _phoenix_spans(url: str, expected: int, timeout_s: float = 60) -> list[dict]
 
 @pytest.mark.slow
 def test_a_rollout_arrives_in_phoenix_as_one_trace_with_genai_spans(phoenix, tmp_path, monkeypatch) -> None:
+    phoenix, _ = phoenix
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", phoenix)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"openinference.project.name={PROJECT}")
@@ -181,6 +182,28 @@ def test_a_rollout_arrives_in_phoenix_as_one_trace_with_genai_spans(phoenix, tmp
         == second["context"]["span_id"]
     )
     assert reward_span["attributes"]["gen_ai.evaluation.score.value"] == 1.0
+
+
+@pytest.mark.slow
+def test_grpc_is_one_setting_away(phoenix, monkeypatch) -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc")
+    url, grpc_url = phoenix
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", grpc_url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"openinference.project.name={PROJECT}-grpc")
+    store = open_store("sqlite://")
+    upstream = ScriptedUpstream([ScriptedTurn("over gRPC")])
+    with GatewayServer(store, upstream.router(), transport=upstream.transport()) as gateway:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    (orphan,) = store.list_spans(orphans=True)
+    store.close()
+    (span,) = _phoenix_spans(url, 1, project=f"{PROJECT}-grpc")
+    assert (
+        span["parent_id"] is None
+        and span["context"]["span_id"] == f"{span_id_of('span', orphan.span_id):016x}"
+    )
+    assert span["attributes"]["gen_ai.operation.name"] == "chat"
 
 
 def test_with_the_receiver_down_the_gateway_keeps_serving_and_counts_dropped_exports(
