@@ -30,4 +30,5 @@ bench: setup
 	.venv/bin/python benchmarks/train_throughput.py $$(command -v nvidia-smi >/dev/null || echo --tiny)
 	.venv/bin/python benchmarks/hotswap.py
 	.venv/bin/python benchmarks/gateway.py
+	.venv/bin/python benchmarks/dashboard.py
 	.venv/bin/python benchmarks/store.py --pg-url "$$(bash scripts/start_postgres.sh | tail -n 1)"
