@@ -6,14 +6,12 @@ Switched on by the standard OpenTelemetry environment: :func:`agentforge.open.op
 without ``otlp`` says otherwise); :func:`export_to_otlp` attaches one in code. The process that commits a record
 exports it: a store server (or a gateway that mounts the store API) exports for every client of it.
 
-The hook is the store's write side (:class:`~agentforge.stores.sql_rollouts.CommitListener`): after a batch of
-spans and rewards is committed and its callers are answered, the writer thread appends the stored records to a
-bounded queue (an ``O(1)`` append each; nothing is converted there); finished attempts and rollouts are queued
-as ids. One export thread per store takes up to ``max_export_batch_size`` records at a time, every
-``schedule_delay_s`` or as soon as a batch is full, builds their spans (:mod:`agentforge.stores.otel_spans`,
-reading finished rollouts back from the store) and hands them to the SDK's OTLP exporter
-(``opentelemetry-exporter-otlp-proto-http``, or ``-grpc`` with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``), which
-retries with backoff for up to its timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s).
+The hook is the store's write side (:class:`~agentforge.stores.sql_rollouts.CommitListener`): once a batch is
+committed and its callers answered, the writer thread appends the stored spans and rewards to a bounded queue (an
+``O(1)`` append each), finished attempts and rollouts as ids. One export thread per store takes up to
+``max_export_batch_size`` records every ``schedule_delay_s`` (or once a batch is full), builds their spans
+(:mod:`agentforge.stores.otel_spans`) and hands them to the SDK's OTLP exporter (HTTP/protobuf, or gRPC with
+``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``), which retries for up to its timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s).
 
 Nothing waits on the collector: a full queue drops the newest records, a batch the exporter gave up on is dropped,
 and both are counted (:meth:`OTLPExport.metrics`, served as ``agentforge_otlp_*`` counters on the store API's
@@ -234,10 +232,8 @@ class OTLPExport:
 
     # --- what an operator reads ----------------------------------------------------------------------
     def metrics(self) -> dict[str, int]:
-        """Counters since the export started: ``exported`` (spans the collector took), ``dropped_queue_full``
-        (records refused by the full queue; a rollout counts once), ``dropped_export_failed`` (spans of batches
-        the exporter gave up on), ``build_errors`` (records that could not be turned into spans), ``queued``
-        (records waiting now)."""
+        """Counters: ``exported`` (spans the collector took), ``dropped_queue_full`` (records the full queue
+        refused), ``dropped_export_failed`` (spans of batches the exporter gave up on), ``build_errors``, ``queued``."""
         with self._cond:
             return {**self._counts, "queued": len(self._queue)}
 
@@ -290,17 +286,24 @@ class OTLPExport:
     def _run(self) -> None:
         from agentforge.stores.otel_spans import SpanBuilder
 
-        builder = SpanBuilder(self._resource(), self.settings.capture_content)
-        exporter = self._exporter or _make_exporter(self.settings)
+        try:
+            builder = SpanBuilder(self._resource(), self.settings.capture_content)
+            exporter = self._exporter or _make_exporter(self.settings)
+        except Exception:  # e.g. a certificate file that is not there: nothing can be sent, all is counted
+            logger.exception("OTLP export: the exporter could not be built; every span is dropped")
+            builder = exporter = None
         try:
             while (batch := self._take()) is not None:
-                if batch:
+                if batch and exporter is not None:
                     self._export(builder, exporter, batch)
+                elif batch:
+                    self._count("dropped_export_failed", len(batch))
                 with self._cond:
                     self._done += len(batch)
                     self._cond.notify_all()
         finally:
-            exporter.shutdown()
+            if exporter is not None:
+                exporter.shutdown()
 
     def _export(self, builder: Any, exporter: SpanExporter, batch: list[Span | Reward | str]) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult

@@ -246,3 +246,19 @@ def test_the_standard_environment_switches_the_export_on_and_off(monkeypatch) ->
     exporting = open_store("sqlite://")
     assert isinstance(exporting.listener, OTLPExport)  # type: ignore[attr-defined]
     exporting.close()
+
+
+def test_an_exporter_that_cannot_be_built_drops_and_counts_everything(monkeypatch) -> None:
+    def broken(settings):  # type: ignore[no-untyped-def]
+        raise FileNotFoundError("no such certificate: /etc/otel/ca.pem")
+
+    monkeypatch.setattr("agentforge.stores.otlp._make_exporter", broken)
+    store = SQLStore("sqlite://")
+    export = export_to_otlp(store, FAST)
+    assert export is not None
+    for i in range(3):
+        store.add_span(Span(name=f"s{i}"))
+    assert export.flush(10)
+    assert export.metrics()["dropped_export_failed"] == 3 and export.metrics()["exported"] == 0
+    assert len(store.list_spans(orphans=True)) == 3
+    store.close()
