@@ -28,7 +28,7 @@ from agentforge.types import TENANT_HEADER, ResourceVersion
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TENANTS = {f"t{i}": "ABC"[i % 3] for i in range(6)}
-CLIENTS, CALLS = 8, 4
+CLIENTS, CALLS = 8, 3
 
 
 def test_eight_clients_over_six_tenants_with_fewer_adapter_slots(
