@@ -219,6 +219,14 @@ class TenantKeyCache:
             self._seen[key] = (t, tenant)
         return tenant
 
+    def peek(self, key: str) -> tuple[str | None] | None:
+        """The remembered answer for ``key`` as a 1-tuple, if it is fresh; ``None`` when the directory must be
+        asked (so a caller on an event loop asks it in a worker thread only then). Never blocks."""
+        hit = self._seen.get(key)
+        if hit is None or time.monotonic() - hit[0] >= self.cache_s:
+            return None
+        return (hit[1],)
+
     def forget(self) -> None:
         """Drop every remembered answer (after revoking a key in this process)."""
         with self._lock:

@@ -56,7 +56,12 @@ class ApiKeyMiddleware:
         store, so it runs in a worker thread)."""
         if self.tenants is None or not given:
             return False
-        tenant = await anyio.to_thread.run_sync(self.tenants.tenant_of_key, given.decode("latin-1"))
+        key = given.decode("latin-1")
+        peek = getattr(self.tenants, "peek", None)  # a TenantKeyCache answers a fresh key at once
+        known = peek(key) if peek is not None else None
+        if known is None:  # a store read: in a worker thread
+            known = (await anyio.to_thread.run_sync(self.tenants.tenant_of_key, key),)
+        tenant = known[0]
         if tenant is None:
             return False
         scope.setdefault("state", {})[SCOPE_KEY] = tenant

@@ -57,6 +57,10 @@ class TenantModels(Protocol):
         """
         ...
 
+    def acquire_cached(self, tenant: str, model: str) -> tuple[str, Upstream] | None:
+        """:meth:`acquire` if it can be done at once (nothing to read or load; never blocks), else ``None``."""
+        ...
+
 
 class GatewayTenants:
     """The tenant rules of one gateway (see the module docstring).
@@ -116,6 +120,11 @@ class GatewayTenants:
         owner = tenant or tenant_of_name(model)
         if owner is None:
             return self.router.acquire(model)
-        if self.models is not None:
-            return await anyio.to_thread.run_sync(self.models.acquire, owner, model)
+        if self.models is not None:  # warm: on the event loop; cold (a store read or a load): in a thread
+            lease = self.models.acquire_cached(owner, model)
+            return (
+                lease
+                if lease is not None
+                else await anyio.to_thread.run_sync(self.models.acquire, owner, model)
+            )
         return self.router.acquire(self.target(owner, model))

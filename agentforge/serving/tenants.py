@@ -82,9 +82,9 @@ class TenantAdapters:
         self._lock = threading.Lock()  # the loaded set and the counters; held only for dictionary work
         self._load_lock = threading.Lock()  # one load (and its evictions) at a time
         self._loaded: OrderedDict[str, str] = OrderedDict()  # version → tenant, least recently used first
-        self._live: dict[
-            str, tuple[float, tuple[str, str] | None]
-        ] = {}  # lineage → (read at, (version, path))
+        # lineage → (read at, (version, path) or None); pinned version → adapter path (published: never changes)
+        self._live: dict[str, tuple[float, tuple[str, str] | None]] = {}
+        self._paths: dict[str, str] = {}
         self.loads = self.evictions = self.cold_starts = self.hits = 0
         self.cold_start_s: list[float] = []  # seconds each cold start's call waited for its load
 
@@ -136,7 +136,36 @@ class TenantAdapters:
         version = Version.parse(model)
         if version.name != lineage:
             return None
-        return str(version), self._path(self.store.get_resource(lineage, version.number).payload, model)
+        name = str(version)
+        if name not in self._paths:
+            self._paths[name] = self._path(self.store.get_resource(lineage, version.number).payload, model)
+        return name, self._paths[name]
+
+    def acquire_cached(self, tenant: str, model: str) -> tuple[str, Upstream] | None:
+        """:meth:`acquire` when it needs neither a store read nor a load (the warm path, called on the gateway's
+        event loop), else ``None`` (then call :meth:`acquire` in a worker thread).
+
+        Raises:
+            NotFoundError: as :meth:`acquire`.
+        """
+        lineage = Version.lineage(self.alias, tenant)
+        if model in (self.alias, lineage):
+            hit = self._live.get(lineage)
+            if hit is None or time.monotonic() - hit[0] >= self.refresh_s:
+                return None
+            if hit[1] is None:
+                return self.router.acquire(self.alias)
+            name = hit[1][0]
+        elif tenant_of_name(model) != tenant:
+            return self.router.acquire(model)
+        else:
+            name = str(Version.parse(model))
+        with self._lock:
+            if name not in self._loaded:
+                return None
+            self._loaded.move_to_end(name)
+            self.hits += 1
+            return self.router.acquire(name)
 
     def _active(self, lineage: str) -> tuple[str, str] | None:
         now = time.monotonic()

@@ -117,3 +117,15 @@ def test_the_live_reward_of_a_tenants_lineage_counts_only_its_own_traffic() -> N
         "policy@v1": [0.5],
     }
     store.close()
+
+
+def test_the_warm_path_needs_no_store_read_and_no_load(store: SQLStore) -> None:
+    adapters, server, router = _adapters(store)
+    assert adapters.acquire_cached("a", "policy") is None  # nothing known yet: the gateway goes to a thread
+    _call(adapters, router, "a")
+    version, _ = adapters.acquire_cached("a", "policy")  # type: ignore[misc]
+    assert version == "policy@a/v1" and router.inflight(version) == 1
+    router.release(version)
+    assert adapters.acquire_cached("a", "policy@a/v2") is None  # a version not loaded
+    _call(adapters, router, "e")  # no lineage, now known: the shared alias at once
+    assert adapters.acquire_cached("e", "policy")[0] == "policy@v0"  # type: ignore[index]

@@ -116,7 +116,8 @@ def test_a_key_revoked_elsewhere_is_refused_after_the_cache_interval(tmp_path: P
         cache_clock = pytest.MonkeyPatch()
         cache_clock.setattr("agentforge.stores.tenants.time.monotonic", lambda: clock[0])
         try:
-            assert cache.tenant_of_key(key) == "acme"
+            assert cache.peek(key) is None  # not asked yet: the caller asks the store (in a thread)
+            assert cache.tenant_of_key(key) == "acme" and cache.peek(key) == ("acme",)
             store.tenant_keys.revoke(store.tenant_keys.list()[0].key_id)
             clock[0] = 4.0
             assert cache.tenant_of_key(key) == "acme"  # within the interval: the remembered answer
