@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from fixtures_store import serve_app
 from openai import OpenAI
@@ -62,6 +63,9 @@ def test_serve_embedded_records_calls_until_interrupted(tmp_path: Path) -> None:
         assert out.model == "policy@v0"
         (span,) = store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm)
         assert span.llm.trainable and len(span.llm.completion_token_ids) == len(span.llm.logprobs) > 0
+        # serve mounts the dashboard on the gateway's port: the call just made, token by token
+        page = httpx.get(f"{url}/dashboard/rollouts/{rollout.rollout_id}", timeout=60)
+        assert page.status_code == 200 and "policy@v0" in page.text and "tok trained" in page.text
         store.close()
         proc.send_signal(signal.SIGINT)
         assert _stopped(proc) in (0, 130)
