@@ -58,7 +58,10 @@ _LONG_DATES = (
 _BIRTH_RE = re.compile(r"(?i)(?:born|birth|\bdob\b|d\.o\.b)")
 _BIRTH_WINDOW = 40
 # cheap triggers: most detectors need a digit, emails an '@', secrets a keyword or a long token
-_DIGIT_RE = re.compile(r"\d")
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+# the fewest digits a value of each built-in category has (cards 12+ in Presidio's pattern, IBANs 8+ in the
+# shortest national layouts, SSNs 9, a house number 1); deployment patterns always run
+_MIN_DIGITS = {"CARD": 12, "IBAN": 8, "SSN": 9, "ADDRESS": 1}
 _ID_PREFIX_RE = re.compile(r"(?:#|[A-Za-z0-9]-)$")
 _SECRET_HINT_RE = re.compile(
     r"(?i)(?:pass|secret|token|key|auth|cred|pwd|bearer|-----BEGIN)|[A-Za-z0-9_\-+/=]{20,}"
@@ -158,7 +161,6 @@ class Detector:
                 entropy.HexHighEntropyString(limit=3.0),
             ]
         self._allow = frozenset(config.allow)
-        self._always = bool(config.patterns)  # a deployment pattern may match text without digits
 
     def find(self, text: str) -> list[Finding]:
         """The non-overlapping findings in ``text``, in order.
@@ -173,17 +175,22 @@ class Detector:
             then deployment patterns).
         """
         found: list[Finding] = []
-        has_digit = _DIGIT_RE.search(text) is not None
-        if has_digit or "@" in text or self._always:
-            for category, recognizer in self._pattern_recognizers:
-                for result in recognizer.analyze(text, [recognizer.supported_entities[0]]):
-                    value = text[result.start : result.end]
-                    if category == "CARD" and value.lstrip()[:1] not in _CARD_FIRST_DIGITS:
-                        continue  # a Luhn-valid order number, not a payment card
-                    found.append(Finding(result.start, result.end, category, value))
-        if has_digit:
+        digits = len(text) - len(text.translate(_NO_DIGITS))  # cheap gates: most values need digits
+        for category, recognizer in self._pattern_recognizers:
+            need = _MIN_DIGITS.get(category, 0)
+            if digits < need or (category == "EMAIL" and "@" not in text):
+                continue
+            for result in recognizer.analyze(text, [recognizer.supported_entities[0]]):
+                value = text[result.start : result.end]
+                if category == "CARD" and value.lstrip()[:1] not in _CARD_FIRST_DIGITS:
+                    continue  # a Luhn-valid order number, not a payment card
+                found.append(Finding(result.start, result.end, category, value))
+        if digits >= 4:  # a year
             found.extend(self._birth_dates(text))
-            found.extend(self._phones(text))
+        if digits >= 7 and self._phonenumbers is not None:
+            rest = _blank(text, found)  # digits already taken (a card, an IBAN) are no phone candidates
+            if len(rest) - len(rest.translate(_NO_DIGITS)) >= 7:
+                found.extend(self._phones(rest))
         if self._secret_regexes and _SECRET_HINT_RE.search(text):
             found.extend(self._secrets(text))
         return self._resolve([f for f in found if f.value not in self._allow and f.value.strip()])
@@ -230,6 +237,16 @@ class Detector:
             if all(f.end <= k.start or f.start >= k.end for k in kept):
                 kept.append(f)
         return sorted(kept, key=lambda f: f.start)
+
+
+def _blank(text: str, found: list[Finding]) -> str:
+    """``text`` with each finding's span replaced by spaces (offsets unchanged)."""
+    if not found:
+        return text
+    chars = list(text)
+    for f in found:
+        chars[f.start : f.end] = " " * (f.end - f.start)
+    return "".join(chars)
 
 
 def _lines(text: str) -> list[tuple[int, str]]:

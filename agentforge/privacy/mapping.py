@@ -14,7 +14,7 @@ __all__ = ["Mapping", "json_escaped"]
 
 #: a text tail that may be the start of a placeholder still being streamed (``<CA``, ``<CARD_``)
 _OPEN_TAIL_RE = re.compile(r"<[A-Z0-9_]{0,40}$")
-_TEXT_CACHE = 512  # masked texts remembered per rollout (a chat resends its whole history every turn)
+_TEXT_CACHE = 128  # masked texts remembered per rollout (a chat resends its whole history every turn)
 
 
 def json_escaped(value: str) -> str:
