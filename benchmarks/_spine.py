@@ -51,14 +51,18 @@ class ChildServer:
     Args:
         code: the program; it reads its port from ``sys.argv[1]``.
         port: the port; ``health`` is polled at ``http://127.0.0.1:<port><health>`` until it answers.
+        timeout_s: how long it may take to answer, seconds.
     """
 
-    def __init__(self, code: str, port: int, health: str = "/health", env: dict[str, str] | None = None):
+    def __init__(
+        self, code: str, port: int, health: str = "/health", env: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
+    ):  # fmt: skip
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, str(port)], cwd=ROOT, env={**os.environ, **(env or {})}
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}")

@@ -16,16 +16,20 @@ p50 with 1 client, streaming within 1.5× of non-streaming cost.
 
     python benchmarks/gateway.py                   # 1 and 32 clients, 5 s per phase
     python benchmarks/gateway.py --clients 32 --seconds 10 --json
+    python benchmarks/gateway.py --privacy mask --unique   # masking on, each request's text new (no cache)
+    python benchmarks/gateway.py --privacy mask --unique --pii   # and each carrying a card and an email
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,11 +55,13 @@ import sys, threading
 from agentforge.config import serving_gc
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
+from agentforge.privacy import PrivacyConfig
 from agentforge.stores.sql import SQLStore
+privacy = PrivacyConfig(mode={privacy!r}, patterns={{"ACCOUNT": r"ACME-\d{{8}}"}})
 router = ModelRouter()
 router.register("policy@v1", Upstream(base_url={upstream!r}, model="base"))
 router.set_alias("policy", "policy@v1")
-GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1])).start()
+GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1]), privacy=privacy).start()
 serving_gc()  # as `agentforge serve` does after start-up
 threading.Event().wait()
 """
@@ -89,14 +95,33 @@ class Phase:
     spans_stored: int | None = None
 
 
+#: ``--pii``: the user message of every request (``{n}``: the request's number under ``--unique``)
+PII_TEXT = "Hi, order #{n} is late. My card is 4111 1111 1111 1111, mail me at jane.roe{n}@example.com."
+
+
+def _bodies(model: str, stream: bool, unique: bool, pii: bool) -> Iterator[bytes]:
+    """The request bodies: one body over and over, or (``unique``) a new user text per request."""
+    text = PII_TEXT if pii else BODY["messages"][1]["content"].replace("#1234", "#{n}")
+    for n in itertools.count(1000):
+        messages = [BODY["messages"][0], {"role": "user", "content": text.format(n=n if unique else 1234)}]
+        yield json.dumps({**BODY, "messages": messages, "model": model, "stream": stream}).encode()
+
+
 async def _load(
-    urls: list[str], model: str, stream: bool, seconds: float, warmup_s: float
+    urls: list[str],
+    model: str,
+    stream: bool,
+    seconds: float,
+    warmup_s: float,
+    unique: bool = False,
+    pii: bool = False,
 ) -> tuple[list[float], int, int]:
     """Closed-loop clients, one per URL: latencies (s) of the requests started after the warm-up, errors,
     and all requests answered (warm-up included)."""
     latencies: list[float] = []
     errors = answered = 0
-    body = json.dumps({**BODY, "model": model, "stream": stream}).encode()
+    bodies = _bodies(model, stream, unique, pii)
+    body = next(bodies)
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=len(urls))  # aiohttp: a load generator cheaper than the server
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as client:
@@ -106,8 +131,9 @@ async def _load(
         async def worker(url: str) -> None:
             nonlocal errors, answered
             while (t0 := time.perf_counter()) < stop_at:
+                data = next(bodies) if unique else body
                 try:
-                    async with client.post(url, data=body, headers=headers) as r:
+                    async with client.post(url, data=data, headers=headers) as r:
                         await r.read()
                         ok = r.status == 200
                 except aiohttp.ClientError:
@@ -124,11 +150,19 @@ async def _load(
     return latencies, errors, answered
 
 
-def run_phase(target: str, urls: list[str], stream: bool, seconds: float, cpu: ChildServer | None) -> Phase:
+def run_phase(
+    target: str,
+    urls: list[str],
+    stream: bool,
+    seconds: float,
+    cpu: ChildServer | None,
+    unique: bool = False,
+    pii: bool = False,
+) -> Phase:
     """Measure one phase; ``cpu``: the process whose CPU time is charged per request."""
     cpu0 = cpu.cpu_s() if cpu else 0.0
     model = "base" if cpu is None else "policy"  # the engine's own name directly, the alias via the gateway
-    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, warmup_s=1.0))
+    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, 1.0, unique, pii))
     n = len(latencies)
     cpu_ms = None
     if cpu is not None and answered:  # the process's CPU over every request it answered in the phase
@@ -146,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=5.0, help="measured seconds per phase (after 1 s warm-up)"
     )
     p.add_argument("--json", action="store_true", help="print the phases as one JSON line at the end")
+    p.add_argument(
+        "--privacy", choices=["off", "mask", "redact"], default="off", help="the gateway's privacy mode"
+    )
+    p.add_argument(
+        "--unique", action="store_true", help="a new user text per request (no masking cache hits)"
+    )
+    p.add_argument("--pii", action="store_true", help="every user text carries a card number and an email")
     args = p.parse_args(argv)
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
         rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
         upstream = ChildServer(_UPSTREAM, free_port(), health="/v1/models")
-        gateway = ChildServer(_GATEWAY.format(upstream=f"{upstream.url}/v1", db=db), free_port())
+        script = _GATEWAY.format(upstream=f"{upstream.url}/v1", db=db, privacy=args.privacy)
+        gateway = ChildServer(script, free_port(), timeout_s=120.0)  # Presidio's import: seconds
         try:
             for clients in args.clients:
                 for stream in (False, True):
@@ -164,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                     gw_urls = [
                         f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
                     ]
-                    phases.append(run_phase("direct", direct_urls, stream, args.seconds, None))
+                    load = {"unique": args.unique, "pii": args.pii}
+                    phases.append(run_phase("direct", direct_urls, stream, args.seconds, None, **load))
                     before = _count(store, rollout_ids)
-                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway)
+                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway, **load)
                     ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
                     phases.append(ph)
         finally:
