@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
     from agentforge.gateway.server import GatewayServer
     from agentforge.ports import TraceStore
+    from agentforge.privacy import PrivacyConfig
     from agentforge.runtime import Runner
     from agentforge.runtime.context import EngineEndpoint
     from agentforge.serving.hotswap import HotSwapper
@@ -67,6 +68,8 @@ class LocalStack:
         logprobs_mode: what the engine's logprobs are (:data:`agentforge.types.LOGPROBS_MODES`):
             ``"raw_logprobs"`` (vLLM's default) or ``"processed_logprobs"`` (of the distribution sampled from, so
             spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
+        privacy: the gateway's privacy policy (:class:`~agentforge.privacy.PrivacyConfig`; README "Privacy");
+            ``None``: off (``agentforge serve`` masks by default).
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
     ``None``), ``base_version`` (e.g. ``"policy@v0"``), ``engine`` (the engine's own
@@ -96,6 +99,7 @@ class LocalStack:
         max_model_len: int = 2048,
         chat_template: str | Path | None = None,
         logprobs_mode: str = "raw_logprobs",
+        privacy: PrivacyConfig | None = None,
     ) -> None:
         from agentforge.errors import UserError
 
@@ -108,6 +112,7 @@ class LocalStack:
         self._exit = ExitStack()
         self.max_model_len, self.chat_template = max_model_len, chat_template
         self.logprobs_mode = logprobs_mode
+        self.privacy = privacy
         self.server: Any = None
         self.router: ModelRouter | None = None
         self.swapper: HotSwapper | None = None
@@ -145,7 +150,8 @@ class LocalStack:
             self.swapper = HotSwapper(server, self.router, alias=self.alias, retain=self.retain)
             self.server = self._exit.enter_context(server)
             self.base_version = self.swapper.register_base()
-            self.gateway = self._exit.enter_context(GatewayServer(self.store, self.router))
+            gateway = GatewayServer(self.store, self.router, privacy=self.privacy)
+            self.gateway = self._exit.enter_context(gateway)
             self.engine = engine_endpoint(self.server)
             if self.agent is not None:
                 from agentforge.runtime import Runner
