@@ -111,3 +111,11 @@ def test_forget_command(tmp_path: Path) -> None:
     assert json.loads(result.stdout.strip().splitlines()[-1])["deleted"]["spans"] == 1
     bad = runner.invoke(app, ["forget", "--store-url", url])
     assert bad.exit_code == 2 and "--older-than-days" in bad.output
+
+
+def test_serve_refuses_a_bad_privacy_policy_before_starting_anything() -> None:
+    runner = CliRunner()
+    bad_mode = runner.invoke(app, ["serve", "--privacy", "hide"])
+    assert bad_mode.exit_code == 2 and "unknown privacy mode 'hide'" in bad_mode.output
+    bad_pattern = runner.invoke(app, ["serve", "--privacy-pattern", "ACCOUNT=ACME-("])
+    assert bad_pattern.exit_code == 2 and "not a valid regex" in bad_pattern.output
