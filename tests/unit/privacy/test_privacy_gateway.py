@@ -107,3 +107,19 @@ def test_a_call_without_personal_data_is_forwarded_untouched(served) -> None:
     assert _post(server, rid, [message]).json()["choices"][0]["message"]["content"] == "Hi <b>there</b>"
     (span,) = server.store.list_spans(rollout_id=rid)
     assert "privacy" not in span.attributes and span.llm.request["messages"] == [message]
+
+
+def test_streamed_tool_call_arguments_get_the_real_values(served) -> None:
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn(tool_calls=[ScriptedToolCall("charge", '{"card": "<CARD_1>"}')]))
+    events = parse_sse(_post(server, rid, [USER], stream=True).text)
+    arguments = "".join(
+        call["function"].get("arguments") or ""
+        for e in events
+        if e.get("choices")
+        for call in e["choices"][0]["delta"].get("tool_calls") or []
+    )
+    assert json.loads(arguments) == {"card": VISA}
+    (span,) = server.store.list_spans(rollout_id=rid)
+    assert span.llm.tool_calls[0].arguments == '{"card": "<CARD_1>"}'
