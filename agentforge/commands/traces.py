@@ -240,21 +240,10 @@ def _details(store: TraceStore, rollout: Rollout) -> dict[str, Any]:
 
 
 def _conversation(spans: list[Span]) -> list[dict[str, Any]]:
-    """The messages of the last successful LLM call plus its answer: the conversation as the agent saw it."""
-    from agentforge.types import SpanKind
+    """The messages of the last successful LLM call plus its answer (the dashboard's own reading of them)."""
+    from agentforge.dashboard.views import conversation
 
-    calls = [s for s in spans if s.kind == SpanKind.llm and s.llm is not None and s.status == "ok"]
-    if not calls:
-        return []
-    llm = calls[-1].llm
-    assert llm is not None
-    messages = [dict(m) for m in llm.request.get("messages", []) if isinstance(m, dict)]
-    if not messages and "prompt" in llm.request:
-        messages = [{"role": "prompt", "content": llm.request["prompt"]}]
-    answer: dict[str, Any] = {"role": "assistant", "content": llm.response_text}
-    if llm.tool_calls:
-        answer["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in llm.tool_calls]
-    return [*messages, answer]
+    return conversation(spans)
 
 
 def _span_row(span: Span) -> dict[str, Any]:
