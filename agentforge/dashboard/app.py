@@ -161,6 +161,8 @@ def create_dashboard_app(
     decode = token_decoder(tokenizer)
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     templates.env.filters.update(when=_when, number=_number)
+    for name in templates.env.list_templates():  # compiled now, so no page's first view pays for it
+        templates.env.get_template(name)
     app = FastAPI(title="agentforge dashboard", docs_url=None, redoc_url=None, openapi_url=None)
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
