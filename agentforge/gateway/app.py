@@ -39,7 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentforge.errors import NotFoundError
+from agentforge.errors import NotFoundError, ServingError
 from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.call import (
     CallContext,
@@ -172,6 +172,11 @@ class _Gateway(SpanRecorder):
         except TenantRefused as exc:
             body = error_body(str(exc), "permission_error", "tenant_refused")
             return await self.fail(ctx, 403, body, "tenant_refused")
+        except ServingError as exc:  # a tenant's adapter could not be loaded (slots busy, engine refused it)
+            logger.warning("tenant %s: %s", ctx.tenant, exc)  # names other tenants' versions: the log only
+            msg = f"the adapter of tenant {ctx.tenant!r} cannot be loaded now; retry shortly"
+            body = error_body(msg, "server_error", "tenant_adapter_unavailable")
+            return await self.fail(ctx, 503, body, "tenant_adapter_unavailable")
         except NotFoundError as exc:
             return await self.fail(
                 ctx,

@@ -212,27 +212,33 @@ class TenantAdapters:
         return acquired
 
     def _make_room(self, name: str) -> None:
-        """Unload idle least recently used versions until one more fits (holding the load lock)."""
-        deadline = time.monotonic() + self.slot_wait_s
-        while True:
+        """Unload one version if none more fits (holding the load lock): the least recently used idle one, else the
+        least recently used one once its in-flight calls finish. Taking it out of the loaded set first stops new
+        calls on it (every tenant call takes this lock; its tenant's next call waits for a reload), so busy tenants
+        cannot keep a cold one waiting for ever.
+
+        Raises:
+            ServingError: the chosen version still had calls in flight after ``slot_wait_s`` (it stays loaded).
+        """
+        with self._lock:
+            if len(self._loaded) < self.max_loaded:
+                return
+            victim = next((v for v in self._loaded if self.router.inflight(v) == 0), next(iter(self._loaded)))
+            owner = self._loaded.pop(victim)
+        try:
+            self.router.drain(victim, timeout_s=self.slot_wait_s)  # its in-flight calls finish; none start
+        except ServingError as exc:
             with self._lock:
-                if len(self._loaded) < self.max_loaded:
-                    return
-                victim = next((v for v in self._loaded if self.router.inflight(v) == 0), None)
-                if victim is not None:  # no call can start on it now: every tenant call takes this lock
-                    self.router.drain(victim, timeout_s=0.0)
-                    del self._loaded[victim]
-                    self.evictions += 1
-            if victim is not None:
-                self.server.unload_adapter(victim)
-                log.info("unloaded %s (least recently used, idle) to load %s", victim, name)
-                continue
-            if time.monotonic() > deadline:
-                raise ServingError(
-                    f"all {self.max_loaded} loaded tenant adapters have requests in flight after {self.slot_wait_s}s; "
-                    f"{name} was not loaded. Raise max_loaded (and the engine's --max-cpu-loras)"
-                )
-            time.sleep(0.01)
+                self._loaded[victim] = owner
+                self._loaded.move_to_end(victim, last=False)
+            raise ServingError(
+                f"{victim} (least recently used of {self.max_loaded} loaded tenant adapters) still had calls in "
+                f"flight after {self.slot_wait_s}s; {name} was not loaded. Raise max_loaded (and --max-cpu-loras)"
+            ) from exc
+        with self._lock:
+            self.evictions += 1
+        self.server.unload_adapter(victim)
+        log.info("unloaded %s (least recently used) to load %s", victim, name)
 
     def _upstream(self, model: str) -> Upstream:
         return Upstream(

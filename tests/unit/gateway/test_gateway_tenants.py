@@ -138,3 +138,31 @@ async def test_without_tenants_the_header_changes_nothing(
     async with _client(app, GATEWAY_KEY, **{"X-Tenant": "acme"}) as client:
         assert (await _ask(client)).json()["model"] == "policy@v1"
     assert [s.tenant for s in store.list_spans()] == [None]
+
+
+async def test_a_tenant_adapter_that_cannot_load_is_a_503_naming_no_other_tenant(
+    store: SQLStore, engines: dict[str, ScriptedUpstream]
+) -> None:
+    from agentforge.errors import ServingError
+
+    class Busy:
+        def acquire_cached(self, tenant: str, model: str) -> None:
+            return None
+
+        def acquire(self, tenant: str, model: str) -> tuple[str, object]:
+            raise ServingError("policy@bolt/v1 (least recently used) still had calls in flight after 30s")
+
+    app = create_gateway(
+        store,
+        _router(engines),
+        GATEWAY_KEY,
+        transport=_ByHost(engines),
+        tenant_models=Busy(),
+        tenant_header=True,
+    )  # type: ignore[arg-type]
+    async with _client(app, GATEWAY_KEY, **{"X-Tenant": "acme"}) as client:
+        answer = await _ask(client)
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "tenant_adapter_unavailable"
+    assert "bolt" not in answer.text
+    (span,) = store.list_spans()
+    assert span.status == "error" and span.tenant == "acme"
