@@ -8,9 +8,10 @@ lineage's active version in the store, and
 * if that version is loaded, counts the call in flight on it (a dictionary lookup under a lock: the warm path);
 * else (a **cold start**) loads it into the engine and registers it in the router while the call waits; the call is
   served by its tenant's version or fails, never by another tenant's adapter (no alias is shared between tenants);
-* before a load, when ``max_loaded`` tenant versions are loaded, unloads the least recently used one **that has no
-  request in flight** (checked and unregistered under the lock every tenant call takes, so no call can start on it
-  in between); when every loaded version is busy the load waits up to ``slot_wait_s`` for one to go idle;
+* before a load, when ``max_loaded`` tenant versions are loaded, unloads the least recently used idle one, else
+  the least recently used one once its in-flight calls have finished: it leaves the loaded set first (under the
+  lock every tenant call takes), so no new call starts on it and busy tenants cannot keep a cold one waiting for
+  ever; a version is never unloaded while a call runs on it (the load fails after ``slot_wait_s``);
 * a tenant without a lineage gets the shared alias (``policy``), which this class never loads or unloads.
 
 Loads are one at a time (vLLM loads adapters one after another anyway). Unloading a version and loading the same
@@ -50,7 +51,7 @@ class TenantAdapters:
             (``--max-cpu-loras``, else ``--max-loras``) minus 2 slots for the shared policy's hot swap (old + new).
         refresh_s: seconds a lineage's active version is reused before the store is asked again (a newly
             activated version serves after at most this long).
-        slot_wait_s: seconds a cold start waits for a loaded version to go idle before it fails.
+        slot_wait_s: seconds a cold start waits for the calls in flight on the version it unloads before it fails.
 
     Raises:
         ConfigError: ``max_loaded`` is below 1 or above the engine's adapter capacity.
@@ -97,7 +98,7 @@ class TenantAdapters:
 
         Raises:
             NotFoundError: the version is not published, or nothing serves ``model``.
-            ServingError: the load failed, or no loaded version went idle within ``slot_wait_s``.
+            ServingError: the load failed, or the version to unload still had calls after ``slot_wait_s``.
         """
         found = self._version(tenant, model)
         if found is None:
