@@ -231,7 +231,7 @@ def _redact_call(llm: LLMCall, mapping: Mapping) -> tuple[LLMCall, Counter[str]]
             at = f.end
         return "".join(out) + text[at:]
 
-    request = _walk_texts(llm.request, llm.endpoint, redact)
+    request = _every_string(llm.request, redact)  # messages, tool results, tool schemas: all of it
     text = redact(llm.response_text, False)
     calls = []
     for call in llm.tool_calls:
@@ -242,6 +242,17 @@ def _redact_call(llm: LLMCall, mapping: Mapping) -> tuple[LLMCall, Counter[str]]
             parsed = None
         calls.append(call.model_copy(update={"arguments": arguments, "parsed": parsed}))
     return llm.model_copy(update={"request": request, "response_text": text, "tool_calls": calls}), counts
+
+
+def _every_string(value: Any, fn: Callable[[str, bool], str]) -> Any:
+    """A copy of a JSON value with ``fn`` applied to every string in it."""
+    if isinstance(value, str):
+        return fn(value, False)
+    if isinstance(value, list):
+        return [_every_string(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _every_string(v, fn) for k, v in value.items()}
+    return value
 
 
 class PrivacyGuard:
