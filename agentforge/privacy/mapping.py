@@ -38,7 +38,6 @@ class Mapping:
         self.by_value: dict[str, str] = {}
         self.by_placeholder: dict[str, str] = {}
         self._numbers: Counter[str] = Counter()
-        self._known: re.Pattern[str] | None = None
         self._texts: dict[str, tuple[str, Counter[str]]] = {}
 
     def placeholder(self, category: str, value: str) -> str:
@@ -52,7 +51,6 @@ class Mapping:
             escaped = json_escaped(value)
             if escaped != value:
                 self.by_value[escaped] = found
-            self._known = None
         return found
 
     def mask(self, text: str) -> tuple[str, Counter[str]]:
@@ -84,15 +82,15 @@ class Mapping:
         return masked, counts
 
     def _known_findings(self, text: str) -> list[Finding]:
-        if not self.by_value:
-            return []
-        if self._known is None:
-            values = sorted(self.by_value, key=len, reverse=True)
-            self._known = re.compile("|".join(re.escape(v) for v in values))
+        """Occurrences of values this rollout already masked (substring search: no regex to rebuild as the
+        rollout's values grow); longer values first, so ``resolve`` order in :meth:`mask` keeps them."""
         found = []
-        for m in self._known.finditer(text):
-            ph = self.by_value[m.group(0)]
-            found.append(Finding(m.start(), m.end(), ph[1:].rsplit("_", 1)[0], m.group(0)))
+        for value, ph in self.by_value.items():
+            at = text.find(value)
+            while at >= 0:
+                found.append(Finding(at, at + len(value), ph[1:].rsplit("_", 1)[0], value))
+                at = text.find(value, at + len(value))
+        found.sort(key=lambda f: (f.start, -(f.end - f.start)))
         return found
 
     def restore(self, text: str, *, in_json: bool = False) -> str:
