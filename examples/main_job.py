@@ -160,8 +160,9 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     """Warm start, step 2: replay SFT on the captured successful turns (reward 1.0), published through the gate."""
     config = ReplaySFTConfig(
         output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
-        num_train_epochs=args.warm_epochs, per_device_train_batch_size=8, learning_rate=args.learning_rate,
-        lr_scheduler_type="constant", lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
+        num_train_epochs=args.warm_epochs, learning_rate=args.learning_rate, lr_scheduler_type="constant",
+        # 8 sequences per update in micro-batches of 2: batch 8 took 9.2 GB and was OOM-killed on a shared 24 GB box
+        per_device_train_batch_size=2, gradient_accumulation_steps=4, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=True,
         gradient_checkpointing=False, disable_tqdm=True,
     )  # fmt: skip
