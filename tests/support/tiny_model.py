@@ -17,8 +17,10 @@ from pathlib import Path
 
 from agentforge.config import default_model_dir, home_dir
 from agentforge.model import prepare_default_model
+from agentforge.ports import TraceStore
+from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
-__all__ = ["BOS_TEMPLATE", "BOS_TEMPLATE_BOS", "tiny_model"]
+__all__ = ["BOS_TEMPLATE", "BOS_TEMPLATE_BOS", "PROMPT", "scored_rollout", "tiny_model"]
 
 #: A chat template that begins with ``{{ bos_token }}`` (as Llama 3's and Gemma's do), then renders every turn
 #: (tool turns included) in SmolLM2's ``<|im_start|>role`` format. Saved by ``tiny_model(BOS_TEMPLATE)``
@@ -33,6 +35,23 @@ BOS_TEMPLATE = (
 BOS_TEMPLATE_BOS = "<|endoftext|>"
 _RECIPE_VERSION = 2
 _lock = threading.Lock()
+
+#: A chat prompt in the tiny model's (SmolLM2's) ids: ``<|im_start|>user\nhi<|im_end|>\n`` + the assistant header.
+PROMPT = [1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]
+
+
+def scored_rollout(store: TraceStore, agent: str, group: str, completion: list[int], reward: float) -> None:
+    """Store one finished rollout of ``agent`` in GRPO group ``group``: one trainable LLM span (``PROMPT`` →
+    ``completion``, logprob -1 per token, served by ``policy@v0``) and its final ``reward``."""
+    rollout = store.enqueue_rollout(Rollout(agent=agent, group_id=group, task=Task(task_id=group, input={})))
+    store.update_rollout(rollout.rollout_id, state=RolloutState.running)
+    call = LLMCall(
+        version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion,
+        logprobs=[-1.0] * len(completion), finish_reason="stop",
+    )  # fmt: skip
+    store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call))
+    store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
+    store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
 
 
 def tiny_model(chat_template: str | None = None) -> Path:

@@ -6,15 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_model import tiny_model
+from tiny_model import scored_rollout, tiny_model
 
 from agentforge.errors import ConfigError
 from agentforge.testing import memory_store
 from agentforge.trainers.replay.select import TraceFilter, select_traces
-from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
 AGENT = "init-adapter"
-PROMPT = [1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]
 
 
 class _Publisher:
@@ -36,13 +34,7 @@ def _trainer(tmp_path: Path, name: str, **config_kw: object):  # type: ignore[no
 
     store = memory_store()
     for completion, reward in (([57, 1431, 2], 1.0), ([36, 2], 0.0)):
-        rollout = store.enqueue_rollout(Rollout(agent=AGENT, group_id="g", task=Task(task_id="g", input={})))
-        store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-        call = LLMCall(version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion,
-                       logprobs=[-1.0] * len(completion), finish_reason="stop")  # fmt: skip
-        store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call))
-        store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
-        store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
+        scored_rollout(store, AGENT, "g", completion, reward)
     groups = select_traces(store, TraceFilter(agent=AGENT, require_reward=False)).groups()
     config = TrainConfig(
         output_dir=str(tmp_path / name), num_generations=2, tasks_per_step=1, max_steps=1, swap_every=1,

@@ -12,14 +12,12 @@ import logging
 from pathlib import Path
 
 import pytest
-from tiny_model import tiny_model
+from tiny_model import scored_rollout, tiny_model
 
 from agentforge.testing import memory_store
 from agentforge.trainers.replay.select import TraceFilter, select_traces
-from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
 AGENT = "no-signal"
-PROMPT = [1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]  # <|im_start|>user\nhi<|im_end|>\n + header
 
 
 class _Publisher:
@@ -37,18 +35,6 @@ class _Publisher:
         return self.current()
 
 
-def _rollout(store, group: str, completion: list[int], reward: float) -> None:  # type: ignore[no-untyped-def]
-    rollout = store.enqueue_rollout(Rollout(agent=AGENT, group_id=group, task=Task(task_id=group, input={})))
-    store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-    call = LLMCall(
-        version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion,
-        logprobs=[-1.0] * len(completion), finish_reason="stop",
-    )  # fmt: skip
-    store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call))
-    store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
-    store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
-
-
 def _train(tmp_path: Path, rewards: dict[str, tuple[float, float]], **config_kw: object):  # type: ignore[no-untyped-def]
     from agentforge.trainers.grpo_config import TrainConfig
     from agentforge.trainers.grpo_trainer import LightningTrainer
@@ -56,8 +42,8 @@ def _train(tmp_path: Path, rewards: dict[str, tuple[float, float]], **config_kw:
 
     store = memory_store()
     for group, (a, b) in rewards.items():
-        _rollout(store, group, [57, 1431, 2], a)
-        _rollout(store, group, [36, 2], b)
+        scored_rollout(store, AGENT, group, [57, 1431, 2], a)
+        scored_rollout(store, AGENT, group, [36, 2], b)
     selection = select_traces(store, TraceFilter(agent=AGENT, require_reward=False))
     config = TrainConfig(
         output_dir=str(tmp_path / "run"), num_generations=2, tasks_per_step=1, max_steps=len(rewards),

@@ -9,27 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_model import tiny_model
+from tiny_model import scored_rollout, tiny_model
 from typer.testing import CliRunner
 
 from agentforge.cli import app
 from agentforge.stores.sql import SQLStore
-from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 AGENT = "tb-replay"
-PROMPT = [1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]  # <|im_start|>user\nhi<|im_end|>\n + header
-
-
-def _scored(store: SQLStore, group: str, completion: list[int], reward: float) -> None:
-    rollout = store.enqueue_rollout(Rollout(agent=AGENT, group_id=group, task=Task(task_id=group)))
-    store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-    call = LLMCall(version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion,
-                   logprobs=[-1.0] * len(completion), finish_reason="stop")  # fmt: skip
-    store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call))
-    store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
-    store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
 
 
 @pytest.mark.slow
@@ -37,8 +25,8 @@ def test_replay_grpo_reports_the_reward_of_every_step_to_tensorboard(tmp_path: P
     url = f"sqlite:///{tmp_path / 'traces.db'}"
     store = SQLStore(url)
     for group, (a, b) in {"g1": (1.0, 0.0), "g2": (1.0, 1.0)}.items():
-        _scored(store, group, [57, 1431, 2], a)
-        _scored(store, group, [36, 2], b)
+        scored_rollout(store, AGENT, group, [57, 1431, 2], a)
+        scored_rollout(store, AGENT, group, [36, 2], b)
     store.close()
     out = tmp_path / "run"
     args = ["replay", "grpo", "--store-url", url, "--output-dir", str(out), "--model", str(tiny_model()),
