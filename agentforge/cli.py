@@ -15,6 +15,7 @@ from agentforge.commands.common import (
     MaxCpuLoras,
     MaxLoras,
     MaxModelLen,
+    StoreApiKey,
     print_engine,
 )
 
@@ -78,13 +79,7 @@ def serve(
             "which other users can read in the process list.",
         ),
     ] = None,
-    store_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="AGENTFORGE_STORE_API_KEY",
-            help="Bearer key of the store server when --store-url is http(s) (default: --api-key).",
-        ),
-    ] = None,
+    store_api_key: StoreApiKey = None,
     admin_key: Annotated[
         str | None,
         typer.Option(

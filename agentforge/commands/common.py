@@ -13,6 +13,7 @@ from rich.console import Console
 __all__ = [
     "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
     "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions", "print_engine", "ReportTo", "report_to_names",
+    "StoreApiKey",
 ]  # fmt: skip
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
@@ -61,6 +62,15 @@ KeptVersions = Annotated[
         help="Earlier adapter versions serving keeps loaded behind the active one, so rollouts still pinned "
         "to them finish there: the trainer's max_staleness (it trains on samples at most this many versions "
         "old). vLLM must hold this + 2 versions (--max-cpu-loras, else --max-loras); less is refused at start.",
+    ),
+]
+
+#: ``--store-api-key`` of the commands that open a store by URL and also take an ``--api-key`` of their own.
+StoreApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENTFORGE_STORE_API_KEY",
+        help="Bearer key of the store server when --store-url is http(s) (default: --api-key).",
     ),
 ]
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from agentforge.commands.common import console, reported
+from agentforge.commands.common import StoreApiKey, console, reported
 
 __all__ = ["dashboard"]
 
@@ -33,13 +33,7 @@ def dashboard(
             "Needed off loopback; set $AGENTFORGE_API_KEY rather than the flag.",
         ),
     ] = None,
-    store_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="AGENTFORGE_STORE_API_KEY",
-            help="Bearer key of the store server when --store-url is http(s) (default: --api-key).",
-        ),
-    ] = None,
+    store_api_key: StoreApiKey = None,
     tokenizer: Annotated[
         Path | None,
         typer.Option(
