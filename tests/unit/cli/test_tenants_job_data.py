@@ -1,0 +1,59 @@
+"""The three-tenant job's wiring (examples/tenants_job.py): each tenant's data, its lineage, its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agentforge.testing import memory_store
+from agentforge.types import ResourceVersion
+
+ROOT = Path(__file__).resolve().parents[3]
+
+pytestmark = pytest.mark.slow  # importing the example loads torch through the front door (~15 s here)
+
+
+@pytest.fixture(scope="module")
+def job():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("tenants_job_example", ROOT / "examples" / "tenants_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_tenant_gets_its_own_balanced_labels_and_a_disjoint_held_out_split(job) -> None:  # type: ignore[no-untyped-def]
+    seen_ids: set[str] = set()
+    for tenant, (_, labels) in job.TENANTS.items():
+        train, held_out = job.tenant_tasks(tenant, 40, 20, seed=0)
+        assert len(train) == 40 and len(held_out) == 20
+        assert {t.metadata["label"] for t in train} == set(labels) == {t.metadata["label"] for t in held_out}
+        counts = [sum(t.metadata["label"] == label for t in train) for label in labels]
+        assert max(counts) - min(counts) <= 1
+        assert not {t.input["text"] for t in train} & {t.input["text"] for t in held_out}
+        assert all(t.input["temperature"] == 0.0 for t in held_out)
+        ids = {t.task_id for t in train + held_out}
+        assert len(ids) == 60 and not ids & seen_ids  # task ids never collide across tenants
+        seen_ids |= ids
+
+
+def test_a_tenant_lineage_serves_the_shared_policy_until_it_publishes_its_own(job) -> None:  # type: ignore[no-untyped-def]
+    store = memory_store()
+    bank, shop = job.Lineage(store, "bank", "policy@v0"), job.Lineage(store, "shop", "policy@v0")
+    assert bank.current() == "policy@v0"
+    store.publish_resource(ResourceVersion(name="policy@bank", kind="adapter", payload={"path": "/x"}))
+    assert bank.current() == "policy@bank/v1" and shop.current() == "policy@v0"
+
+
+def test_the_tenant_table_names_both_versions_and_the_gain(job) -> None:  # type: ignore[no-untyped-def]
+    r = {"shared": "policy@v0", "version": "policy@assistant/v2", "n_eval": 60, "eval_before_s": 30.0,
+         "train_s": 180.0, "before": {"acc": 0.25, "top": "weather 70%", "foreign": 0, "spans": 60},
+         "after": {"acc": 0.6, "top": "alarm 30%", "foreign": 0, "spans": 60}}  # fmt: skip
+    console = Console(file=io.StringIO(), width=120, record=True, color_system=None)
+    console.print(job.tenant_table("assistant", r))
+    text = console.export_text()
+    assert "policy@v0" in text and "policy@assistant/v2" in text and "+0.350" in text and "0/60" in text
