@@ -19,7 +19,9 @@ Try it::
     curl -s -XPOST localhost:8080/sessions/ro_.../feedback -d '{"score": 1}' \\
          -H 'content-type: application/json' -H 'Authorization: Bearer T'
 
-Ctrl-C stops the trainer (it publishes what it trained), then the app and the stack.
+Ctrl-C stops the trainer (it publishes what it trained), then the app and the stack. For the order bot behind the
+same app, with simulated customers whose ratings arrive late and promotions through the gate, see
+``examples/continual_order_app.py``.
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ def _replay_call(task: Task, ctx: Any) -> str:
     """Send the stored opening in ``task.input`` through the gateway once; the answer as one string."""
     inp = task.input
     extra = {"tools": inp["tools"]} if inp.get("tools") else {}
+    if inp.get("tool_choice") is not None:  # as the opening was sent (e.g. "required": a forced call)
+        extra["tool_choice"] = inp["tool_choice"]
     out = ctx.openai_client().chat.completions.create(
         model=inp["model"],
         messages=inp["messages"],
@@ -95,7 +97,7 @@ def _replay_call(task: Task, ctx: Any) -> str:
 def replay_opening(task: Task, ctx: Any, reward_fn: RewardFn = feedback_reward) -> float | None:
     """Runner agent: send a stored opening through the gateway once and score the answer.
 
-    ``task.input`` holds ``messages``, ``tools``, ``model`` (the alias), ``max_tokens``, ``temperature``,
+    ``task.input`` holds ``messages``, ``tools``, ``tool_choice``, ``model`` (the alias), ``max_tokens``, ``temperature``,
     ``reference`` (the rated reply) and ``feedback`` (its score), see :meth:`Opening.task`.
 
     Returns:

@@ -76,13 +76,14 @@ class Opening:
         self.rollout, self.request, self.reference, self.feedback = rollout, request, reference, feedback
 
     def task(self, alias: str, temperature: float) -> Task:
-        """The replay task: the opening's messages and tools, the rated reply and its feedback."""
+        """The replay task: the opening's messages, tools and ``tool_choice``, the rated reply and its feedback."""
         return Task(
             task_id=f"opening-{self.rollout.rollout_id}",
             input={
                 "messages": self.request.get("messages", []),
                 "tools": self.request.get("tools"),
                 "max_tokens": self.request.get("max_tokens"),
+                "tool_choice": self.request.get("tool_choice"),
                 "model": alias,
                 "temperature": temperature,
                 "reference": self.reference,

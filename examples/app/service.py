@@ -121,7 +121,7 @@ class Conversation:
 
     rollout_id: str
     token_digest: str
-    messages: list[dict[str, Any]] = field(default_factory=chat_agent.new_conversation)
+    messages: list[dict[str, Any]]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -147,6 +147,8 @@ def create_app(
     api_key: str | None = None,
     max_tokens: int = 48,
     app_key: str | None = None,
+    agent: Any = chat_agent,
+    prompt_name: str = PROMPT_NAME,
 ) -> FastAPI:
     """Build the app.
 
@@ -158,6 +160,10 @@ def create_app(
         api_key: the gateway's API key, if it has one.
         max_tokens: completion limit per model call, tokens.
         app_key: the key ``POST /sessions`` needs (``None``: loopback only; see the module docstring).
+        agent: the agent the app serves: a module (or object) with ``SYSTEM`` (its default system prompt),
+            ``new_conversation(system)``, ``async reply(client, model, messages, max_tokens)`` and
+            ``stream_reply(...)``, as :mod:`chat_agent` (the default) or ``order_agent`` (the order bot).
+        prompt_name: the versioned system-prompt resource the sessions read (its version 1: ``agent.SYSTEM``).
 
     Returns:
         The FastAPI app (routes in the module docstring). Conversations live in this process's memory;
@@ -210,20 +216,20 @@ def create_app(
         body = body or NewSession()
         token = secrets.token_urlsafe(24)
         try:  # read at every session start: a newly published version applies from the next session
-            prompt = get_prompt(store, PROMPT_NAME, version=body.prompt_version, default=chat_agent.SYSTEM)
+            prompt = get_prompt(store, prompt_name, version=body.prompt_version, default=agent.SYSTEM)
         except NotFoundError as exc:
             raise HTTPException(404, detail=str(exc)) from None
         rollout = Rollout(
             agent=AGENT,
             task=Task(input={"channel": "app"}, metadata={"user": body.user}),
-            resources={PROMPT_NAME: str(prompt.version)},
+            resources={prompt_name: str(prompt.version)},
             metadata={**body.metadata, "user": body.user, TOKEN_KEY: _digest(token)},
         )
         rollout = store.enqueue_rollout(rollout)
         rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
         system = str(prompt.payload.get("template", ""))
         open_sessions[rollout.rollout_id] = Conversation(
-            rollout.rollout_id, _digest(token), chat_agent.new_conversation(system)
+            rollout.rollout_id, _digest(token), agent.new_conversation(system)
         )
         return {
             "session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "session_token": token,
@@ -246,7 +252,7 @@ def create_app(
         agent_client = client.with_options(base_url=rollout_base_url(root, conv.rollout_id))
         if body.stream:
             return StreamingResponse(
-                _stream_turn(conv, agent_client, model, body.content, max_tokens),
+                _stream_turn(agent, conv, agent_client, model, body.content, max_tokens),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -254,7 +260,7 @@ def create_app(
             size = len(conv.messages)
             conv.messages.append({"role": "user", "content": body.content})
             try:
-                text, tools = await chat_agent.reply(agent_client, model, conv.messages, max_tokens)
+                text, tools = await agent.reply(agent_client, model, conv.messages, max_tokens)
             except openai.APIError as exc:
                 del conv.messages[size:]
                 raise HTTPException(502, detail=f"the model call failed: {exc}") from exc
@@ -291,14 +297,14 @@ def create_app(
 
 
 async def _stream_turn(
-    conv: Conversation, client: openai.AsyncOpenAI, model: str, content: str, max_tokens: int
+    agent: Any, conv: Conversation, client: openai.AsyncOpenAI, model: str, content: str, max_tokens: int
 ) -> AsyncIterator[str]:
     """One streamed turn as server-sent events; a failure becomes an ``error`` event."""
     async with conv.lock:
         size = len(conv.messages)
         conv.messages.append({"role": "user", "content": content})
         try:
-            async for event in chat_agent.stream_reply(client, model, conv.messages, max_tokens):
+            async for event in agent.stream_reply(client, model, conv.messages, max_tokens):
                 yield chat_agent.as_sse(event)
         except openai.APIError as exc:
             del conv.messages[size:]

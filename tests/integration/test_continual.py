@@ -6,6 +6,11 @@ first LLM span as stored; used conversations are marked and never offered again;
 The must-show (real vLLM, ``vllm`` + ``slow``): feedback arrives in the running app → the trainer re-runs
 the opening as a group, takes a GRPO step and hot-swaps a new version → the app's next reply (same app
 object, never restarted) is served by that version (``span.llm.version``).
+
+Late feedback (``examples/continual_order_app.py``'s simulated customers, the order bot behind the app): a
+rating sent after the conversation closed and after its version was replaced attaches to the conversation's
+reply span and the version that produced it; the gate's live rewards count it for that version. Once on the
+scripted engine (fast), once on real vLLM with a real adapter swap.
 """
 
 from __future__ import annotations
@@ -37,6 +42,18 @@ from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import SpanKind
 
 service = load_service("agentforge_continual_app_service")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example(name: str, path: Path):
+    import importlib.util
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def _conversation(client: TestClient, text: str, score: float) -> str:
@@ -171,3 +188,105 @@ def test_example_has_a_help() -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "continual_app.py"
     out = subprocess.run([sys.executable, str(example), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--group-size" in out.stdout and "ContinualTrainer" in out.stdout
+
+
+# --- late feedback on the order bot (examples/continual_order_app.py) -----------------------------------
+
+
+def _order_app(gateway_url: str, store: SQLStore, alias: str) -> TestClient:
+    order_agent = _example("agentforge_test_order_agent", EXAMPLES / "app" / "order_agent.py")
+    app = service.create_app(
+        gateway_url, store, model=alias, agent=order_agent, prompt_name=order_agent.PROMPT_NAME
+    )
+    return TestClient(app)
+
+
+def _late_ratings_follow_the_replying_version(store, router, alias, client, replace) -> list[dict]:
+    """Customer 1 is answered by the live version, ``replace()`` serves a new one, customer 2 is answered by it;
+    both ratings arrive after their conversations closed and after the replacement. Returns the records."""
+    from agentforge.agents.customer_service.order_desk import order_desk_tasks
+    from agentforge.serving.promoter import LiveRewards
+
+    app = _example("agentforge_test_continual_order_app", EXAMPLES / "continual_order_app.py")
+    _, held_out = order_desk_tasks(0, 2)
+    since, first = __import__("time").time() - 1, router.alias(alias)
+    sim = app.Customers(client, held_out, 0.0, 0.0, lambda: router.alias(alias))
+    sim.converse(held_out[0])
+    second = replace()
+    assert second != first and router.alias(alias) == second
+    sim.converse(held_out[1])
+    assert all(store.get_rollout(r["session"]).state.value == "succeeded" for r in sim.records)  # finished
+    sim._rate_due(until_all=True)
+    app._attach(store, sim.records)
+    for record, version in zip(sim.records, (first, second), strict=True):
+        spans = store.list_spans(rollout_id=record["session"], kind=SpanKind.llm)
+        assert len(spans) == 2 and {s.llm.version for s in spans} == {version}  # act + reply, one version
+        reward = store.final_reward(record["session"])
+        assert reward is not None and reward.value == record["rating"] and reward.source == "user_feedback"
+        assert reward.span_id == spans[-1].span_id == record["reward_span"]  # the reply call
+        assert record["replied_by"] == version and record["live_at_rating"] == second
+        assert record["rated_at"] > record["replied_at"] and record["rollout_state"] == "succeeded"
+    assert sim.records[0]["live_at_rating"] != sim.records[0]["replied_by"]  # its version was replaced
+    live = LiveRewards(store, alias).collect(since)  # what the canary and the rollback watch read
+    assert live == {first: [sim.records[0]["rating"]], second: [sim.records[1]["rating"]]}
+    return sim.records
+
+
+def test_late_order_ratings_attach_to_the_replying_version_scripted(tmp_path: Path) -> None:
+    from agentforge.agents.customer_service.order_desk import order_desk_tasks
+
+    _, held_out = order_desk_tasks(0, 2)
+    upstream = ScriptedUpstream()
+    for i, task in enumerate(held_out):  # customer 1: the right call and fact; customer 2: the wrong tool
+        tool = task.metadata["gold_tool"] if i == 0 else "modify_order"
+        call = ScriptedToolCall(tool, json.dumps({"order_id": task.metadata["order_id"]}), id=f"call_{i}")
+        upstream.add(ScriptedTurn(tool_calls=[call]), f"Your order is {task.metadata['gold_fact']}.")
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    engine = upstream.serve()
+    router = upstream.router(base_url=f"{engine.url}/v1")
+
+    def replace() -> str:
+        router.register("policy@v2", upstream.upstream(f"{engine.url}/v1"))
+        router.set_alias("policy", "policy@v2")
+        return "policy@v2"
+
+    try:
+        with GatewayServer(store, router) as gateway, _order_app(gateway.url, store, "policy") as client:
+            records = _late_ratings_follow_the_replying_version(store, router, "policy", client, replace)
+            inner = RolloutSource(store, {}, 2, lambda: "policy@v2", agent="continual:replay")
+            openings = FeedbackSource(store, inner, 1, threading.Event()).pending()
+            assert [o.task("policy", 1.0).input["tool_choice"] for o in openings] == ["required"] * 2
+    finally:
+        engine.stop()
+        store.close()
+    assert [r["rating"] for r in records] == [1.0, -1.0]  # the simulated customers judge by the gold
+    assert records[1]["parts"]["tool"] == 0.0 and records[0]["parts"]["success"] == 1.0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_late_order_ratings_attach_to_the_replying_version_vllm(
+    vllm_tool_server, letter_adapters, unique_alias, tmp_path
+) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    router = ModelRouter()
+    swapper = HotSwapper(vllm_tool_server, router, unique_alias, drain_timeout_s=60)
+    swapper.register_base()
+    try:
+        with GatewayServer(store, router) as gateway, _order_app(gateway.url, store, unique_alias) as client:
+            replace = lambda: swapper.swap(letter_adapters["A"])  # noqa: E731
+            records = _late_ratings_follow_the_replying_version(store, router, unique_alias, client, replace)
+        assert {r["status"] for r in records} == {200}
+    finally:
+        swapper.reset_to_base()
+        store.close()
+
+
+def test_call_feedback_reward_scores_the_rerun_call_against_the_rated_one() -> None:
+    app = _example("agentforge_test_continual_order_app", EXAMPLES / "continual_order_app.py")
+    ref = 'get_order_status({"order_id": "#W2378156"})'
+    assert app.call_feedback_reward('get_order_status({"order_id": "w2378156"})', ref, 1.0) == 1.0
+    assert app.call_feedback_reward('cancel_order({"order_id": "#W2378156"})', ref, 1.0) == 0.5
+    assert app.call_feedback_reward('cancel_order({"order_id": "#W1"})', ref, -1.0) == 1.0
+    assert app.call_feedback_reward("Hello there", ref, 1.0) == 0.0
+    assert app.call_feedback_reward(ref, ref, 0.0) is None
