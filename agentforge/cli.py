@@ -203,7 +203,7 @@ def serve(
 
             words = (Path(path) / "tokenizer.json").is_file()  # token texts of the served model, else ids
             mounts[MOUNT_PATH] = create_dashboard_app(store, api_key, tokenizer=path if words else False)
-        tenancy = _tenancy(server, router, store) if tenants else {}
+        tenancy = _tenancy(server, router, store, retain) if tenants else {}
         gateway = GatewayServer(
             store,
             router,
@@ -295,8 +295,9 @@ def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-
         ) from exc
 
 
-def _tenancy(server: Any, router: Any, store: Any) -> dict[str, Any]:
-    """``serve --tenants``: the gateway arguments that serve each tenant its own lineage (issue 17)."""
+def _tenancy(server: Any, router: Any, store: Any, retain: int) -> dict[str, Any]:
+    """``serve --tenants``: the gateway arguments that serve each tenant its own lineage (issue 17); the tenants'
+    adapter slots leave room for the shared policy's ``retain`` kept versions."""
     from agentforge.errors import UserError
     from agentforge.serving.tenants import TenantAdapters
     from agentforge.stores.tenants import TenantKeyCache
@@ -304,7 +305,7 @@ def _tenancy(server: Any, router: Any, store: Any) -> dict[str, Any]:
     keys = getattr(store, "tenant_keys", None)
     if keys is None:
         raise UserError("--tenants needs the SQL store (sqlite:// or postgresql://) holding the tenant keys")
-    models = TenantAdapters(server, router, store)
+    models = TenantAdapters(server, router, store, shared_retain=retain)
     return {"tenants": TenantKeyCache(keys), "tenant_models": models, "tenant_header": True}
 
 

@@ -48,7 +48,10 @@ class TenantAdapters:
         store: where each lineage's versions are published (``get_resource``).
         alias: the shared alias; a tenant's lineage is ``{alias}@{tenant}``.
         max_loaded: most tenant versions loaded at once; default: the engine's adapter capacity
-            (``--max-cpu-loras``, else ``--max-loras``) minus 2 slots for the shared policy's hot swap (old + new).
+            (``--max-cpu-loras``, else ``--max-loras``) minus the shared policy's slots: ``shared_retain + 2``
+            (the versions its hot-swapper keeps behind the active one, plus old + new during a swap).
+        shared_retain: the shared hot-swapper's ``retain`` (:class:`~agentforge.serving.hotswap.HotSwapper`);
+            these versions stay loaded, so they count against the capacity whether ``max_loaded`` is given or not.
         refresh_s: seconds a lineage's active version is reused before the store is asked again (a newly
             activated version serves after at most this long).
         slot_wait_s: seconds a cold start waits for the calls in flight on the version it unloads before it fails.
@@ -65,19 +68,26 @@ class TenantAdapters:
         alias: str = "policy",
         *,
         max_loaded: int | None = None,
+        shared_retain: int = 0,
         refresh_s: float = 2.0,
         slot_wait_s: float = 30.0,
     ) -> None:
         self.server, self.router, self.store, self.alias = server, router, store, alias
         capacity = getattr(server, "max_cpu_loras", None) or getattr(server, "max_loras", None)
+        if shared_retain < 0:
+            raise ConfigError(
+                f"shared_retain={shared_retain}: the shared swapper keeps 0 or more earlier versions"
+            )
+        room = None if capacity is None else capacity - shared_retain  # the retained versions stay loaded
         if max_loaded is None:
             if capacity is None:
                 raise ConfigError("the engine does not say how many adapters it holds; pass max_loaded")
-            max_loaded = capacity - 2
-        if max_loaded < 1 or (capacity is not None and max_loaded > capacity):
+            max_loaded = capacity - 2 - shared_retain
+        if max_loaded < 1 or (room is not None and max_loaded > room):
             raise ConfigError(
-                f"max_loaded={max_loaded} tenant adapters must be in [1, {capacity}] (the engine's --max-cpu-loras, "
-                "else --max-loras); start the engine with a larger --max-cpu-loras"
+                f"max_loaded={max_loaded} tenant adapters must be in [1, {room}] (the engine's --max-cpu-loras, "
+                f"else --max-loras, {capacity}, less the {shared_retain} versions the shared swapper retains); start the "
+                "engine with a larger --max-cpu-loras"
             )
         self.max_loaded, self.refresh_s, self.slot_wait_s = max_loaded, refresh_s, slot_wait_s
         self._lock = threading.Lock()  # the loaded set and the counters; held only for dictionary work

@@ -98,6 +98,14 @@ def test_pinned_versions_new_versions_and_limits(store: SQLStore) -> None:
     with pytest.raises(ConfigError, match="max_loaded=9"):
         TenantAdapters(server, router, store, max_loaded=9)  # type: ignore[arg-type]
     assert TenantAdapters(server, router, store).max_loaded == 2  # type: ignore[arg-type]  # 4 slots - 2 for swaps
+    # the shared swapper's retained versions stay loaded: they take slots from the tenants, default or not
+    assert TenantAdapters(server, router, store, shared_retain=1).max_loaded == 1  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"max_loaded=4 .* \[1, 3\].* 1 versions the shared swapper retains"
+    ):
+        TenantAdapters(server, router, store, max_loaded=4, shared_retain=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_loaded=0"):
+        TenantAdapters(server, router, store, shared_retain=2)  # type: ignore[arg-type]  # 4 - 2 - 2 leaves none
 
 
 def test_the_live_reward_of_a_tenants_lineage_counts_only_its_own_traffic() -> None:
