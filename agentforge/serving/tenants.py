@@ -104,15 +104,20 @@ class TenantAdapters:
         """See :meth:`~agentforge.gateway.tenancy.TenantModels.acquire`.
 
         ``model`` is the shared alias or the tenant's lineage alias (→ the lineage's active version, else the
-        shared alias), a version of the tenant's lineage (→ that version), or anything else (→ the router).
+        shared alias), a version of the tenant's lineage (→ that version), or anything else (→ the router). A
+        lineage version whose payload marks the base model (``agentforge rollback policy 0 --tenant T``
+        publishes one) is served by the shared alias: the tenant is back on the shared policy.
 
         Raises:
             NotFoundError: the version is not published, or nothing serves ``model``.
             ServingError: the load failed, or the version to unload still had calls after ``slot_wait_s``.
         """
         found = self._version(tenant, model)
-        if found is None:
-            return self.router.acquire(self.alias if model == Version.lineage(self.alias, tenant) else model)
+        if (
+            found is None
+        ):  # not the tenant's, no lineage yet, or a version that is the base (a rollback to v0)
+            shared = model == Version.lineage(self.alias, tenant) or self._paths.get(model) == ""
+            return self.router.acquire(self.alias if shared else model)
         name, path = found
         with self._lock:
             if name in self._loaded:
@@ -149,8 +154,9 @@ class TenantAdapters:
             return None
         name = str(version)
         if name not in self._paths:
-            self._paths[name] = self._path(self.store.get_resource(lineage, version.number).payload, model)
-        return name, self._paths[name]
+            payload = self.store.get_resource(lineage, version.number).payload
+            self._paths[name] = "" if payload.get("base") else self._path(payload, model)
+        return (name, self._paths[name]) if self._paths[name] else None
 
     def acquire_cached(self, tenant: str, model: str) -> tuple[str, Upstream] | None:
         """:meth:`acquire` when it needs neither a store read nor a load (the warm path, called on the gateway's
@@ -185,7 +191,11 @@ class TenantAdapters:
             return hit[1]
         try:
             resource = self.store.get_resource(lineage)
-            found: tuple[str, str] | None = (resource.ref, self._path(resource.payload, resource.ref))
+            found: tuple[str, str] | None = (
+                None
+                if resource.payload.get("base")
+                else (resource.ref, self._path(resource.payload, resource.ref))
+            )  # a rollback to v0 activates a version marking the base: the shared policy serves again
         except NotFoundError:
             found = None
         self._live[lineage] = (now, found)

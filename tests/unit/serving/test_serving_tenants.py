@@ -140,3 +140,15 @@ def test_the_warm_path_needs_no_store_read_and_no_load(store: SQLStore) -> None:
     assert adapters.acquire_cached("a", "policy@a/v2") is None  # a version not loaded
     _call(adapters, router, "e")  # no lineage, now known: the shared alias at once
     assert adapters.acquire_cached("e", "policy")[0] == "policy@v0"  # type: ignore[index]
+
+
+def test_a_tenant_rolled_back_to_v0_is_served_the_shared_policy_again(store: SQLStore) -> None:
+    from agentforge.trainers.publish import rollback_adapter
+
+    adapters, server, router = _adapters(store, refresh_s=0)
+    assert _call(adapters, router, "a") == "policy@a/v1"
+    assert rollback_adapter(store, 0, alias="policy@a").ref == "policy@a/v2"  # a version that marks the base
+    assert _call(adapters, router, "a") == "policy@v0"  # not an error, not another tenant's adapter
+    assert _call(adapters, router, "a", "policy@a/v2") == "policy@v0"  # a rollout pinned to that version too
+    assert _call(adapters, router, "a", "policy@a/v1") == "policy@a/v1"  # older pins keep their own weights
+    assert adapters.preload("a") is None and _call(adapters, router, "b") == "policy@b/v1"
