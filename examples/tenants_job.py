@@ -7,8 +7,9 @@ on 2 CPU cores. On the embedded default:
 
 1. start ONE vLLM (runtime LoRA) and ONE gateway with serving's :class:`~agentforge.serving.tenants.
    TenantAdapters` (a tenant's versions ``policy@<tenant>/vN`` are loaded on demand, least recently used ones
-   unloaded) and one runner pool; every rollout belongs to a tenant (``Rollout.tenant``), so the gateway
-   serves and records each call as that tenant's (``Span.tenant``) and refuses another tenant's versions;
+   unloaded) and one runner pool; every rollout belongs to a tenant (``Rollout.tenant``) and its calls carry that
+   tenant's own key (``store.tenant_keys``, stored hashed), so the gateway serves and records each call as that
+   tenant's (``Span.tenant``) and refuses another tenant's versions;
 2. evaluate the shared policy (``policy@v0``, the base model) on each tenant's held-out split (greedy,
    reward = exact intent match);
 3. for each tenant in turn: GRPO + LoRA (TRL + PEFT) on that tenant's rollouts only (``RolloutSource(tenant=)``),
@@ -25,9 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,7 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.tenants import TenantAdapters
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stack import engine_endpoint
+from agentforge.stores.tenants import TenantKeyCache
 from agentforge.trainers.publish import StorePublisher
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import Version
@@ -147,22 +150,35 @@ def tenant_tasks(tenant: str, n_train: int, n_eval: int, seed: int) -> tuple[lis
     return draw("train", n_train, 1.0), draw("test", n_eval, 0.0)
 
 
-def intent_agent(task: Task, ctx: Any) -> float:
+def intent_agent(keys: dict[str, str]) -> Callable[[Task, Any], float]:
     """Runner agent: the triage graph over the task's own intents (``metadata["labels"]``); 1.0 on an exact match.
 
-    The graph asks for ``policy``; the gateway resolves it (or the rollout's pin) for the rollout's tenant.
+    Each call goes through the gateway with the key of the rollout's tenant (``keys``: tenant → its tenant key,
+    :mod:`agentforge.stores.tenants`; the keys never enter the store in clear), so the gateway serves it as that
+    tenant's call: ``policy`` (or the rollout's pin) resolves in the tenant's lineage, and a key of another tenant
+    than the rollout's would be a 404.
+
+    Args:
+        keys: tenant → its tenant key.
+
+    Returns:
+        ``agent(task, ctx) -> reward`` for :class:`~agentforge.runtime.Runner`.
     """
-    labels: Sequence[str] = task.metadata["labels"]
-    graph = build_triage_graph(
-        ctx.openai_client(max_retries=0),
-        labels=labels,
-        system_prompt=triage_prompt(labels, kind="intent"),
-        prefill="Intent:",
-        max_tokens=8,
-        temperature=float(task.input.get("temperature", 1.0)),
-    )
-    state = graph.invoke({"message": task.input["text"]})
-    return 1.0 if state.get("label") == task.metadata["label"] else 0.0
+
+    def agent(task: Task, ctx: Any) -> float:
+        labels: Sequence[str] = task.metadata["labels"]
+        graph = build_triage_graph(
+            ctx.openai_client(max_retries=0, api_key=keys[task.metadata["tenant"]]),
+            labels=labels,
+            system_prompt=triage_prompt(labels, kind="intent"),
+            prefill="Intent:",
+            max_tokens=8,
+            temperature=float(task.input.get("temperature", 1.0)),
+        )
+        state = graph.invoke({"message": task.input["text"]})
+        return 1.0 if state.get("label") == task.metadata["label"] else 0.0
+
+    return agent
 
 
 class Lineage:
@@ -272,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
             f"vLLM up in {server.startup_s:.0f}s; tenants {', '.join(TENANTS)}; shared policy {shared}"
         )
         try:
-            with GatewayServer(store, router, tenant_models=adapters) as gateway, Runner(
-                store, intent_agent, gateway.url, workers=args.workers, engine=engine_endpoint(server)
+            gateway_key = secrets.token_urlsafe(24)  # the app's own key; tenants call with their tenant keys
+            keys = {tenant: store.tenant_keys.issue(tenant) for tenant in TENANTS}
+            directory = TenantKeyCache(store.tenant_keys)
+            with GatewayServer(store, router, api_key=gateway_key, tenants=directory, tenant_models=adapters) as gateway, Runner(
+                store, intent_agent(keys), gateway.url, workers=args.workers, engine=engine_endpoint(server),
+                gateway_api_key=gateway_key,
             ):  # fmt: skip
                 for tenant, (_, held_out) in data.items():
                     t0 = time.monotonic()
