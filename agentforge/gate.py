@@ -194,7 +194,7 @@ class EvalGate:
         passed = gain > self.min_gain and significant
         p_rule = "no test required" if self.max_p is None else f"max_p {self.max_p:g}"
         reason = (
-            f"gain {gain:+.3f} ({live_mean:.3f} -> {cand_mean:.3f}) on {test.n} held-out examples, "
+            f"gain {gain:+.3f} ({live_mean:.3f} -> {cand_mean:.3f}) on {test.n} gate examples (a fixed slice nothing trains on), "
             f"{test.wins} wins / {test.losses} losses, p = {test.p_value:.3g} ({test.method}); "
             f"needs gain > {self.min_gain:g} and {p_rule}"
         )
