@@ -236,7 +236,10 @@ def test_with_the_receiver_down_the_gateway_keeps_serving_and_counts_dropped_exp
         while (m := store.listener.metrics())["dropped_queue_full"] + m["dropped_export_failed"] < n:  # type: ignore[union-attr]
             assert time.monotonic() < deadline, m
             time.sleep(0.2)
-        assert m["exported"] == 0 and m["dropped_queue_full"] > 0 and m["dropped_export_failed"] > 0, m
+        # how many of the n fill the 4-span queue depends on this machine's speed (under load, calls come
+        # slower than failed exports drain), so only the failed-export path is required here; the full-queue
+        # path is pinned exactly in tests/unit/stores/test_otlp_export.py
+        assert m["exported"] == 0 and m["dropped_export_failed"] > 0, m
         text = httpx.get(f"{gateway.url}/api/store/metrics", timeout=10).text
         assert "agentforge_otlp_export_enabled 1" in text and "agentforge_otlp_spans_exported_total 0" in text
         dropped = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
