@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from example_app import load_service
+from example_app import load_example, load_service
 from fastapi.testclient import TestClient
 
 from agentforge.gateway.router import ModelRouter
@@ -42,18 +42,6 @@ from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import SpanKind
 
 service = load_service("agentforge_continual_app_service")
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def _example(name: str, path: Path):
-    import importlib.util
-
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def _conversation(client: TestClient, text: str, score: float) -> str:
@@ -194,7 +182,7 @@ def test_example_has_a_help() -> None:
 
 
 def _order_app(gateway_url: str, store: SQLStore, alias: str) -> TestClient:
-    order_agent = _example("agentforge_test_order_agent", EXAMPLES / "app" / "order_agent.py")
+    order_agent = load_example("app/order_agent.py", "agentforge_test_order_agent")
     app = service.create_app(
         gateway_url, store, model=alias, agent=order_agent, prompt_name=order_agent.PROMPT_NAME
     )
@@ -207,7 +195,7 @@ def _late_ratings_follow_the_replying_version(store, router, alias, client, repl
     from agentforge.agents.customer_service.order_desk import order_desk_tasks
     from agentforge.serving.promoter import LiveRewards
 
-    app = _example("agentforge_test_continual_order_app", EXAMPLES / "continual_order_app.py")
+    app = load_example("continual_order_app.py", "agentforge_test_continual_order_app")
     _, held_out = order_desk_tasks(0, 2)
     since, first = __import__("time").time() - 1, router.alias(alias)
     sim = app.Customers(client, held_out, 0.0, 0.0, lambda: router.alias(alias))
@@ -283,7 +271,7 @@ def test_late_order_ratings_attach_to_the_replying_version_vllm(
 
 
 def test_call_feedback_reward_scores_the_rerun_call_against_the_rated_one() -> None:
-    app = _example("agentforge_test_continual_order_app", EXAMPLES / "continual_order_app.py")
+    app = load_example("continual_order_app.py", "agentforge_test_continual_order_app")
     ref = 'get_order_status({"order_id": "#W2378156"})'
     assert app.call_feedback_reward('get_order_status({"order_id": "w2378156"})', ref, 1.0) == 1.0
     assert app.call_feedback_reward('cancel_order({"order_id": "#W2378156"})', ref, 1.0) == 0.5

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
 
 import pytest
+from example_app import load_example
 from rich.console import Console
 
 from agentforge.testing import memory_store
 from agentforge.types import ResourceVersion
-
-ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow  # importing the example loads torch through the front door (~15 s here)
 
 
 @pytest.fixture(scope="module")
 def job():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("tenants_job_example", ROOT / "examples" / "tenants_job.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("tenants_job.py", "tenants_job_example")
 
 
 def test_each_tenant_gets_its_own_balanced_labels_and_a_disjoint_held_out_split(job) -> None:  # type: ignore[no-untyped-def]

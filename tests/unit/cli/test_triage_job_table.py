@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
 
 import pytest
+from example_app import load_example
 from rich.console import Console
-
-ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow  # importing the example loads torch through the front door (~15 s here)
 
 
 @pytest.fixture(scope="module")
 def triage_job():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("triage_job_example", ROOT / "examples" / "triage_job.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("triage_job.py", "triage_job_example")
 
 
 @pytest.mark.parametrize("alias", ["policy", "customer-service", "customer-service-bot"])
