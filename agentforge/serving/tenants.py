@@ -113,9 +113,8 @@ class TenantAdapters:
             ServingError: the load failed, or the version to unload still had calls after ``slot_wait_s``.
         """
         found = self._version(tenant, model)
-        if (
-            found is None
-        ):  # not the tenant's, no lineage yet, or a version that is the base (a rollback to v0)
+        # not the tenant's, no lineage yet, or a version that is the base (a rollback to v0)
+        if found is None:
             shared = model == Version.lineage(self.alias, tenant) or self._paths.get(model) == ""
             return self.router.acquire(self.alias if shared else model)
         name, path = found
