@@ -28,7 +28,7 @@ import collections
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -75,6 +75,7 @@ class _Conn(asyncio.Protocol):
         self.stream = False
         self.last_read = 0.0
         self.status = 0
+        self.draining: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,6 +111,11 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()  # only valid inside this callback
+        if self.draining is not None:  # the call already ended: the connection goes back to the pool
+            self.draining.cancel()
+            self.draining = None
+            self.done()
+            return
         if self.stream:
             self.parts.append(_END)
             self._wake()
@@ -153,6 +159,19 @@ class _Conn(asyncio.Protocol):
         else:
             self.close()
 
+    def finish_in_background(self, wait_s: float) -> None:
+        """The call is over but the answer's last bytes (a stream's closing chunk) are still on their way:
+        the connection goes back to the pool when they arrive, or is closed after ``wait_s`` seconds."""
+        if self.complete or not self.open or self.draining is not None:
+            return
+        self.parts.clear()
+        self.draining = asyncio.get_running_loop().call_later(wait_s, self._give_up)
+
+    def _give_up(self) -> None:
+        self.draining = None
+        if not self.complete:
+            self.close()
+
 
 class _Pool:
     """Idle keep-alive connections to one ``(host, port)``, most recently used first."""
@@ -187,36 +206,76 @@ class H1Answer:
     def __init__(self, client: H1Client, conn: _Conn, status: int, body: bytes | None) -> None:
         self._client, self._conn, self.status, self.body = client, conn, status, body
         self._closed = False
+        self._watch: _Watch | None = None  # a stream's idle timer, armed at its first wait
 
-    async def blocks(self) -> AsyncIterator[bytes]:
-        """The streamed body's blocks as they arrive (chunked encoding already removed).
+    async def read(self, wrap: Callable[[H1Error], Exception] | None = None) -> bytes:
+        """The next piece of the streamed body (chunked encoding already removed): everything that arrived
+        since the last read, in one piece; ``b""`` at its end. An engine writes each SSE event as its own
+        HTTP chunk, and one network read often holds many: handing them out together lets the relay
+        answer them with one write to its client instead of one write per event.
+
+        Args:
+            wrap: turns this client's error into the caller's own (raised ``from`` it); ``None``: raised as is.
 
         Raises:
             H1Timeout, H1Broken: the engine went quiet for ``read_s`` or the connection broke.
         """
         conn = self._conn
-        loop = asyncio.get_running_loop()
+        parts = conn.parts
         while True:
-            while conn.parts:
-                part = conn.parts.popleft()
+            if parts:
+                ready: list[bytes] = []
+                while parts:
+                    part = parts[0]
+                    if part is _END or isinstance(part, H1Error):
+                        break
+                    ready.append(parts.popleft())
+                if ready:
+                    return ready[0] if len(ready) == 1 else b"".join(ready)
+                part = parts[0]  # left in place: a read after the end or a failure gives the same answer
+                self._stop_watch()
                 if part is _END:
-                    return
-                if isinstance(part, H1Error):
+                    return b""
+                if wrap is None:
                     raise part
-                yield part
-            conn.wake = loop.create_future()
-            timer = self._client._watch(conn)
+                raise wrap(part) from part
+            if self._watch is None:  # one idle timer for the stream: it re-arms itself while bytes come
+                self._watch = self._client._watch(conn)
+            conn.wake = asyncio.get_running_loop().create_future()
             try:
                 await conn.wake
             finally:
-                timer.cancel()
                 conn.wake = None
 
-    def close(self) -> None:
-        """Release the connection (to the pool when the answer was read to its end). Idempotent."""
+    async def blocks(self) -> AsyncIterator[bytes]:
+        """:meth:`read` as an iterator: the streamed body's pieces until its end.
+
+        Raises:
+            H1Timeout, H1Broken: as :meth:`read`.
+        """
+        while block := await self.read():
+            yield block
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def close(self, finish_s: float = 0.0) -> None:
+        """Release the connection (to the pool when the answer was read to its end). Idempotent.
+
+        Args:
+            finish_s: when the answer's end has not arrived yet, wait up to this many seconds for it in the
+                background (the caller goes on at once) and then hand the connection back to the pool;
+                ``0``: close it now.
+        """
         if not self._closed:
             self._closed = True
-            self._conn.done()
+            self._stop_watch()
+            if finish_s > 0:
+                self._conn.finish_in_background(finish_s)
+            if self._conn.draining is None:
+                self._conn.done()
 
 
 class H1Client:

@@ -37,39 +37,61 @@ if TYPE_CHECKING:
     from agentforge.gateway.app import _Gateway
     from agentforge.gateway.call import CallContext
 
-__all__ = ["sse_batches", "StreamRelay", "relay_response"]
+__all__ = ["SSEReader", "sse_batches", "StreamRelay", "relay_response"]
 
 _DONE = b"data: [DONE]\n\n"
 #: Longest wait for the engine's last bytes after ``[DONE]``, seconds; the connection is closed after it.
 _DRAIN_S = 0.25
 
 
-async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
-    """The ``data`` payloads of ``response``'s server-sent events (multi-line data joined), one list per
-    network read: events that arrived together are relayed together, in one write to the client.
-    Payloads stay bytes (UTF-8 as the engine sent them) so that the JSON decoder reads them directly."""
-    buf, lines = b"", []
-    async for block in response.aiter_bytes():
-        if not buf and not lines and (simple := _simple_events(block)) is not None:
-            yield simple
-            continue
-        *complete, buf = (buf + block).split(b"\n") if buf else block.split(b"\n")
+class SSEReader:
+    """Incremental reader of server-sent events: the ``data`` payloads of the bytes fed so far.
+
+    Payloads stay bytes (UTF-8 as the engine sent them) so that the JSON decoder reads them directly;
+    multi-line data is joined with ``\\n``; comments and other fields are skipped.
+    """
+
+    __slots__ = ("_buf", "_lines")
+
+    def __init__(self) -> None:
+        self._buf, self._lines = b"", []
+
+    def feed(self, block: bytes) -> list[bytes]:
+        """The payloads of the events that ``block`` completes, in order (maybe none)."""
+        if not self._buf and not self._lines and (simple := _simple_events(block)) is not None:
+            return simple
+        lines = self._lines
+        *complete, self._buf = (self._buf + block).split(b"\n") if self._buf else block.split(b"\n")
         batch: list[bytes] = []
         for raw in complete:
             line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
                 if lines:
                     batch.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
-                    lines = []
+                    lines.clear()
             elif line.startswith(b"data:"):
                 lines.append(line[6:] if line.startswith(b"data: ") else line[5:])
-        if batch:
+        return batch
+
+    def end(self) -> list[bytes]:
+        """The payload of an event the stream's end cut off before its blank line, if any."""
+        buf, lines = self._buf, self._lines
+        tail = buf[:-1] if buf.endswith(b"\r") else buf
+        if tail.startswith(b"data:"):
+            lines.append(tail[6:] if tail.startswith(b"data: ") else tail[5:])
+        self._buf, self._lines = b"", []
+        return [b"\n".join(lines)] if lines else []
+
+
+async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
+    """The ``data`` payloads of ``response``'s server-sent events (see :class:`SSEReader`), one list per
+    network read: events that arrived together are relayed together, in one write to the client."""
+    reader = SSEReader()
+    while block := await response.read_block():
+        if batch := reader.feed(block):
             yield batch
-    tail = buf[:-1] if buf.endswith(b"\r") else buf
-    if tail.startswith(b"data:"):
-        lines.append(tail[6:] if tail.startswith(b"data: ") else tail[5:])
-    if lines:
-        yield [b"\n".join(lines)]
+    if rest := reader.end():
+        yield rest
 
 
 def _simple_events(block: bytes) -> list[bytes] | None:
@@ -84,14 +106,12 @@ def _simple_events(block: bytes) -> list[bytes] | None:
     return [event[6:] for event in events]
 
 
-async def _drain(batches: AsyncIterator[list[str]], limit: int = 64) -> None:
+async def _drain(response: UpstreamResponse, limit: int = 64) -> None:
     """Read what is left of a finished stream (the engine's last bytes after ``[DONE]``) so that the
     keep-alive connection goes back to the pool instead of being closed; gives up after ``limit`` reads."""
     try:
-        async for _ in batches:
+        while limit > 0 and await response.read_block():
             limit -= 1
-            if limit <= 0:
-                return
     except UpstreamStreamError:
         return
 
@@ -128,35 +148,46 @@ class StreamRelay:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE bytes for the client: the events of each upstream read in one piece."""
         error: str | None = None
-        batches = sse_batches(self.response)
+        reader, response = SSEReader(), self.response
         try:
-            async for batch in batches:
+            while block := await response.read_block():
                 out: list[bytes] = []
-                finished = False
-                for data in batch:
-                    if data.strip() == b"[DONE]":
-                        finished = True
-                        break
-                    error = self._relay(data, out)
-                    if error is not None:
-                        break
+                finished, error = self._relay_all(reader.feed(block), out)
                 if out:
                     yield b"".join(out)
                 if finished:
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_S):
-                        await _drain(batches)  # an engine that keeps the connection open loses it
+                    if not response.close_after_end(_DRAIN_S):  # a client that cannot: read the rest here
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_S):
+                            await _drain(response)
                     break
                 if error is not None:
                     break
-            else:  # the engine closed the stream without [DONE]: the client must not take it as whole
-                error = "upstream stream ended before [DONE]"
-                yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
+            else:
+                out = []
+                finished, error = self._relay_all(reader.end(), out)
+                if out:
+                    yield b"".join(out)
+                if (
+                    not finished and error is None
+                ):  # closed without [DONE]: the client must not take it as whole
+                    error = "upstream stream ended before [DONE]"
+                    yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
             logger.warning("upstream stream for %s broke: %s", self.ctx.version, exc)
             error = f"upstream stream broke ({type(exc.__cause__ or exc).__name__})"
             yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         await self.finish(error)
         yield _DONE
+
+    def _relay_all(self, payloads: list[bytes], out: list[bytes]) -> tuple[bool, str | None]:
+        """Relay ``payloads`` into ``out`` up to ``[DONE]`` or an error: ``(finished, error)``."""
+        for data in payloads:
+            if data == b"[DONE]" or data.strip() == b"[DONE]":
+                return True, None
+            error = self._relay(data, out)
+            if error is not None:
+                return False, error
+        return False, None
 
     def _relay(self, data: bytes, out: list[bytes]) -> str | None:
         """Capture one upstream event and append what the client gets to ``out``; returns the error that

@@ -195,3 +195,59 @@ async def test_stream_that_breaks_midway_raises_broken_and_a_cancelled_call_clos
         await task
     await asyncio.wait_for(closed.wait(), 2)
     server.close()
+
+
+async def test_chunks_that_arrive_together_are_read_as_one_piece() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        events = (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n")
+        writer.write(head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    server, url, _ = await _serve(handler)
+    client = H1Client(read_s=5)
+    answer = await client.post(url, b"{}", {}, stream=True)
+    await asyncio.sleep(0.1)  # every chunk has arrived: one read hands them all out
+    assert await answer.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    assert await answer.read() == b"" and await answer.read() == b""
+    answer.close()
+    server.close()
+
+
+@pytest.mark.parametrize("terminator_after_s", [0.1, None])
+async def test_a_stream_closed_after_its_last_event_finishes_in_the_background(
+    terminator_after_s: float | None,
+) -> None:
+    """``close(finish_s)`` returns at once; the connection goes back to the pool when the closing chunk comes
+    within ``finish_s``, and is closed (never reused half-read) when it does not."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\ne\r\ndata: [DONE]\n\n\r\n")
+            await writer.drain()
+            if terminator_after_s is None:
+                await reader.read()
+                return
+            await asyncio.sleep(terminator_after_s)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    server, url, connections = await _serve(handler)
+    client = H1Client(read_s=5)
+    answer = await client.post(url, b"{}", {}, stream=True)
+    assert await answer.read() == b"data: [DONE]\n\n"
+    answer.close(finish_s=0.5)
+    (pool,) = client._pools.values()
+    assert not pool.idle  # not yet: the closing chunk is on its way
+    await asyncio.sleep(0.8)
+    if terminator_after_s is None:
+        assert not pool.idle and not answer._conn.open
+    else:
+        assert len(pool.idle) == 1
+        answer = await client.post(url, b"{}", {}, stream=True)
+        assert await answer.read() == b"data: [DONE]\n\n" and len(connections) == 1
+        answer.close(finish_s=0.5)
+    server.close()
