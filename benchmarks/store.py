@@ -11,7 +11,10 @@ reader thread polls ``list_spans`` throughout:
   (and ``POST /api/batch`` for the HTTP client); each writer waits for each span's commit in turn;
 * **pipelined**: each writer hands all its spans to ``store.submit`` at once and then waits for every
   acknowledgement (how a tracer that flushes at the end of a rollout writes); every span is still
-  acknowledged only once committed.
+  acknowledged only once committed;
+* **flushed**: each writer hands all its spans to ``store.submit_many`` (one acknowledgement for the lot,
+  resolved once the last of them is committed, with one outcome per span; how a tracer's flush writes),
+  then checks every span's outcome.
 
 Printed per row: spans/s, the ratio batched/baseline (same writers, same spans, same run), lost (sent but
 not stored), duplicates, errors and reader polls. Then the targets of issue 11: ≥ 20,000 spans/s on SQLite
@@ -90,16 +93,25 @@ def _rollouts(store: SQLStore | HTTPStore, n: int) -> list[str]:
 
 def measure(
     store: SQLStore | HTTPStore, backend: str, mode: str, writers: int, per_writer: int,
-    write: Callable[[Span], object], pipelined: bool = False,
+    write: Callable[[Span], object], pipelined: bool = False, flushed: bool = False,
 ) -> Row:  # fmt: skip
     """Run ``writers`` threads × ``per_writer`` spans through ``write`` with a polling reader
-    (``pipelined``: ``store.submit`` all of a writer's spans, then wait for each acknowledgement)."""
+    (``pipelined``: ``store.submit`` all of a writer's spans, then wait for each acknowledgement;
+    ``flushed``: ``store.submit_many`` them, then check each span's outcome)."""
     rollout_ids = _rollouts(store, writers)
     spans = [[llm_span(rid, i) for i in range(per_writer)] for rid in rollout_ids]
     errors: list[BaseException] = []
     polls, poll_errors, done = [0], [0], threading.Event()
 
     def writer(batch: list[Span]) -> None:
+        if flushed:
+            try:
+                outcomes = store.submit_many(batch).result()
+            except Exception as exc:  # counted and printed, never hidden
+                errors.extend([exc] * len(batch))
+                return
+            errors.extend(o for o in outcomes if isinstance(o, BaseException))
+            return
         if pipelined:
             for future in [store.submit(span) for span in batch]:
                 try:
@@ -180,6 +192,8 @@ def run_backend(
             rows.append(
                 measure(store, backend, "pipelined", writers, per_writer, store.add_span, pipelined=True)
             )
+        for writers in sizes:
+            rows.append(measure(store, backend, "flushed", writers, per_writer, store.add_span, flushed=True))
     finally:
         store.close()
         if server is not None:

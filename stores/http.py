@@ -334,6 +334,11 @@ class HTTPStore:
         """See :meth:`TraceStore.submit`."""
         return self._writer.submit(item)
 
+    def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
+        """:meth:`SQLStore.submit_many <agentforge.stores.sql.SQLStore.submit_many>` over HTTP: the items
+        share ``POST /api/batch`` requests; the future resolves once the server committed all of them."""
+        return self._writer.submit_many(items)
+
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """See :meth:`TraceStore.submit_async`."""
         return self._writer.submit_async(item)

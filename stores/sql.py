@@ -134,6 +134,12 @@ class SQLStore(RolloutQueue, RolloutPages):
         :mod:`agentforge.stores.writer`); the future resolves once it is committed."""
         return self._writer.submit(item)
 
+    def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
+        """Queue many spans and rewards at once behind one future (a tracer's flush; see
+        :meth:`GroupCommitWriter.submit_many <agentforge.stores.writer.GroupCommitWriter.submit_many>`): it
+        resolves once every item is committed, to one outcome per item (the stored item or its error)."""
+        return self._writer.submit_many(items)
+
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """:meth:`submit` for coroutines: a future of the running loop (see :meth:`TraceStore.submit_async`)."""
         return self._writer.submit_async(item)

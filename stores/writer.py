@@ -7,6 +7,11 @@ each caller's future. So a caller is acknowledged only after its item is committ
 is ever lost), and while one batch commits the next one fills up: under load many spans share one
 transaction (group commit, as in database write-ahead logs), and a lone caller waits for one commit only.
 
+A caller holding many items at once (a tracer flushing a rollout's spans) uses
+:meth:`GroupCommitWriter.submit_many`: one future for the lot, resolved once the last of them is committed,
+with one outcome per item (its items may share batches with other callers' and span several batches). That
+saves a future, a lock and a thread wake-up per item, and the items stay in order with everyone else's.
+
 Async callers use :meth:`GroupCommitWriter.submit_async`: their ``asyncio`` futures are resolved with one
 ``call_soon_threadsafe`` per event loop and batch (a thread-safe ``concurrent.futures.Future`` per item,
 chained to the loop one by one, costs a lock, a condition and a loop wake-up per item).
@@ -47,6 +52,35 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class _Group(Generic[R]):
+    """The shared acknowledgement of one :meth:`GroupCommitWriter.submit_many` call: its future, the outcome
+    slots and how many items are still uncommitted (touched by the writer thread only)."""
+
+    __slots__ = ("future", "outcomes", "left", "live")
+
+    def __init__(self, n: int) -> None:
+        self.future: Future[list[R | BaseException]] = Future()
+        self.outcomes: list[R | BaseException | None] = [None] * n
+        self.left = n
+        self.live: bool | None = None  # None: no item taken yet; False: cancelled before that
+
+    def start(self) -> bool:
+        """Whether the group's items are to be written (its future was not cancelled before the first)."""
+        if self.live is None:
+            self.live = self.future.set_running_or_notify_cancel()
+        return self.live
+
+    def settle(self, index: int, outcome: R | BaseException) -> None:
+        self.outcomes[index] = outcome
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
+
+
+#: Where an item's outcome goes: its own future, or a slot ``(group, index)`` of a :meth:`submit_many` call.
+_Sink = Future | asyncio.Future | tuple
+
+
 class GroupCommitWriter(Generic[T, R]):
     """A writer thread with group commit (see the module docstring).
 
@@ -77,7 +111,7 @@ class GroupCommitWriter(Generic[T, R]):
             raise UserError(f"max_batch must be at least 1, got {max_batch}")
         self._write_batch, self._name, self.max_batch = write_batch, name, max_batch
         self._cond = threading.Condition()
-        self._queue: deque[tuple[T, Future[R] | asyncio.Future[R]]] = deque()
+        self._queue: deque[tuple[T, _Sink]] = deque()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
@@ -105,13 +139,38 @@ class GroupCommitWriter(Generic[T, R]):
         self._enqueue(item, future)
         return future
 
+    def submit_many(self, items: Sequence[T]) -> Future[list[R | BaseException]]:
+        """Queue ``items`` in order behind one future, which resolves once every one of them is committed.
+
+        Args:
+            items: the items; they may be written in several batches, shared with other callers' items.
+
+        Returns:
+            A future of one outcome per item, in order: the stored item, or the exception that item failed
+            with (alone, e.g. ``NotFoundError``, or with its whole batch, e.g. ``StoreError``). Cancelling it
+            before the writer takes the first item skips them all; after that every item is written.
+
+        Raises:
+            UserError: the writer is closed.
+        """
+        group: _Group[R] = _Group(len(items))
+        if not items:
+            group.future.set_running_or_notify_cancel()
+            group.future.set_result([])
+            return group.future
+        self._enqueue_all([(item, (group, i)) for i, item in enumerate(items)])
+        return group.future
+
     def _enqueue(self, item: T, future: Future[R] | asyncio.Future[R]) -> None:
+        self._enqueue_all([(item, future)])
+
+    def _enqueue_all(self, entries: list[tuple[T, _Sink]]) -> None:
         with self._cond:
             if self._closed:
                 raise UserError(f"{self._name} is closed; create a new store")
             if self._pid != os.getpid():  # forked child: the parent's thread and queue are not ours
                 self._pid, self._thread, self._queue = os.getpid(), None, deque()
-            self._queue.append((item, future))
+            self._queue.extend(entries)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -130,7 +189,7 @@ class GroupCommitWriter(Generic[T, R]):
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def _take(self) -> list[tuple[T, Future[R] | asyncio.Future[R]]] | None:
+    def _take(self) -> list[tuple[T, _Sink]] | None:
         with self._cond:
             while not self._queue:
                 if self._closed:
@@ -141,11 +200,7 @@ class GroupCommitWriter(Generic[T, R]):
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
-            live = [
-                (item, f)
-                for item, f in batch
-                if not isinstance(f, Future) or f.set_running_or_notify_cancel()
-            ]
+            live = [(item, f) for item, f in batch if _wanted(f)]
             if not live:
                 continue
             outcomes: list[R | BaseException]
@@ -159,7 +214,9 @@ class GroupCommitWriter(Generic[T, R]):
                 outcomes = [exc] * len(live)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[R], R | BaseException]]] = {}
             for (_, fut), outcome in zip(live, outcomes, strict=True):
-                if isinstance(fut, Future):
+                if type(fut) is tuple:
+                    fut[0].settle(fut[1], outcome)
+                elif isinstance(fut, Future):
                     if isinstance(outcome, BaseException):
                         fut.set_exception(outcome)
                     else:
@@ -173,6 +230,13 @@ class GroupCommitWriter(Generic[T, R]):
                     pass
             if (listener := self.on_commit) is not None:
                 _notify(listener, [o for o in outcomes if not isinstance(o, BaseException)], self._name)
+
+
+def _wanted(sink: _Sink) -> bool:
+    """Whether an item is still to be written: its caller did not cancel it before the writer took it."""
+    if type(sink) is tuple:
+        return sink[0].start()  # type: ignore[no-any-return]
+    return not isinstance(sink, Future) or sink.set_running_or_notify_cancel()
 
 
 def _notify(listener: Callable[[Sequence[R]], None], stored: list[R], name: str) -> None:

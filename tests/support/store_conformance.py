@@ -665,6 +665,25 @@ def test_concurrent_add_span_calls_share_commits_and_lose_nothing(store: TraceSt
     assert len(names) == 360 and set(names.values()) == {1}
 
 
+def test_submit_many_acknowledges_a_flush_once_all_is_committed(store: TraceStore) -> None:
+    submit_many = getattr(store, "submit_many", None)
+    if submit_many is None:
+        pytest.skip("this store has no submit_many (optional)")
+    rollout, _ = _running(store)
+    spans = [Span(rollout_id=rollout.rollout_id, name=f"m{i}") for i in range(300)]
+    bad = Span(rollout_id="ro-missing-many", name="orphan of nothing")
+    outcomes = submit_many([*spans[:150], bad, *spans[150:], spans[0]]).result(timeout=60)
+    assert isinstance(outcomes[150], NotFoundError)  # fails alone
+    stored = [o for o in outcomes if isinstance(o, Span)]
+    assert [o.span_id for o in stored] == [s.span_id for s in [*spans, spans[0]]]
+    sequences = [o.sequence for o in stored[:-1]]
+    assert sequences == sorted(sequences) and len(set(sequences)) == 300  # order kept
+    assert stored[-1].sequence == stored[0].sequence  # the repeated id: the stored span, not a second one
+    listed = store.list_spans(rollout_id=rollout.rollout_id)
+    assert [sp.span_id for sp in listed] == [s.span_id for s in spans]
+    assert listed == stored[:-1]
+
+
 # --- tenants --------------------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_reward_attaches_to_the_latest_span_before_it,
     test_span_attempt_must_belong_to_rollout,
     test_spans_ordering_kinds_and_orphans,
+    test_submit_many_acknowledges_a_flush_once_all_is_committed,
     test_tenant_is_stored_and_scopes_rollout_and_span_queries,
     test_unknown_ids_raise_not_found,
     test_unstorable_scalar_text_is_rejected_clearly,

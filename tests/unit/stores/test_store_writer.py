@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -82,3 +83,41 @@ def test_cancelled_async_caller_is_still_written_and_batch_failure_reaches_every
     writer.close()
     with pytest.raises(UserError):
         writer.submit("late")
+
+
+def test_submit_many_one_future_across_batches_in_order_with_per_item_outcomes() -> None:
+    gate = threading.Event()
+    log = _Log(gate)
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(log, "test-writer", max_batch=3)
+    first = writer.submit("a")  # held at the gate, so the rest queues behind it
+    time.sleep(0.05)
+    many = writer.submit_many(["b", "bad", "c", "d", "e"])
+    last = writer.submit("f")
+    assert not many.done()
+    gate.set()
+    outcomes = many.result(5)
+    assert first.result(5) == "A" and last.result(5) == "F"
+    assert outcomes[0] == "B" and isinstance(outcomes[1], NotFoundError) and outcomes[2:] == ["C", "D", "E"]
+    assert [i for b in log.batches for i in b] == ["a", "b", "bad", "c", "d", "e", "f"]
+    assert max(len(b) for b in log.batches) <= 3  # split across batches, still one future
+    assert writer.submit_many([]).result(5) == []
+    writer.close()
+
+
+def test_submit_many_whole_batch_failure_and_cancel_before_taken() -> None:
+    gate = threading.Event()
+    log = _Log(gate)
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(log, "test-writer")
+    first = writer.submit("a")
+    time.sleep(0.05)  # the writer thread takes "a" alone and waits at the gate
+    skipped = writer.submit_many(["x", "y"])
+    failed = writer.submit_many(["p", "boom"])
+    assert skipped.cancel()  # not taken yet: none of its items is written
+    gate.set()
+    assert first.result(5) == "A"
+    outcomes = failed.result(5)
+    assert all(isinstance(o, StoreError) for o in outcomes)  # the batch failed as a whole
+    assert "x" not in [i for b in log.batches for i in b]
+    writer.close()
+    with pytest.raises(UserError):
+        writer.submit_many(["z"])
