@@ -23,7 +23,7 @@ from sqlmodel import Session, SQLModel, select
 from agentforge.config import default_store_url
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
-from agentforge.stores.sql_batch import is_late, next_seqs, write_items, write_spans
+from agentforge.stores.sql_batch import Prepared, is_late, next_seqs, prepare_span, write_items, write_spans
 from agentforge.stores.sql_pages import RolloutPages
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
@@ -95,8 +95,8 @@ class SQLStore(RolloutQueue, RolloutPages):
         self._tx = Transactor(
             open_engine(self.url, busy_timeout_s, sqlite_synchronous, pool), repr(self), max_retries
         )
-        self._writer: GroupCommitWriter[Span | Reward, Span | Reward] = GroupCommitWriter(
-            self.write_batch, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
+        self._writer: GroupCommitWriter[Span | Reward | Prepared, Span | Reward] = GroupCommitWriter(
+            self._write_queued, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
         )
         if create_tables:
             self._tx.run(_create_tables, write=True, integrity_retries=5)
@@ -129,6 +129,14 @@ class SQLStore(RolloutQueue, RolloutPages):
             return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
         return self._tx.run(lambda s: write_items(s, items), write=True)
 
+    def _write_queued(
+        self, items: Sequence[Span | Reward | Prepared]
+    ) -> list[Span | Reward | AgentForgeError]:
+        """The writer thread's batch: :meth:`write_batch`, with spans :meth:`submit_many` serialised already."""
+        if all(isinstance(item, Span | Prepared) for item in items):
+            return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
+        return self.write_batch([item.span if isinstance(item, Prepared) else item for item in items])
+
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:
         """Queue a span or reward for this store's writer thread (group commit, see
         :mod:`agentforge.stores.writer`); the future resolves once it is committed."""
@@ -137,8 +145,9 @@ class SQLStore(RolloutQueue, RolloutPages):
     def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
         """Queue many spans and rewards at once behind one future (a tracer's flush; see
         :meth:`GroupCommitWriter.submit_many <agentforge.stores.writer.GroupCommitWriter.submit_many>`): it
-        resolves once every item is committed, to one outcome per item (the stored item or its error)."""
-        return self._writer.submit_many(items)
+        resolves once every item is committed, to one outcome per item (the stored item or its error).
+        Spans are serialised here, in the caller's thread, while the writer thread commits earlier batches."""
+        return self._writer.submit_many([prepare_span(i) if isinstance(i, Span) else i for i in items])
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """:meth:`submit` for coroutines: a future of the running loop (see :meth:`TraceStore.submit_async`)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import operator
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic_core import PydanticSerializationError
 from sqlmodel import Session, select
@@ -34,7 +34,17 @@ from agentforge.stores.tables import (
 )
 from agentforge.types import AttemptState, Reward, RolloutState, Span, SpanKind
 
-__all__ = ["write_items", "write_spans", "next_seqs", "insert_reward", "late_marks", "is_late", "LATE"]
+__all__ = [
+    "write_items",
+    "write_spans",
+    "Prepared",
+    "prepare_span",
+    "next_seqs",
+    "insert_reward",
+    "late_marks",
+    "is_late",
+    "LATE",
+]
 
 Item = Span | Reward
 Result = Span | Reward | AgentForgeError
@@ -51,6 +61,29 @@ _SQLITE_MAX_VARIABLES = 3_000
 #: The span attribute marking a span the store quarantined as late (see :func:`late_marks`).
 LATE = "late"
 _CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
+
+
+class Prepared(NamedTuple):
+    """A span serialised ahead of its transaction (:func:`prepare_span`): its row's column values, or the
+    error the span alone fails with. :func:`write_spans` takes it in place of the span."""
+
+    span: Span
+    values: dict[str, Any] | UserError
+
+
+def prepare_span(span: Span) -> Prepared:
+    """Serialise ``span``'s row now (in the caller's thread, while the writer thread waits on the database),
+    so the write transaction only stamps it. The row is what :func:`write_spans` would build itself."""
+    return Prepared(span, _values(span))
+
+
+def _values(span: Span) -> dict[str, Any] | UserError:
+    try:
+        return span_values(span, 0)
+    except UserError as exc:
+        return exc
+    except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
+        return UserError(f"span {span.span_id!r} cannot be stored as JSON: {exc}")
 
 
 def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -94,23 +127,30 @@ def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
     return results
 
 
-def write_spans(connection: Any, dialect: Any, spans: Sequence[Span]) -> list[Result]:
-    """:func:`write_items` for a batch of spans only, on a driver connection inside an open transaction
-    (:meth:`~agentforge.stores.engine.Transactor.run_raw`): the group-commit writer's usual batch."""
+def write_spans(connection: Any, dialect: Any, spans: Sequence[Span | Prepared]) -> list[Result]:
+    """:func:`write_items` for a batch of spans only (or spans :func:`prepare_span` serialised already), on a
+    driver connection inside an open transaction (:meth:`~agentforge.stores.engine.Transactor.run_raw`):
+    the group-commit writer's usual batch."""
     return _insert_spans(_Cursor(connection, dialect), list(spans))
 
 
-def _insert_spans(cur: _Cursor, spans: list[Span]) -> list[Result]:
+def _insert_spans(cur: _Cursor, items: list[Span | Prepared]) -> list[Result]:
     """Insert a run of spans with one lookup per kind and one bulk insert (``COPY`` on PostgreSQL)."""
-    results: list[Result | None] = [None] * len(spans)
-    values: list[dict[str, Any] | None] = [None] * len(spans)
-    for i, span in enumerate(spans):  # serialise (and check scalar text) before touching the database
-        try:
-            values[i] = span_values(span, 0)
-        except UserError as exc:
-            results[i] = exc
-        except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
-            results[i] = UserError(f"span {span.span_id!r} cannot be stored as JSON: {exc}")
+    results: list[Result | None] = [None] * len(items)
+    values: list[dict[str, Any] | None] = [None] * len(items)
+    spans: list[Span] = [None] * len(items)  # type: ignore[list-item]
+    for i, item in enumerate(items):  # serialise (and check scalar text) before touching the database
+        if type(item) is Prepared:
+            span, row = item.span, item.values
+            if type(row) is dict:
+                row = dict(row)  # a retried transaction stamps a fresh copy
+        else:
+            span, row = item, _values(item)  # type: ignore[assignment]
+        spans[i] = span
+        if isinstance(row, UserError):
+            results[i] = row
+        else:
+            values[i] = row
     ph = cur.placeholder  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
 
     def rows_in(sql: str, ids: Sequence[str]) -> Iterable[Any]:

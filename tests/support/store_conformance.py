@@ -672,8 +672,9 @@ def test_submit_many_acknowledges_a_flush_once_all_is_committed(store: TraceStor
     rollout, _ = _running(store)
     spans = [Span(rollout_id=rollout.rollout_id, name=f"m{i}") for i in range(300)]
     bad = Span(rollout_id="ro-missing-many", name="orphan of nothing")
-    outcomes = submit_many([*spans[:150], bad, *spans[150:], spans[0]]).result(timeout=60)
-    assert isinstance(outcomes[150], NotFoundError)  # fails alone
+    nul = Span(rollout_id=rollout.rollout_id, name="bad\x00name")  # unstorable scalar text: fails alone
+    outcomes = submit_many([*spans[:150], bad, *spans[150:], nul, spans[0]]).result(timeout=60)
+    assert isinstance(outcomes[150], NotFoundError) and isinstance(outcomes[-2], UserError)
     stored = [o for o in outcomes if isinstance(o, Span)]
     assert [o.span_id for o in stored] == [s.span_id for s in [*spans, spans[0]]]
     sequences = [o.sequence for o in stored[:-1]]

@@ -42,6 +42,22 @@ def test_locked_sqlite_is_retried_until_the_lock_is_released(tmp_path: Path) -> 
     store.close()
 
 
+def test_a_flush_serialised_ahead_is_written_once_after_lock_retries(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = SQLStore(f"sqlite:///{path}", busy_timeout_s=0.01)
+    spans = [Span(name=f"s{i}", attributes={"i": i}) for i in range(5)]  # serialised in submit_many
+    locked = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(path, 0.5, locked))
+    holder.start()
+    locked.wait(5)
+    outcomes = store.submit_many(spans).result(30)  # the writer's transaction is retried through the lock
+    holder.join()
+    assert [o.span_id for o in outcomes] == [s.span_id for s in spans]  # type: ignore[union-attr]
+    listed = store.list_spans(orphans=True)
+    assert listed == outcomes and len({s.sequence for s in listed}) == 5
+    store.close()
+
+
 def test_exhausted_retries_raise_store_error(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     store = SQLStore(f"sqlite:///{path}", busy_timeout_s=0.01, max_retries=2)
