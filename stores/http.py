@@ -35,7 +35,7 @@ from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundE
 from agentforge.queries import RolloutPage, RolloutQuery
 from agentforge.stores.codec import stamped
 from agentforge.stores.tables import dumps
-from agentforge.stores.wire import MAX_BATCH, BatchItem, BatchRequest, BatchResults, json_bytes, parse
+from agentforge.stores.wire import MAX_BATCH, BatchResults, Encoded, batch_body, encode_item, parse
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -147,7 +147,7 @@ class HTTPStore:
         self._client = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
         )
-        self._writer: GroupCommitWriter[Span | Reward, Span | Reward] = GroupCommitWriter(
+        self._writer: GroupCommitWriter[Span | Reward | Encoded, Span | Reward] = GroupCommitWriter(
             self.write_batch, "agentforge-writer-http", max_batch=256
         )
 
@@ -301,19 +301,18 @@ class HTTPStore:
         ]
 
     # --- spans and rewards ------------------------------------------------------------------------
-    def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
-        """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent)."""
+    def write_batch(self, items: Sequence[Span | Reward | Encoded]) -> list[Span | Reward | AgentForgeError]:
+        """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent;
+        items :meth:`submit_many` encoded already are sent as they are)."""
         out: list[Span | Reward | AgentForgeError] = []
         for start in range(0, len(items), MAX_BATCH):  # the server takes at most MAX_BATCH per request
             out.extend(self._write_chunk(items[start : start + MAX_BATCH]))
         return out
 
-    def _write_chunk(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
-        request = BatchRequest(
-            items=[BatchItem(span=i) if isinstance(i, Span) else BatchItem(reward=i) for i in items],
-            ack="patch",
-        )
-        answer = self._request("POST", "/api/batch", content=json_bytes(request), raw=True)
+    def _write_chunk(self, chunk: Sequence[Span | Reward | Encoded]) -> list[Span | Reward | AgentForgeError]:
+        body = batch_body([i.json if isinstance(i, Encoded) else encode_item(i) for i in chunk])
+        items = [i.item if isinstance(i, Encoded) else i for i in chunk]
+        answer = self._request("POST", "/api/batch", content=body, raw=True)
         patched = _patched(items, answer)
         if patched is not None:
             return patched
@@ -336,8 +335,9 @@ class HTTPStore:
 
     def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
         """:meth:`SQLStore.submit_many <agentforge.stores.sql.SQLStore.submit_many>` over HTTP: the items
-        share ``POST /api/batch`` requests; the future resolves once the server committed all of them."""
-        return self._writer.submit_many(items)
+        share ``POST /api/batch`` requests (each encoded here, in the caller's thread, while the writer thread
+        waits on earlier requests); the future resolves once the server committed all of them."""
+        return self._writer.submit_many([Encoded(i, encode_item(i)) for i in items])
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """See :meth:`TraceStore.submit_async`."""

@@ -13,7 +13,7 @@ cannot carry (lone surrogates) falls back to ASCII-escaped JSON, which parses th
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
@@ -31,6 +31,9 @@ __all__ = [
     "patch_of",
     "json_bytes",
     "parse",
+    "Encoded",
+    "encode_item",
+    "batch_body",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -130,3 +133,28 @@ def parse(model: type[M], data: bytes) -> M:
         return model.model_validate(json.loads(data))
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+class Encoded(NamedTuple):
+    """An item with its :data:`BatchItem` JSON made ahead of its request (:func:`encode_item`), e.g. in the
+    thread of a caller of :meth:`~agentforge.stores.http.HTTPStore.submit_many`."""
+
+    item: Span | Reward
+    json: bytes
+
+
+def encode_item(item: Span | Reward) -> bytes:
+    """One :class:`BatchItem`'s JSON: ``{"span": ...}`` or ``{"reward": ...}``, as :func:`json_bytes` writes
+    it inside a whole request (a span through pydantic-core, ``NaN`` kept; ASCII-escaped JSON for text UTF-8
+    cannot carry; a reward through :func:`fast_json`)."""
+    if isinstance(item, Span):
+        try:
+            return b'{"span":' + Span.__pydantic_serializer__.to_json(item) + b"}"
+        except (PydanticSerializationError, UnicodeError):
+            return b'{"span":' + fast_json(item.model_dump()) + b"}"
+    return b'{"reward":' + fast_json(item.model_dump()) + b"}"
+
+
+def batch_body(items: list[bytes], ack: Literal["full", "patch"] = "patch") -> bytes:
+    """The body of ``POST /api/batch`` from items encoded by :func:`encode_item` (at most :data:`MAX_BATCH`)."""
+    return b'{"items":[' + b",".join(items) + b'],"ack":"' + ack.encode("ascii") + b'"}'

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
-from agentforge.stores.wire import BatchItem, BatchRequest, BatchResults, json_bytes, parse, patch_of
+from agentforge.stores.wire import (
+    BatchItem,
+    BatchRequest,
+    BatchResults,
+    batch_body,
+    encode_item,
+    json_bytes,
+    parse,
+    patch_of,
+)
 from agentforge.types import LLMCall, Reward, Span
 
 
@@ -33,3 +42,22 @@ def test_nan_values_do_not_count_as_changes_and_the_request_defaults_to_full() -
     assert request.ack == "full"
     results = parse(BatchResults, b'{"results": [{"patch": {"sequence": 2}}]}')
     assert results.results[0].patch == {"sequence": 2} and results.results[0].reward is None
+
+
+def test_items_encoded_one_by_one_parse_as_the_whole_request_would() -> None:
+    exact = [-0.1 - 1e-17, 5e-324, -math.inf, math.nan, -0.30000000000000004]
+    spans = [
+        Span(rollout_id="ro-1", llm=LLMCall(prompt_token_ids=[0, 2**31 - 1, 151_000], logprobs=exact)),
+        Span(rollout_id="ro-1", attributes={"lone": "\ud800 surrogate", "emoji": "✨"}),  # ASCII fallback
+    ]
+    reward = Reward(rollout_id="ro-1", value=math.nan)
+    body = batch_body([encode_item(i) for i in [*spans, reward]])
+    whole = BatchRequest(items=[BatchItem(span=spans[0]), BatchItem(span=spans[1]), BatchItem(reward=reward)])
+    got, want = parse(BatchRequest, body), parse(BatchRequest, json_bytes(whole))
+    assert got.ack == "patch" and want.ack == "full"
+    assert got.items[0].span.llm.prompt_token_ids == [0, 2**31 - 1, 151_000]  # type: ignore[union-attr]
+    got_lp = got.items[0].span.llm.logprobs  # type: ignore[union-attr]
+    assert [math.isnan(a) or a == b for a, b in zip(got_lp, exact, strict=True)] == [True] * 5  # bit-exact
+    assert got.items[1].span.attributes == spans[1].attributes  # type: ignore[union-attr]
+    assert got.items[2].reward is not None and got.items[2].reward.valid is False
+    assert [i.model_dump() for i in got.items][:2] == [i.model_dump() for i in want.items][:2]
