@@ -98,6 +98,7 @@ def build_triage_graph(
     max_tokens: int = 4,
     temperature: float = 0.0,
     reply: bool = False,
+    choose: bool = False,
 ) -> Any:
     """Build the compiled graph ``START → triage → (reply) → END``.
 
@@ -111,6 +112,11 @@ def build_triage_graph(
         max_tokens: completion budget of the triage call, tokens.
         temperature: sampling temperature of the triage call (0 = greedy).
         reply: add a second LLM call that writes a one-sentence reply to the customer.
+        choose: let the engine sample only one of ``labels`` (vLLM structured outputs, ``{"choice": [...]}``,
+            each label after a space, following ``prefill``): every answer is a label, so a GRPO group compares
+            labels instead of mostly unparsable text. The gateway records the policy's own (unconstrained)
+            log-probs of such a call for training (:mod:`agentforge.gateway.guided`). vLLM only: the embedded
+            backend and hosted APIs do not take ``structured_outputs``.
 
     Returns:
         A compiled LangGraph graph; ``graph.invoke({"message": str})`` returns a :class:`TriageState`.
@@ -133,6 +139,8 @@ def build_triage_graph(
         if prefill:
             messages.append({"role": "assistant", "content": prefill})
             extra = {"continue_final_message": True, "add_generation_prompt": False}
+        if choose:
+            extra["structured_outputs"] = {"choice": [f" {label}" for label in labels]}
         out = client.chat.completions.create(
             model=model, messages=messages, max_tokens=max_tokens, temperature=temperature, extra_body=extra
         )

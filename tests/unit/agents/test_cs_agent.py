@@ -349,3 +349,17 @@ def test_simulated_customer_endings_and_bounded_history() -> None:
         assert third.respond("hi") == "" and third.stop_reason == "empty_reply"
     with pytest.raises(ConfigError, match="max_tokens=0"):
         UserSimulator(None, "base", max_tokens=0)  # type: ignore[arg-type]
+
+
+def test_triage_with_choose_asks_the_engine_for_one_of_the_labels_and_parses_it() -> None:
+    from agentforge.agents.customer_service.triage import build_triage_graph
+
+    labels = ["card_arrival", "exchange_rate", "change_pin"]
+    with scripted_gateway([" exchange_rate"]) as (store, upstream, gateway):
+        client, rollout_id = _client(gateway, store)
+        graph = build_triage_graph(client, labels=labels, prefill="Intent:", choose=True)
+        assert graph.invoke({"message": "What rate do I get for euros?"})["label"] == "exchange_rate"
+        (span,) = store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm)
+        request = span.llm.request
+        assert request["structured_outputs"] == {"choice": [" card_arrival", " exchange_rate", " change_pin"]}
+        assert request["continue_final_message"] is True and request["messages"][-1]["content"] == "Intent:"
