@@ -13,8 +13,10 @@ on 2 CPU cores. On the embedded default:
 2. evaluate the shared policy (``policy@v0``, the base model) on each tenant's held-out split (greedy,
    reward = exact intent match);
 3. for each tenant in turn: GRPO + LoRA (TRL + PEFT) on that tenant's rollouts only (``RolloutSource(tenant=)``),
-   publishing each adapter into the tenant's lineage (``StorePublisher(alias="policy@<tenant>")``), then
-   evaluate the tenant's own adapter on its held-out split; each span is checked to name that tenant's version;
+   publishing each adapter into the tenant's lineage through the tenant's own promotion gate
+   (``GatedStorePublisher(alias="policy@<tenant>")``: a new version becomes the tenant's only when it beats the
+   tenant's live one on a fixed gate slice of its training split, paired sign test; every decision is stored),
+   then evaluate the tenant's served version on its held-out split; each span is checked to name that version;
 4. print a table per tenant (shared vs own adapter, Δ, minutes) and write ``OUT/results.json``.
 
     python examples/tenants_job.py                     # about 10-15 minutes on 2 cores
@@ -50,6 +52,7 @@ from agentforge.agents.customer_service.datasets import load_banking77, load_bit
 from agentforge.agents.customer_service.rewards.triage import normalize_intent
 from agentforge.agents.customer_service.triage import build_triage_graph, parse_label, triage_prompt
 from agentforge.errors import NotFoundError
+from agentforge.gate import Decision, EvalGate
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.runtime import Runner
@@ -59,7 +62,7 @@ from agentforge.serving.tenants import TenantAdapters
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stack import engine_endpoint
 from agentforge.stores.tenants import TenantKeyCache
-from agentforge.trainers.publish import StorePublisher
+from agentforge.trainers.publish import GatedStorePublisher, StorePublisher
 from agentforge.trainers.rollouts import RolloutSource
 from agentforge.types import Version
 
@@ -85,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient to the base policy")
     p.add_argument("--train-size", type=int, default=160, help="training messages per tenant (balanced)")
     p.add_argument("--eval-size", type=int, default=60, help="held-out messages per tenant (balanced)")
+    p.add_argument(
+        "--gate-size",
+        type=int,
+        default=24,
+        help="gate-slice messages per tenant (training split, never trained on); 0: no promotion gate",
+    )
+    p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/tenants-job"), help="output folder")
@@ -152,6 +162,13 @@ def tenant_tasks(tenant: str, n_train: int, n_eval: int, seed: int) -> tuple[lis
     return draw("train", n_train, 1.0), draw("test", n_eval, 0.0)
 
 
+def gate_slice(train: list[Task], n: int) -> list[Task]:
+    """The last ``n`` of a tenant's training draw as its gate slice: greedy (temperature 0), never trained on."""
+    if n <= 0:
+        return []
+    return [t.model_copy(update={"input": {**t.input, "temperature": 0.0}}) for t in train[-n:]]
+
+
 def intent_agent(keys: dict[str, str]) -> Callable[[Task, Any], float]:
     """Runner agent: the triage graph over the task's own intents (``metadata["labels"]``); 1.0 on an exact match.
 
@@ -194,11 +211,15 @@ class Lineage:
         store: the trace store holding the lineage.
         tenant: the tenant.
         shared: the shared policy's version (``policy@v0``), what serves the tenant before its first adapter.
+        gate: a :class:`~agentforge.trainers.publish.GatedStorePublisher` of the lineage to publish through, or
+            ``None`` (every adapter becomes the tenant's version at once).
     """
 
-    def __init__(self, store: TraceStore, tenant: str, shared: str) -> None:
+    def __init__(
+        self, store: TraceStore, tenant: str, shared: str, gate: GatedStorePublisher | None = None
+    ) -> None:
         self.store, self.tenant, self.shared = store, tenant, shared
-        self.inner = StorePublisher(store, alias=Version.lineage("policy", tenant))
+        self.inner = gate or StorePublisher(store, alias=Version.lineage("policy", tenant))
 
     def current(self) -> str:
         """The tenant's active version, else the shared policy's (what serves the tenant now)."""
@@ -223,6 +244,7 @@ def evaluate(store: TraceStore, tenant: str, tasks: list[Task], version: str, la
         store, tasks, resources={"policy": version}, metadata={"eval": label}, tenant=tenant
     )
     done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=900)
+    done.sort(key=lambda r: [t.task_id for t in tasks].index(r.task.task_id))  # scores in the tasks' order
     scores, answers, spans, foreign = [], [], 0, 0
     for rollout in done:
         final = store.final_reward(rollout.rollout_id)
@@ -236,12 +258,27 @@ def evaluate(store: TraceStore, tenant: str, tasks: list[Task], version: str, la
                 )
     top = max(set(answers), key=answers.count) if answers else "-"
     share = answers.count(top) / len(answers) if answers else 0.0
-    return {"acc": sum(scores) / len(scores), "spans": spans, "foreign": foreign, "top": f"{top} {share:.0%}"}
+    return {"acc": sum(scores) / len(scores), "spans": spans, "foreign": foreign, "top": f"{top} {share:.0%}",
+            "scores": scores}  # fmt: skip
+
+
+def tenant_gate(args: argparse.Namespace, store: TraceStore, tenant: str, shared: str,
+                gate_slice: list[Task]) -> GatedStorePublisher | None:  # fmt: skip
+    """The tenant's promotion gate: each new adapter is scored against the tenant's live version on ``gate_slice``
+    (greedy rollouts of the tenant, pinned to the version); ``None`` without a slice."""
+    if not gate_slice:
+        return None
+
+    def scores(version: str) -> list[float]:
+        return evaluate(store, tenant, gate_slice, version, f"gate-{version}")["scores"]
+
+    gate = EvalGate(max_p=args.gate_max_p, min_gain=0.0)
+    return GatedStorePublisher(store, Version.lineage("policy", tenant), scores, gate, fallback=shared)
 
 
 def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenant: str, shared: str,
-                 train: list[Task]) -> tuple[str, int, float]:  # fmt: skip
-    """GRPO + LoRA on ``tenant``'s rollouts only; returns (its last version, steps, seconds)."""
+                 train: list[Task], gate_slice: list[Task]) -> tuple[str, int, float, list[Decision]]:  # fmt: skip
+    """GRPO + LoRA on ``tenant``'s rollouts only; returns (its served version, steps, seconds, gate decisions)."""
     config = TrainConfig(
         output_dir=str(args.out / tenant), seed=args.seed, data_seed=args.seed, num_generations=args.group_size,
         tasks_per_step=args.tasks_per_step, max_steps=args.steps, swap_every=args.swap_every,
@@ -250,7 +287,8 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
         save_total_limit=1, report_to=["none"], use_cpu=True, bf16=True, gradient_checkpointing=False,
         rollout_timeout_s=120, wait_timeout_s=900,
     )  # fmt: skip
-    lineage = Lineage(store, tenant, shared)
+    gate = tenant_gate(args, store, tenant, shared, gate_slice)
+    lineage = Lineage(store, tenant, shared, gate)
     source = RolloutSource(
         store, {t.task_id: t for t in train}, config.num_generations, lineage.current, alias=config.alias,
         timeout_s=config.rollout_timeout_s, max_attempts=config.rollout_max_attempts,
@@ -260,7 +298,8 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
     source.placeholder = trainer.placeholder_token_id
     t0 = time.monotonic()
     trainer.train()
-    return lineage.current(), int(trainer.trainer.state.global_step), time.monotonic() - t0
+    decisions = gate.decisions if gate is not None else []
+    return lineage.current(), int(trainer.trainer.state.global_step), time.monotonic() - t0, decisions
 
 
 def tenant_table(tenant: str, r: dict[str, Any]) -> Table:
@@ -282,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = prepare_default_model()
-    data = {t: tenant_tasks(t, args.train_size, args.eval_size, args.seed) for t in TENANTS}
+    data = {t: tenant_tasks(t, args.train_size + args.gate_size, args.eval_size, args.seed) for t in TENANTS}
+    gates = {t: gate_slice(train, args.gate_size) for t, (train, _) in data.items()}
+    data = {t: (train[: args.train_size], held_out) for t, (train, held_out) in data.items()}
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     t_job = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
@@ -308,9 +349,15 @@ def main(argv: list[str] | None = None) -> int:
                                        "n_eval": len(held_out)}  # fmt: skip
                     console.print(f"{tenant}: shared {shared} held-out {before['acc']:.3f}")
                 for tenant, (train, held_out) in data.items():
-                    version, steps, train_s = train_tenant(args, store, model, tenant, shared, train)
+                    version, steps, train_s, decisions = train_tenant(
+                        args, store, model, tenant, shared, train, gates[tenant]
+                    )
                     after = evaluate(store, tenant, held_out, version, "after")
-                    results[tenant].update(version=version, steps=steps, train_s=train_s, after=after)
+                    results[tenant].update(version=version, steps=steps, train_s=train_s, after=after,
+                                           decisions=[f"{d.stage} {d.outcome} {d.candidate}: {d.reason}"
+                                                      for d in decisions])  # fmt: skip
+                    for d in decisions:
+                        console.print(f"{tenant} gate: {d.stage} {d.outcome} {d.candidate} — {d.reason}")
                     console.print(f"{tenant}: {steps} steps in {train_s / 60:.1f} min, {version} held-out "
                                   f"{after['acc']:.3f}")  # fmt: skip
         finally:

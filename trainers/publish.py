@@ -5,6 +5,8 @@ served itself (DESIGN fact 7). Two publishers implement the port:
 
 * :class:`StorePublisher` (here): records the adapter as the store's new active version; every
   ``agentforge serve`` (:class:`~agentforge.serving.follow.StoreFollower`) watching the store hot-swaps it in.
+  :class:`GatedStorePublisher` activates it only once it passed the eval gate (a tenant's lineage, served on
+  demand by :class:`~agentforge.serving.tenants.TenantAdapters`, is gated this way).
 * :class:`~agentforge.serving.publisher.HotSwapPublisher` (serving layer): trainer and engine share a
   process; it records the version and hot-swaps it in before returning.
 
@@ -16,14 +18,19 @@ starting over.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentforge.errors import NotFoundError
+from agentforge.gate import Decision, EvalGate, Outcome, Stage, record_decision
 from agentforge.ports import TraceStore
 from agentforge.serving.adapters import read_adapter
 from agentforge.types import ResourceVersion, Version, parse_version_number
 
-__all__ = ["StorePublisher", "rollback_adapter"]
+__all__ = ["StorePublisher", "GatedStorePublisher", "rollback_adapter"]
+
+log = logging.getLogger(__name__)
 
 
 def _adapter_record(adapter_dir: Path, alias: str, step: int, **extra: object) -> ResourceVersion:
@@ -60,6 +67,97 @@ class StorePublisher:
 
     def publish(self, adapter_dir: Path, step: int) -> str:
         return self.store.publish_resource(_adapter_record(adapter_dir, self.alias, step), activate=True).ref
+
+
+class GatedStorePublisher(StorePublisher):
+    """:class:`StorePublisher` through the eval gate: a new adapter version becomes the active one only when it
+    beats the live version on a fixed slice (:class:`~agentforge.gate.EvalGate`'s paired test).
+
+    For lineages that serving loads from the store on demand, a tenant's own ``policy@<tenant>``
+    (:class:`~agentforge.serving.tenants.TenantAdapters` serves a pinned, not yet active version too, so the
+    candidate can be evaluated before anyone else is served by it). One ``publish``::
+
+        record the adapter (not active)  →  score the live version (once) and the candidate on the slice
+        →  passed: activate it (serving picks it up)  |  refused: the live version stays active
+
+    Each step stores a :class:`~agentforge.gate.Decision` (``promotion:<alias>``; ``agentforge versions
+    --tenant T`` lists them). In-process engines use :class:`~agentforge.serving.promoter.GatedPublisher`,
+    which adds the traffic canary and the automatic rollback.
+
+    Args:
+        store: the trace store holding the lineage.
+        alias: the lineage (``policy@acme``) or alias.
+        evaluate: ``evaluate(version) -> scores``, one per example of a fixed slice, same order every call (e.g.
+            greedy rollouts pinned to the version, as the lineage's tenant).
+        gate: the rule (default :class:`~agentforge.gate.EvalGate`: ``p <= 0.05`` and a positive gain).
+        fallback: the version serving while the lineage has no active version (a tenant without an adapter
+            is served the shared ``policy@v0``); ``None``: ``<alias>/v0``.
+
+    Attributes:
+        decisions: this publisher's decisions, oldest first.
+
+    Raises (``publish``): as :class:`StorePublisher`; whatever ``evaluate`` raises (the candidate is refused
+    and recorded first).
+    """
+
+    def __init__(
+        self,
+        store: TraceStore,
+        alias: str,
+        evaluate: Callable[[str], Sequence[float]],
+        gate: EvalGate | None = None,
+        fallback: str | None = None,
+    ) -> None:
+        super().__init__(store, alias)
+        self.evaluate, self.gate, self.fallback = evaluate, gate or EvalGate(), fallback
+        self.decisions: list[Decision] = []
+        self._scores: dict[str, list[float]] = {}  # version → its scores on the slice (fixed: measured once)
+
+    def current(self) -> str:
+        """The lineage's active version, else ``fallback`` (else ``<alias>/v0``)."""
+        try:
+            return self.store.get_resource(self.alias).ref
+        except NotFoundError:
+            return self.fallback or super().current()
+
+    def publish(self, adapter_dir: Path, step: int) -> str:
+        """Put the adapter through the eval gate; return the version active afterwards (the candidate when it
+        passed, else the live one)."""
+        live = self.current()
+        record = self.store.publish_resource(_adapter_record(adapter_dir, self.alias, step), activate=False)
+        candidate = record.ref
+        try:
+            live_scores = self._scores.get(live) or [float(x) for x in self.evaluate(live)]
+            cand_scores = [float(x) for x in self.evaluate(candidate)]
+        except BaseException as exc:
+            self._decide("eval", "refused", candidate, live, f"the gate could not decide: {exc!r}")
+            raise
+        self._scores.update({live: live_scores, candidate: cand_scores})
+        result = self.gate.judge(live_scores, cand_scores)
+        evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
+                    "max_p": self.gate.max_p, "min_gain": self.gate.min_gain}  # fmt: skip
+        self._decide(
+            "eval", "passed" if result.passed else "refused", candidate, live, result.reason, evidence
+        )
+        if not result.passed:
+            return live
+        self.store.activate_resource(record.name, record.version)
+        self._decide(
+            "promote",
+            "promoted",
+            candidate,
+            live,
+            f"{candidate} is {self.alias}'s active version (was {live})",
+        )
+        return candidate
+
+    def _decide(
+        self, stage: Stage, outcome: Outcome, candidate: str, live: str, reason: str,
+        evidence: dict[str, object] | None = None,
+    ) -> None:  # fmt: skip
+        decision = Decision(self.alias, stage, outcome, candidate, live, reason, dict(evidence or {}))
+        self.decisions.append(record_decision(self.store, decision))
+        log.info("promotion %s %s: %s — %s", stage, outcome, candidate, reason)
 
 
 def rollback_adapter(store: TraceStore, version: int | str, alias: str = "policy") -> ResourceVersion:
