@@ -13,13 +13,15 @@ on 2 CPU cores. On the embedded default:
 2. evaluate the shared policy (``policy@v0``, the base model) on each tenant's held-out split (greedy,
    reward = exact intent match);
 3. for each tenant in turn: GRPO + LoRA (TRL + PEFT) on that tenant's rollouts only (``RolloutSource(tenant=)``),
-   publishing each adapter into the tenant's lineage through the tenant's own promotion gate
-   (``GatedStorePublisher(alias="policy@<tenant>")``: a new version becomes the tenant's only when it beats the
-   tenant's live one on a fixed gate slice of its training split, paired sign test; every decision is stored),
-   then evaluate the tenant's served version on its held-out split; each span is checked to name that version;
+   publishing each adapter into the tenant's lineage (``StorePublisher(alias="policy@<tenant>")``; with
+   ``--gate-size N`` through the tenant's own promotion gate, ``GatedStorePublisher``: a new version becomes the
+   tenant's only when it beats the tenant's live one on a fixed gate slice of N training-split messages, paired
+   sign test, every decision stored), then evaluate the tenant's served version on its held-out split; each span
+   is checked to name that version;
 4. print a table per tenant (shared vs own adapter, Δ, minutes) and write ``OUT/results.json``.
 
-    python examples/tenants_job.py                     # about 10-15 minutes on 2 cores
+    python examples/tenants_job.py                     # about 17 minutes on 2 cores
+    python examples/tenants_job.py --gate-size 24      # each tenant's adapters through its own eval gate
     python examples/tenants_job.py --steps 2 --eval-size 8   # a quick look at the wiring
 """
 
@@ -91,8 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--gate-size",
         type=int,
-        default=24,
-        help="gate-slice messages per tenant (training split, never trained on); 0: no promotion gate",
+        default=0,
+        help="gate-slice messages per tenant (training split, never trained on), e.g. 24: publish each tenant's "
+        "adapters through its own eval gate; 0: every adapter becomes the tenant's version at once",
     )
     p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
