@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ __all__ = [
     "paired_test",
     "EvalGate",
     "EvalResult",
+    "judge_versions",
     "CanaryRule",
     "RollbackRule",
     "LiveComparison",
@@ -199,6 +200,38 @@ class EvalGate:
             f"needs gain > {self.min_gain:g} and {p_rule}"
         )
         return EvalResult(passed, live_mean, cand_mean, gain, test, reason)
+
+
+def judge_versions(
+    gate: EvalGate,
+    evaluate: Callable[[str], Sequence[float]],
+    candidate: str,
+    live: str,
+    scores: MutableMapping[str, list[float]],
+) -> tuple[EvalResult, dict[str, Any]]:
+    """The eval gate's step for one candidate: score both versions on the fixed slice and judge.
+
+    Args:
+        gate: the rule.
+        evaluate: ``evaluate(version) -> scores``, one per example of the slice, same order every call.
+        candidate, live: the versions compared.
+        scores: version → its slice scores, read and updated: the slice is fixed, so a version is scored once
+            (the live one usually was, as the previous candidate).
+
+    Returns:
+        ``(result, evidence)``: the :class:`EvalResult` and the numbers a decision record stores (the result's
+        evidence, both score lists and the gate's bounds).
+
+    Raises:
+        Whatever ``evaluate`` raises.
+    """
+    live_scores = scores.get(live) or [float(x) for x in evaluate(live)]
+    cand_scores = [float(x) for x in evaluate(candidate)]
+    scores.update({live: live_scores, candidate: cand_scores})
+    result = gate.judge(live_scores, cand_scores)
+    evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
+                "max_p": gate.max_p, "min_gain": gate.min_gain}  # fmt: skip
+    return result, evidence
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentforge.errors import NotFoundError
-from agentforge.gate import Decision, EvalGate, Outcome, Stage, record_decision
+from agentforge.gate import Decision, EvalGate, Outcome, Stage, judge_versions, record_decision
 from agentforge.ports import TraceStore
 from agentforge.serving.adapters import read_adapter
 from agentforge.types import ResourceVersion, Version, parse_version_number
@@ -127,15 +127,10 @@ class GatedStorePublisher(StorePublisher):
         record = self.store.publish_resource(_adapter_record(adapter_dir, self.alias, step), activate=False)
         candidate = record.ref
         try:
-            live_scores = self._scores.get(live) or [float(x) for x in self.evaluate(live)]
-            cand_scores = [float(x) for x in self.evaluate(candidate)]
+            result, evidence = judge_versions(self.gate, self.evaluate, candidate, live, self._scores)
         except BaseException as exc:
             self._decide("eval", "refused", candidate, live, f"the gate could not decide: {exc!r}")
             raise
-        self._scores.update({live: live_scores, candidate: cand_scores})
-        result = self.gate.judge(live_scores, cand_scores)
-        evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
-                    "max_p": self.gate.max_p, "min_gain": self.gate.min_gain}  # fmt: skip
         self._decide(
             "eval", "passed" if result.passed else "refused", candidate, live, result.reason, evidence
         )

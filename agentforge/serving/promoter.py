@@ -40,6 +40,7 @@ from agentforge.gate import (
     Outcome,
     RollbackRule,
     Stage,
+    judge_versions,
     record_decision,
 )
 from agentforge.ports import TraceStore
@@ -231,13 +232,7 @@ class GatedPublisher:
         if self.evaluate is None:
             self._decide("eval", "skipped", candidate, live, "no held-out slice configured")
             return True
-        # the slice is fixed, so a version's scores are measured once (the live one's usually as a candidate)
-        live_scores = self._scores.get(live) or [float(x) for x in self.evaluate(live)]
-        cand_scores = [float(x) for x in self.evaluate(candidate)]
-        self._scores.update({live: live_scores, candidate: cand_scores})
-        result = self.gate.judge(live_scores, cand_scores)
-        evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
-                    "max_p": self.gate.max_p, "min_gain": self.gate.min_gain}  # fmt: skip
+        result, evidence = judge_versions(self.gate, self.evaluate, candidate, live, self._scores)
         outcome = "passed" if result.passed else "refused"
         self._decide("eval", outcome, candidate, live, result.reason, evidence)
         return result.passed
