@@ -246,8 +246,7 @@ def evaluate(store: TraceStore, tenant: str, tasks: list[Task], version: str, la
     rollouts = enqueue_tasks(
         store, tasks, resources={"policy": version}, metadata={"eval": label}, tenant=tenant
     )
-    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=900)
-    done.sort(key=lambda r: [t.task_id for t in tasks].index(r.task.task_id))  # scores in the tasks' order
+    done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=900)  # in the tasks' order
     scores, answers, spans, foreign = [], [], 0, 0
     for rollout in done:
         final = store.final_reward(rollout.rollout_id)

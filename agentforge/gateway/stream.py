@@ -167,9 +167,8 @@ class StreamRelay:
                 finished, error = self._relay_all(reader.end(), out)
                 if out:
                     yield b"".join(out)
-                if (
-                    not finished and error is None
-                ):  # closed without [DONE]: the client must not take it as whole
+                # closed without [DONE]: the client must not take it as whole
+                if not finished and error is None:
                     error = "upstream stream ended before [DONE]"
                     yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
         except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
@@ -182,7 +181,7 @@ class StreamRelay:
     def _relay_all(self, payloads: list[bytes], out: list[bytes]) -> tuple[bool, str | None]:
         """Relay ``payloads`` into ``out`` up to ``[DONE]`` or an error: ``(finished, error)``."""
         for data in payloads:
-            if data == b"[DONE]" or data.strip() == b"[DONE]":
+            if data.strip() == b"[DONE]":
                 return True, None
             error = self._relay(data, out)
             if error is not None:
