@@ -11,10 +11,13 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   depends on ``(seed, e)`` only; ``transformers`` then skips the batches of the resumed epoch already trained.
 * :class:`~agentforge.trainers.engine_logps.SpanTemperatures` — every span's log-probabilities are
   recomputed under the temperature its stored ones were computed at (:mod:`agentforge.trainers.engine_logps`).
+* :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` — when the old policy is the trained one
+  (``num_iterations == 1``), the engine correction's importance ratio comes from the training forward instead
+  of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
   the lightning trainer can refuse to publish an adapter that received no gradient.
 
-All three override private TRL / ``transformers`` methods, so each checks the tested TRL release first
+All four override private TRL / ``transformers`` methods, so each checks the tested TRL release first
 (:func:`~agentforge.trainers.trl_private.check_trl_version`).
 """
 
@@ -98,7 +101,8 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
             pass per group) instead of ``trl.GRPOTrainer``.
 
     Returns:
-        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`LearningSignal` and
+        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`LearningSignal`,
+        :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` and
         :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
 
     Raises:
@@ -110,7 +114,8 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     else:
         from trl import GRPOTrainer as base
     from agentforge.trainers.engine_logps import SpanTemperatures
+    from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio
 
-    return type(
-        f"Lightning{base.__name__}", (EpochSeededSampling, LearningSignal, SpanTemperatures, base), {}
-    )
+    # TrainingForwardRatio before SpanTemperatures: its log-prob hook sees the whole (temperature-scaled) pass
+    mixins = (EpochSeededSampling, LearningSignal, TrainingForwardRatio, SpanTemperatures)
+    return type(f"Lightning{base.__name__}", (*mixins, base), {})

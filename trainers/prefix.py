@@ -1,15 +1,26 @@
-"""Shared-prefix log-probabilities for GRPO: each group's prompt goes through the model once, not G times.
+"""Shared-prefix log-probabilities for GRPO: each prompt goes through the model once, not G times.
 
 A GRPO batch holds ``G`` completions of every prompt. TRL's ``GRPOTrainer`` scores each row separately
 (``prompt + completion`` per row), so a 200-token prompt with 4-token completions costs ``G × 204`` token
 positions of forward *and* backward. Here the rows are grouped by their exact prompt ids; the prompt
 (all but its last token) runs once and fills a KV cache, the cache is repeated ``G`` times in the batch
-dimension, and only ``[last prompt token] + completion[:-1]`` runs per row against it. Two model calls
-per pass, whatever the number of groups: one batched call over the distinct prompts (left-padded), one
-over all rows' completions against their group's cache. Gradients flow
-through the cache into the single prompt pass, so the result (values and gradients) equals the per-row
-computation up to floating-point rounding: RoPE is relative, so dropping the left padding (which only
-shifts every position by a constant) changes nothing mathematically.
+dimension, and only ``[last prompt token] + completion[:-1]`` runs per row against it. Gradients flow
+through the cache into the prompt passes, so the result (values and gradients) equals the per-row
+computation up to floating-point rounding.
+
+**Passes.** Agents' prompts usually also share a long head across groups (system prompt, tool schemas,
+examples) and differ only in a short tail (the task). The longest common prefix of all distinct prompts
+(:func:`common_head_len`) runs once, batch 1; its cache is repeated per group and each group's tail runs
+against it (one batch, tails left-padded); the cache is then repeated per row for the completions. So
+three model calls per pass, whatever the number of groups: head, tails, completions. With no common head
+of :data:`MIN_HEAD_TOKENS` or more (or a single group) the head pass is skipped and the distinct prompts
+run left-padded as one batch (two calls). Without a head, the left padding only shifts every position of
+a row by a constant, which relative RoPE ignores. With one, the padding sits *between* the head and a
+tail, so the tail and completion passes get explicit ``position_ids`` (head ``0..H-1``, tail
+``H..H+t-1``, completion after), while the 2D attention mask zeroes the padded slots: in ``transformers``
+5.x, ``create_causal_mask`` with a ``DynamicCache`` orders by cache slot (causal) and masks by the 2D
+mask, and ``position_ids`` reach only the rotary embedding. (Models whose sliding window is shorter than
+the sequence would see the padding counted in the window; such long sequences are not what this is for.)
 
 This is the "shared-prefix forward" of Prefix Grouper (Liu et al. 2025, arXiv:2506.05433), done with
 the model's own KV cache instead of a custom attention kernel, so any decoder-only ``transformers`` model
@@ -32,7 +43,14 @@ import torch
 
 logger = logging.getLogger("agentforge.trainer")
 
-__all__ = ["PromptGroup", "SharedPrefixGRPOTrainer", "prompt_groups", "shared_prefix_logps"]
+__all__ = [
+    "MIN_HEAD_TOKENS",
+    "PromptGroup",
+    "SharedPrefixGRPOTrainer",
+    "common_head_len",
+    "prompt_groups",
+    "shared_prefix_logps",
+]
 
 
 class PromptGroup:
@@ -91,6 +109,31 @@ def _output_cache(outputs: Any) -> Any:
     return cache if cache is not None else outputs.past_key_values
 
 
+#: The shortest common head (tokens) worth a pass of its own; a shorter one stays in each prompt's pass.
+MIN_HEAD_TOKENS = 2
+
+
+def common_head_len(groups: list[PromptGroup]) -> int:
+    """How many leading tokens every group's prompt shares, each prompt keeping at least its last token.
+
+    Args:
+        groups: :func:`prompt_groups` of one batch.
+
+    Returns:
+        The head length ``H``, or 0 when a head pass would save nothing: fewer than 2 groups (the head would
+        be the whole prompt pass) or ``H < MIN_HEAD_TOKENS``.
+    """
+    if len(groups) < 2:
+        return 0
+    limit = min(g.prompt.numel() for g in groups) - 1
+    if limit < MIN_HEAD_TOKENS:
+        return 0
+    first = groups[0].prompt[:limit]
+    same = torch.stack([g.prompt[:limit] == first for g in groups[1:]]).all(dim=0)
+    head = int(same.long().cumprod(0).sum())
+    return head if head >= MIN_HEAD_TOKENS else 0
+
+
 def shared_prefix_logps(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -101,7 +144,10 @@ def shared_prefix_logps(
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     groups: list[PromptGroup] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probabilities (and entropies) of the completions, one prompt pass per group.
+    """Per-token log-probabilities (and entropies) of the completions, each distinct prompt run once.
+
+    The common head of all prompts runs once, then each group's tail, then every row's completion
+    (module docstring).
 
     The model must carry TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, added by
     ``GRPOTrainer``), which applies the sampling temperature.
@@ -139,35 +185,79 @@ def shared_prefix_logps(
     labels = completions.masked_fill(completion_mask == 0, -100)
     last_prompt_token = torch.stack([g.prompt[-1] for g in groups])[group_of_row]
     step_in = torch.cat([last_prompt_token[:, None], completions[:, :-1]], dim=1)
-    kwargs: dict[str, Any] = {}
-    width = max(g.prompt.numel() for g in groups) - 1  # the longest prefix (prompt minus its last token)
-    row_prefix_mask = attention_mask.new_zeros((rows, width))
-    if width:
-        # One batched pass over the distinct prefixes (left-padded), then each row gets its group's cache.
-        cache_kw = _cache_kwarg(model)
-        prefix_ids = input_ids.new_zeros((len(groups), width))
-        prefix_mask = attention_mask.new_zeros((len(groups), width))
-        for index, group in enumerate(groups):
-            prefix = group.prompt[:-1]
-            if prefix.numel():
-                prefix_ids[index, width - prefix.numel() :] = prefix
-                prefix_mask[index, width - prefix.numel() :] = 1
+    head = common_head_len(groups)
+    kwargs, prefix_mask, prefix_len = _prompt_cache(model, groups, head, attention_mask, autocast)
+    if cache_kw := next(iter(kwargs), None):
+        kwargs[cache_kw].batch_select_indices(group_of_row)
+    if head:  # padding sits between each prompt's tail and its completion: RoPE needs the true positions
+        steps = torch.arange(logits_to_keep, device=device)
+        kwargs["position_ids"] = prefix_len[group_of_row, None] + steps
+    mask = torch.cat(
+        [prefix_mask[group_of_row], completion_mask.new_ones((rows, 1)), completion_mask[:, :-1]], dim=1
+    )
+    with autocast():
+        out = model(input_ids=step_in, attention_mask=mask, shift_labels=labels, fused_lm_head=True, **kwargs)
+    return out.log_probs, (out.entropy if compute_entropy else None)
+
+
+def _prompt_cache(
+    model: torch.nn.Module,
+    groups: list[PromptGroup],
+    head: int,
+    like: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """Run every group's prompt but its last token: the ``head`` once (batch 1), then each group's tail.
+
+    Args:
+        model: as in :func:`shared_prefix_logps`.
+        groups: the batch's groups (``n`` of them).
+        head: :func:`common_head_len` (0: no head pass, the prompts run left-padded as one batch).
+        like: a tensor with the attention mask's dtype and device.
+        autocast: as in :func:`shared_prefix_logps`.
+
+    Returns:
+        ``(kwargs, mask, lengths)``: ``{cache argument: cache with n rows}`` (empty when every prompt is one
+        token), the cache's attention mask ``(n, head + W)`` (tails left-padded to ``W``; padding is 0) and
+        each group's count of cached tokens ``(n,)``, i.e. the position of its last prompt token.
+    """
+    n, device = len(groups), like.device
+    tails = [g.prompt[head:-1] for g in groups]
+    width = max(t.numel() for t in tails)
+    tail_ids = torch.zeros((n, width), dtype=groups[0].prompt.dtype, device=device)
+    tail_mask = like.new_zeros((n, width))
+    for index, tail in enumerate(tails):
+        if tail.numel():
+            tail_ids[index, width - tail.numel() :] = tail
+            tail_mask[index, width - tail.numel() :] = 1
+    lengths = torch.tensor([head + t.numel() for t in tails], device=device)
+    mask = torch.cat([like.new_ones((n, head)), tail_mask], dim=1)
+    if not head + width:
+        return {}, mask, lengths
+    cache_kw, cache = _cache_kwarg(model), None
+    if head:
         with autocast():
-            prefix_out = model(
-                input_ids=prefix_ids,
-                attention_mask=prefix_mask,
+            out = model(
+                input_ids=groups[0].prompt[None, :head],
+                attention_mask=mask[:1, :head],
                 use_cache=True,
                 logits_to_keep=1,
                 **{cache_kw: None},
             )
-        cache = _output_cache(prefix_out)
-        cache.batch_select_indices(group_of_row)
-        kwargs[cache_kw] = cache
-        row_prefix_mask = prefix_mask[group_of_row]
-    mask = torch.cat([row_prefix_mask, completion_mask.new_ones((rows, 1)), completion_mask[:, :-1]], dim=1)
-    with autocast():
-        out = model(input_ids=step_in, attention_mask=mask, shift_labels=labels, fused_lm_head=True, **kwargs)
-    return out.log_probs, (out.entropy if compute_entropy else None)
+        cache = _output_cache(out)
+        cache.batch_repeat_interleave(n)
+    if width:
+        extra: dict[str, Any] = {}
+        if head:  # left padding between head and tail: each tail token at its true position
+            pad = (width - (lengths - head))[:, None]
+            extra["position_ids"] = head + (torch.arange(width, device=device) - pad).clamp(min=0)
+        with autocast():
+            out = model(
+                input_ids=tail_ids, attention_mask=mask, use_cache=True, logits_to_keep=1,
+                **extra, **{cache_kw: cache},
+            )  # fmt: skip
+        cache = _output_cache(out)
+    return {cache_kw: cache}, mask, lengths
 
 
 def _grpo_trainer_base() -> type:

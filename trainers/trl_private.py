@@ -3,7 +3,7 @@
 The trainers reach TRL through its documented extension points wherever TRL allows it: ``rollout_func``
 (samples from the trace store), ``reward_funcs`` (the stored rewards) and ``transformers.TrainerCallback``
 (step timing, metrics, and publishing the adapter after an optimizer step). TRL 1.16 offers no public way
-to do three things, so these reach into it, and only through this module:
+to do these things, so these reach into it, and only through this module:
 
 1. **Importance sampling against an engine TRL did not start.** ``trl.GRPOTrainer`` corrects for the
    train/serve mismatch with the engine's logprobs (``vllm_importance_sampling_correction``) only while
@@ -15,6 +15,8 @@ to do three things, so these reach into it, and only through this module:
 2. **Adding metrics to TRL's logged averages** (``trainer._metrics``): :func:`log_step_metrics`.
 3. **Sharing each group's prompt in the log-probability passes**: ``SharedPrefixGRPOTrainer``
    (:mod:`agentforge.trainers.prefix`) overrides ``GRPOTrainer._get_per_token_logps_and_entropies``.
+4. **The importance ratio from the training forward** when the old policy is the trained one:
+   ``TrainingForwardRatio`` (:mod:`agentforge.trainers.onpolicy_ratio`) skips TRL's old-logprob pass.
 
 Each calls :func:`check_trl_version` first, so another TRL raises one clear error (with the ``pip`` line to
 run) instead of training wrongly; ``pyproject.toml`` pins the same range (:data:`TRL_RANGE`).

@@ -125,8 +125,11 @@ def _config(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumul
     )  # fmt: skip
 
 
-def run_step(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumulation: int):  # type: ignore[no-untyped-def]
-    """One optimizer step; returns ``(lora_gradients, logged_loss, shared_prefix_calls)`` (gradients on CPU)."""
+def run_step(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumulation: int, history=None):  # type: ignore[no-untyped-def]
+    """One optimizer step; returns ``(lora_gradients, logged_loss, shared_prefix_calls)`` (gradients on CPU).
+
+    ``history``, a list, receives the step's logged rows and ``{"old_pass_skips": n}``.
+    """
     from transformers import TrainerCallback
 
     from agentforge.trainers.grpo_trainer import LightningTrainer
@@ -153,6 +156,10 @@ def run_step(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumu
     trainer.trainer.add_callback(Capture())
     trainer.trainer.train()
     loss = next(row["loss"] for row in trainer.trainer.state.log_history if "loss" in row)  # every rank logs
+    if history is not None:
+        history.extend(
+            [*trainer.trainer.state.log_history, {"old_pass_skips": trainer.trainer.old_pass_skips}]
+        )
     return grads, loss, getattr(trainer.trainer, "shared_prefix_calls", 0)
 
 

@@ -80,9 +80,11 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
     result = trainer.train()
 
     assert result["steps"] == 3
-    # Log-prob passes per step: old policy and reference (no grad) share each group's prompt; the gradient
-    # pass falls back to TRL's per-row pass under gradient checkpointing (TRL's default, kept here).
-    assert (trainer.trainer.shared_prefix_calls, trainer.trainer.fallback_calls) == (6, 3)
+    # Log-prob passes per step: the reference (no grad) shares each group's prompt; the gradient pass falls
+    # back to TRL's per-row pass under gradient checkpointing (TRL's default, kept here); TRL's old-policy
+    # pass is skipped (num_iterations 1: the ratio comes from the gradient pass, TrainingForwardRatio).
+    assert (trainer.trainer.shared_prefix_calls, trainer.trainer.fallback_calls) == (3, 3)
+    assert trainer.trainer.old_pass_skips == 3
     assert result["versions"] == ["policy@v1", "policy@v2", "policy@v3"]
     assert swapper.router.alias("policy") == "policy@v3"
     assert [r.version for r in store.list_resources("policy")] == [1, 2, 3]
