@@ -37,6 +37,7 @@ __all__ = [
     "Transactor",
     "open_engine",
     "wrap_driver_error",
+    "is_memory_url",
     "rollout_row",
     "attempt_row",
     "running_attempt_id",
@@ -62,7 +63,11 @@ def is_memory_url(url: URL) -> bool:
 
 
 def open_engine(
-    url: str, busy_timeout_s: float, sqlite_synchronous: str = "FULL", pool: dict[str, Any] | None = None
+    url: str,
+    busy_timeout_s: float,
+    sqlite_synchronous: str = "FULL",
+    pool: dict[str, Any] | None = None,
+    wal_autocheckpoint: bool = True,
 ) -> Engine:
     """Create the engine for a SQLite or PostgreSQL URL (see the module docstring).
 
@@ -73,6 +78,8 @@ def open_engine(
             ``"NORMAL"`` (about twice as fast in WAL mode; survives process crashes only).
         pool: PostgreSQL connection-pool options for SQLAlchemy's ``create_engine`` (``pool_size``,
             ``max_overflow``, ``pool_timeout`` in seconds, ``pool_recycle``); ignored for SQLite.
+        wal_autocheckpoint: SQLite: commits run WAL checkpoints themselves (SQLite's default); ``False`` when
+            a :class:`~agentforge.stores.checkpoint.WalCheckpointer` runs them instead.
 
     Raises:
         UserError: unsupported URL scheme.
@@ -110,6 +117,8 @@ def open_engine(
         if not memory:
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute(f"PRAGMA synchronous = {sqlite_synchronous}")
+            if not wal_autocheckpoint:
+                cur.execute("PRAGMA wal_autocheckpoint = 0")
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -127,7 +136,13 @@ class Transactor:
         engine: from :func:`open_engine`.
         label: how errors name the store (URL without password).
         max_retries: retries of a transaction that hit a transient error before ``StoreError``.
+
+    Attributes:
+        after_write: called after every committed write transaction (e.g. to wake a WAL checkpointer);
+            ``None``: nothing is called.
     """
+
+    after_write: Callable[[], None] | None = None
 
     def __init__(self, engine: Engine, label: str, max_retries: int) -> None:
         self.engine, self.label, self.max_retries = engine, label, max_retries
@@ -148,7 +163,10 @@ class Transactor:
             with Session(engine) as session, session.begin():
                 return fn(session)
 
-        return self._retrying(once, integrity_retries)
+        result = self._retrying(once, integrity_retries)
+        if write and self.after_write is not None:
+            self.after_write()
+        return result
 
     def _retrying(self, once: Callable[[], T], integrity_retries: int = 3) -> T:
         """``once()`` under the store's lock (in-memory SQLite), retried as the module docstring says."""
@@ -214,7 +232,10 @@ class Transactor:
             finally:
                 raw.close()
 
-        return self._retrying(once)
+        result = self._retrying(once)
+        if self.after_write is not None:
+            self.after_write()
+        return result
 
     def close(self) -> None:
         """Dispose of the pool; later ``run`` calls raise ``UserError``. Safe to call twice."""

@@ -16,28 +16,25 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import func, update
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, select
 
 from agentforge.config import default_store_url
-from agentforge.errors import AgentForgeError, NotFoundError, UserError
-from agentforge.stores.engine import Transactor, attempt_row, open_engine, rollout_row
+from agentforge.errors import AgentForgeError, UserError
+from agentforge.stores.checkpoint import WalCheckpointer
+from agentforge.stores.engine import Transactor, attempt_row, is_memory_url, open_engine, rollout_row
 from agentforge.stores.sql_batch import Prepared, is_late, next_seqs, prepare_span, write_items, write_spans
 from agentforge.stores.sql_pages import RolloutPages
+from agentforge.stores.sql_resources import ResourceVersions
 from agentforge.stores.sql_rollouts import RolloutQueue
 from agentforge.stores.tables import (
     AttemptRow,
-    ResourceRow,
     RewardRow,
     RolloutRow,
     SpanRow,
     attempt_to_row,
-    plain,
-    resource_to_row,
     reward_to_row,
     rollout_to_row,
-    row_to_resource,
     row_to_reward,
     row_to_span,
     span_to_row,
@@ -47,7 +44,6 @@ from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
     AttemptState,
-    ResourceVersion,
     Reward,
     Rollout,
     RolloutState,
@@ -58,7 +54,7 @@ from agentforge.types import (
 __all__ = ["SQLStore"]
 
 
-class SQLStore(RolloutQueue, RolloutPages):
+class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
     """Trace store on SQLite or PostgreSQL through SQLModel / SQLAlchemy 2.
 
     Args:
@@ -73,6 +69,9 @@ class SQLStore(RolloutQueue, RolloutPages):
         pool: PostgreSQL pool options (``pool_size``, ``max_overflow``, ``pool_timeout``, ...), passed to
             SQLAlchemy's ``create_engine``. Every store call holds a connection only for its own
             transaction, never across a streamed answer.
+        background_checkpoints: SQLite file: WAL checkpoints run on a thread and connection of their own
+            (:class:`~agentforge.stores.checkpoint.WalCheckpointer`) instead of inside commits, so the span
+            writer never copies pages into the database file; ``False``: SQLite's automatic checkpoints.
 
     Raises:
         UserError: unsupported URL scheme.
@@ -89,12 +88,20 @@ class SQLStore(RolloutQueue, RolloutPages):
         max_retries: int = 10,
         create_tables: bool = True,
         pool: dict[str, Any] | None = None,
+        background_checkpoints: bool = True,
     ) -> None:
         self.url = url or default_store_url()
-        self.dialect = make_url(self.url).get_backend_name()
-        self._tx = Transactor(
-            open_engine(self.url, busy_timeout_s, sqlite_synchronous, pool), repr(self), max_retries
+        sa_url = make_url(self.url)
+        self.dialect = sa_url.get_backend_name()
+        self._checkpointer: WalCheckpointer | None = None
+        if background_checkpoints and self.dialect == "sqlite" and not is_memory_url(sa_url):
+            self._checkpointer = WalCheckpointer(str(sa_url.database), busy_timeout_s, sqlite_synchronous)
+        engine = open_engine(
+            self.url, busy_timeout_s, sqlite_synchronous, pool, wal_autocheckpoint=self._checkpointer is None
         )
+        self._tx = Transactor(engine, repr(self), max_retries)
+        if self._checkpointer is not None:
+            self._tx.after_write = self._checkpointer.committed
         self._writer: GroupCommitWriter[Span | Reward | Prepared, Span | Reward] = GroupCommitWriter(
             self._write_queued, f"agentforge-writer-{make_url(self.url).get_backend_name()}"
         )
@@ -133,6 +140,8 @@ class SQLStore(RolloutQueue, RolloutPages):
         self, items: Sequence[Span | Reward | Prepared]
     ) -> list[Span | Reward | AgentForgeError]:
         """The writer thread's batch: :meth:`write_batch`, with spans :meth:`submit_many` serialised already."""
+        if self._checkpointer is not None and self._checkpointer.behind:  # bound the WAL under sustained load
+            self._checkpointer.catch_up()
         if all(isinstance(item, Span | Prepared) for item in items):
             return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
         return self.write_batch([item.span if isinstance(item, Prepared) else item for item in items])
@@ -337,88 +346,14 @@ class SQLStore(RolloutQueue, RolloutPages):
 
         return self._tx.run(fn, write=True)
 
-    # --- versioned resources ------------------------------------------------------------------------
-    def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:
-        """Store a new version of ``resource.name``: ``version`` = previous highest + 1 (from 1).
-
-        Args:
-            resource: name, kind and payload (its ``version``/``active`` are ignored).
-            activate: make it the active version (the others are deactivated).
-
-        Returns:
-            The stored version.
-        """
-        plain("resource name", resource.name)
-
-        def fn(s: Session) -> ResourceVersion:
-            top = s.exec(
-                select(func.max(ResourceRow.version)).where(ResourceRow.name == resource.name)
-            ).first()
-            if activate:
-                s.exec(update(ResourceRow).where(ResourceRow.name == resource.name).values(active=False))
-            stored = resource.model_copy(update={"version": (top or 0) + 1, "active": activate})
-            s.add(resource_to_row(stored))
-            s.flush()
-            return stored
-
-        return self._tx.run(fn, write=True, integrity_retries=self._tx.max_retries)
-
-    def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
-        """The given version, or the active one when ``version`` is ``None``.
-
-        Raises:
-            NotFoundError: unknown name or version, or no active version.
-        """
-
-        def fn(s: Session) -> ResourceVersion:
-            q = select(ResourceRow).where(ResourceRow.name == name)
-            q = q.where(ResourceRow.active) if version is None else q.where(ResourceRow.version == version)
-            row = s.exec(q).first()
-            if row is None:
-                what = "no active version" if version is None else f"no version {version}"
-                raise NotFoundError(f"resource {name!r} has {what}")
-            return row_to_resource(row)
-
-        return self._tx.run(fn, write=False)
-
-    def activate_resource(self, name: str, version: int) -> ResourceVersion:
-        """Make ``version`` the active one (a rollback is this call with an older version).
-
-        Raises:
-            NotFoundError: unknown name or version.
-        """
-
-        def fn(s: Session) -> ResourceVersion:
-            q = select(ResourceRow).where(ResourceRow.name == name, ResourceRow.version == version)
-            row = s.exec(q.with_for_update()).first()
-            if row is None:
-                raise NotFoundError(f"resource {name!r} has no version {version}")
-            s.exec(
-                update(ResourceRow)
-                .where(ResourceRow.name == name, ResourceRow.version != version)
-                .values(active=False)
-            )
-            row.active = True
-            s.add(row)
-            s.flush()
-            return row_to_resource(row)
-
-        return self._tx.run(fn, write=True)
-
-    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
-        """All versions (of ``name``, or of every name), by name then version; ``[]`` for an unknown name."""
-        q = select(ResourceRow)
-        if name is not None:
-            q = q.where(ResourceRow.name == name)
-        q = q.order_by(ResourceRow.name, ResourceRow.version)
-        return self._tx.run(lambda s: [row_to_resource(r) for r in s.exec(q)], write=False)
-
     def close(self) -> None:
         """Write what is queued, then dispose of the connection pool (an in-memory database is lost).
         Safe to call twice."""
         self._writer.close()
         if self.listener is not None:  # e.g. the OTLP export: flushes what the writer committed last
             self.listener.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self._tx.close()
 
 

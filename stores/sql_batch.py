@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections import namedtuple
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pydantic_core import PydanticSerializationError
@@ -23,7 +23,8 @@ from sqlmodel import Session, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.codec import stamped
-from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id, wrap_driver_error
+from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id
+from agentforge.stores.sql_cursor import BatchCursor
 from agentforge.stores.tables import (
     RewardRow,
     SpanRow,
@@ -55,12 +56,8 @@ _span_row = operator.itemgetter(*_SPAN_FIELDS)  # a span's column values dict ->
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
 _FINISHED = frozenset(state.value for state in RolloutState if state.finished)  # rollout states, as stored
-#: Bound values per SQLite statement in bulk inserts (SQLite's default limit is 32,766 since 3.32; the
-#: rows of one statement are also one lock release, so a few hundred rows per statement suffice).
-_SQLITE_MAX_VARIABLES = 3_000
 #: The span attribute marking a span the store quarantined as late (see :func:`late_marks`).
 LATE = "late"
-_CHUNK = 500  # ids per IN (...) query (SQLite's default variable limit is 32766; PostgreSQL has none)
 
 
 class Prepared(NamedTuple):
@@ -86,11 +83,6 @@ def _values(span: Span) -> dict[str, Any] | UserError:
         return UserError(f"span {span.span_id!r} cannot be stored as JSON: {exc}")
 
 
-def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
-    for i in range(0, len(values), _CHUNK):
-        yield values[i : i + _CHUNK]
-
-
 def next_seqs(s: Session, n: int) -> list[int]:
     """Take ``n`` store-wide sequence numbers (shared by spans and rewards), increasing.
 
@@ -99,7 +91,7 @@ def next_seqs(s: Session, n: int) -> list[int]:
     ``n`` in ``sqlite_sequence`` with one ``UPDATE ... RETURNING`` (the very first time, with one ticket row
     inserted at ``n`` and deleted again, which creates the counter).
     """
-    return _Cursor.of(s).next_seqs(n)
+    return BatchCursor.of(s).next_seqs(n)
 
 
 def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
@@ -116,14 +108,14 @@ def write_items(s: Session, items: Sequence[Item]) -> list[Result]:
             run.append(item)
             continue
         if run:
-            results.extend(_insert_spans(_Cursor.of(s), run))
+            results.extend(_insert_spans(BatchCursor.of(s), run))
             run = []
         try:
             results.append(insert_reward(s, item))
         except AgentForgeError as exc:
             results.append(exc)
     if run:
-        results.extend(_insert_spans(_Cursor.of(s), run))
+        results.extend(_insert_spans(BatchCursor.of(s), run))
     return results
 
 
@@ -131,10 +123,10 @@ def write_spans(connection: Any, dialect: Any, spans: Sequence[Span | Prepared])
     """:func:`write_items` for a batch of spans only (or spans :func:`prepare_span` serialised already), on a
     driver connection inside an open transaction (:meth:`~agentforge.stores.engine.Transactor.run_raw`):
     the group-commit writer's usual batch."""
-    return _insert_spans(_Cursor(connection, dialect), list(spans))
+    return _insert_spans(BatchCursor(connection, dialect), list(spans))
 
 
-def _insert_spans(cur: _Cursor, items: list[Span | Prepared]) -> list[Result]:
+def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result]:
     """Insert a run of spans with one lookup per kind and one bulk insert (``COPY`` on PostgreSQL)."""
     results: list[Result | None] = [None] * len(items)
     values: list[dict[str, Any] | None] = [None] * len(items)
@@ -151,22 +143,17 @@ def _insert_spans(cur: _Cursor, items: list[Span | Prepared]) -> list[Result]:
             results[i] = row
         else:
             values[i] = row
-    ph = cur.placeholder  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
-
-    def rows_in(sql: str, ids: Sequence[str]) -> Iterable[Any]:
-        for chunk in _chunks(ids):
-            yield from cur.query(sql.format(ids=", ".join([ph] * len(chunk))), tuple(chunk))
-
+    rows_in = cur.rows_in  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
     ids = sorted({sp.span_id for sp, r in zip(spans, results, strict=True) if r is None})
     existing: dict[str, Span] = {}
-    for row in rows_in(f"SELECT {_SPAN_COLUMNS} FROM af_spans WHERE span_id IN ({{ids}})", ids):
+    for row in rows_in(f"SELECT {_SPAN_COLUMNS} FROM af_spans WHERE span_id {{in_ids}}", ids):
         record = _SpanRecord(*row)
         existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
     attempt_ids = sorted({sp.attempt_id for sp in spans if sp.attempt_id is not None})
     attempts: dict[str, str] = {}  # attempt id -> rollout id
     attempt_states: dict[str, str] = {}  # attempt id -> its state
     for a, r, state in rows_in(
-        "SELECT attempt_id, rollout_id, state FROM af_attempts WHERE attempt_id IN ({ids})", attempt_ids
+        "SELECT attempt_id, rollout_id, state FROM af_attempts WHERE attempt_id {in_ids}", attempt_ids
     ):
         attempts[a], attempt_states[a] = r, state
     rollout_ids = sorted(
@@ -177,7 +164,7 @@ def _insert_spans(cur: _Cursor, items: list[Span | Prepared]) -> list[Result]:
     running: dict[str, tuple[int, str]] = {}  # rollout id -> (number, attempt id) of its running attempt
     sql = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
         "SELECT r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state FROM af_rollouts r "
-        "LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id IN ({ids})"
+        "LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id {in_ids}"
     )
     if cur.postgres:  # a concurrent finish_attempt waits for this batch (or this batch sees it): see _late
         sql += " FOR SHARE OF r"
@@ -222,81 +209,6 @@ def _insert_spans(cur: _Cursor, items: list[Span | Prepared]) -> list[Result]:
         if results[i] is None:  # duplicate id later in the batch
             results[i] = results[taken[span.span_id]]
     return results  # type: ignore[return-value]
-
-
-class _Cursor:
-    """A DBAPI cursor on a driver connection (inside its open transaction); driver errors are raised as
-    SQLAlchemy's ``DBAPIError`` subclasses, so the transaction runner retries them as usual.
-
-    Args:
-        connection: the driver's connection (``sqlite3.Connection``, ``psycopg.Connection``).
-        dialect: the engine's SQLAlchemy dialect.
-    """
-
-    def __init__(self, connection: Any, dialect: Any) -> None:
-        self._dialect, self._connection = dialect, connection
-        self.placeholder = "?" if dialect.name == "sqlite" else "%s"
-        self.postgres = dialect.name == "postgresql"
-        self._cursor = connection.cursor()
-
-    @classmethod
-    def of(cls, s: Session) -> _Cursor:
-        """The cursor of a session's connection (same transaction)."""
-        conn = s.connection()
-        return cls(conn.connection.dbapi_connection, conn.dialect)
-
-    def _wrap(self, sql: str, params: Any, exc: Exception) -> Exception:
-        return wrap_driver_error(self._dialect, sql, params, exc, self._connection)
-
-    def next_seqs(self, n: int) -> list[int]:
-        """``n`` fresh sequence numbers, ascending (see :func:`next_seqs`)."""
-        if n <= 0:
-            return []
-        if self.postgres:
-            sql = "SELECT nextval(pg_get_serial_sequence('af_sequence', 'seq')) FROM generate_series(1, %s)"
-            return sorted(int(v) for (v,) in self.query(sql, (n,)))
-        bumped = self.query(  # one statement once the counter row exists (after the first number)
-            "UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'af_sequence' RETURNING seq", (n,)
-        )
-        if bumped:
-            top = int(bumped[0][0])
-            return list(range(top - n + 1, top + 1))
-        self.query("INSERT INTO af_sequence (seq, taken_at) VALUES (?, 0)", (n,))
-        self.query("DELETE FROM af_sequence WHERE seq = ?", (n,))
-        return list(range(1, n + 1))
-
-    def query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        try:
-            self._cursor.execute(sql, params)
-            return list(self._cursor.fetchall()) if self._cursor.description is not None else []
-        except Exception as exc:
-            raise self._wrap(sql, params, exc) from exc
-
-    def insert_rows(self, table: str, columns: str, width: int, rows: list[tuple[Any, ...]]) -> None:
-        """Insert ``rows`` (tuples of ``width`` values, in ``columns`` order) into ``table``: PostgreSQL's
-        ``COPY ... FROM STDIN`` (about 1.5× faster per row than a pipelined ``executemany``), on SQLite
-        multi-row ``INSERT ... VALUES (...), (...)`` statements of up to :data:`_SQLITE_MAX_VARIABLES`
-        values: ``executemany`` steps the statement once per row and releases the interpreter lock each
-        time, and in a busy process (the gateway's event loop) getting it back can take a thread switch
-        interval per row. A duplicate key fails the whole call either way (the transaction is retried)."""
-        if self._dialect.name == "postgresql":
-            sql = f"COPY {table} ({columns}) FROM STDIN"
-            try:
-                with self._cursor.copy(sql) as copy:
-                    for row in rows:
-                        copy.write_row(row)
-            except Exception as exc:
-                raise self._wrap(sql, rows[:3], exc) from exc
-            return
-        one = f"({', '.join([self.placeholder] * width)})"
-        per = max(1, _SQLITE_MAX_VARIABLES // width)
-        for start in range(0, len(rows), per):  # multi-row statements: one sqlite3_step per chunk of rows
-            chunk = rows[start : start + per]
-            sql = f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(chunk))}"
-            try:
-                self._cursor.execute(sql, [value for row in chunk for value in row])
-            except Exception as exc:
-                raise self._wrap(sql[:200], chunk[:3], exc) from exc
 
 
 def late_marks(why: str) -> dict[str, Any]:
