@@ -12,9 +12,14 @@ reader thread polls ``list_spans`` throughout:
 * **pipelined**: each writer hands all its spans to ``store.submit`` at once and then waits for every
   acknowledgement (how a tracer that flushes at the end of a rollout writes); every span is still
   acknowledged only once committed;
-* **flushed**: each writer hands all its spans to ``store.submit_many`` (one acknowledgement for the lot,
-  resolved once the last of them is committed, with one outcome per span; how a tracer's flush writes),
-  then checks every span's outcome.
+* **flushed**: each writer hands all its spans to ``store.submit_many(spans, stored=False)`` (one
+  acknowledgement for the lot, resolved once the last of them is committed, with one outcome per span: an
+  error or ``None``; how a tracer's flush writes), then checks every span's outcome.
+
+The benchmark process tunes its garbage collector as a serving process does (``agentforge serve`` and the HTTP
+store server call :func:`agentforge.config.serving_gc` after start-up: start-up objects frozen, young generation
+collected every 50,000 allocations); without it an oldest-generation pass over the whole heap (85-230 ms) fell
+into most 128-writer phases. ``--default-gc`` measures with CPython's defaults.
 
 Printed per row: spans/s, the ratio batched/baseline (same writers, same spans, same run), lost (sent but
 not stored), duplicates, errors and reader polls. Then the targets of issue 11: ≥ 20,000 spans/s on SQLite
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _spine import ChildServer, free_port, llm_span  # noqa: E402
 
+from agentforge.config import serving_gc  # noqa: E402
 from agentforge.stores.http import HTTPStore  # noqa: E402
 from agentforge.stores.sql import SQLStore  # noqa: E402
 from agentforge.types import Rollout, Span, Task  # noqa: E402
@@ -106,7 +112,7 @@ def measure(
     def writer(batch: list[Span]) -> None:
         if flushed:
             try:
-                outcomes = store.submit_many(batch).result()
+                outcomes = store.submit_many(batch, stored=False).result()  # a flush checks errors only
             except Exception as exc:  # counted and printed, never hidden
                 errors.extend([exc] * len(batch))
                 return
@@ -209,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg-url", default=os.environ.get("AGENTFORGE_TEST_PG_URL"), help="PostgreSQL URL")
     p.add_argument("--no-http", action="store_true", help="skip the HTTP store phases")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON line at the end")
+    p.add_argument("--default-gc", action="store_true", help="keep CPython's GC settings (no serving_gc)")
     args = p.parse_args(argv)
+    if not args.default_gc:
+        serving_gc()  # what a serving process does after start-up (see the module docstring)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         backends = [("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}")]

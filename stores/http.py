@@ -68,18 +68,21 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-def _patched(items: Sequence[Span | Reward], answer: bytes) -> list[Span | Reward | AgentForgeError] | None:
+def _patched(
+    items: Sequence[Span | Reward], answer: bytes, keep: Sequence[bool]
+) -> list[Span | Reward | AgentForgeError | None] | None:
     """The usual answer of a batch (every item acknowledged with a patch of plain sequence numbers and
-    ids) applied without validating each result: copies of the sent items with the patched fields set.
-    ``None`` for anything else (errors, whole items, other fields): then every result is validated."""
+    ids) applied without validating each result: copies of the sent items with the patched fields set
+    (``None`` for an item whose caller keeps no copy). ``None`` for anything else (errors, whole items,
+    other fields): then every result is validated."""
     try:
         results = json.loads(answer)["results"]
     except (ValueError, KeyError, TypeError):
         return None
     if not isinstance(results, list) or len(results) != len(items):
         return None
-    out: list[Span | Reward | AgentForgeError] = []
-    for sent, result in zip(items, results, strict=True):
+    out: list[Span | Reward | AgentForgeError | None] = []
+    for sent, result, kept in zip(items, results, keep, strict=True):
         patch = result.get("patch") if isinstance(result, dict) else None
         if (
             not isinstance(patch, dict)
@@ -89,7 +92,7 @@ def _patched(items: Sequence[Span | Reward], answer: bytes) -> list[Span | Rewar
             return None
         if not all(v is None or type(v) is _PLAIN_PATCH[k] for k, v in patch.items()):
             return None
-        out.append(stamped(sent, patch))
+        out.append(stamped(sent, patch) if kept else None)
     return out
 
 
@@ -309,17 +312,20 @@ class HTTPStore:
             out.extend(self._write_chunk(items[start : start + MAX_BATCH]))
         return out
 
-    def _write_chunk(self, chunk: Sequence[Span | Reward | Encoded]) -> list[Span | Reward | AgentForgeError]:
+    def _write_chunk(
+        self, chunk: Sequence[Span | Reward | Encoded]
+    ) -> list[Span | Reward | AgentForgeError | None]:
         body = batch_body([i.json if isinstance(i, Encoded) else encode_item(i) for i in chunk])
         items = [i.item if isinstance(i, Encoded) else i for i in chunk]
+        keep = [not isinstance(i, Encoded) or i.keep for i in chunk]
         answer = self._request("POST", "/api/batch", content=body, raw=True)
-        patched = _patched(items, answer)
+        patched = _patched(items, answer, keep)
         if patched is not None:
             return patched
-        out: list[Span | Reward | AgentForgeError] = []
-        for sent, result in zip(items, parse(BatchResults, answer).results, strict=True):
+        out: list[Span | Reward | AgentForgeError | None] = []
+        for sent, result, kept in zip(items, parse(BatchResults, answer).results, keep, strict=True):
             if result.patch is not None:  # what the store set on the item we sent
-                out.append(sent.model_copy(update=result.patch))
+                out.append(sent.model_copy(update=result.patch) if kept else None)
             elif result.span is not None:
                 out.append(result.span)
             elif result.reward is not None:
@@ -333,11 +339,14 @@ class HTTPStore:
         """See :meth:`TraceStore.submit`."""
         return self._writer.submit(item)
 
-    def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
+    def submit_many(
+        self, items: Sequence[Span | Reward], *, stored: bool = True
+    ) -> Future[list[Span | Reward | BaseException | None]]:
         """:meth:`SQLStore.submit_many <agentforge.stores.sql.SQLStore.submit_many>` over HTTP: the items
         share ``POST /api/batch`` requests (each encoded here, in the caller's thread, while the writer thread
-        waits on earlier requests); the future resolves once the server committed all of them."""
-        return self._writer.submit_many([Encoded(i, encode_item(i)) for i in items])
+        waits on earlier requests); the future resolves once the server committed all of them. ``stored=False``:
+        a newly written item's outcome is ``None`` (no stored copy is built from the server's answer)."""
+        return self._writer.submit_many([Encoded(i, encode_item(i), stored) for i in items])
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """See :meth:`TraceStore.submit_async`."""

@@ -151,12 +151,22 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         :mod:`agentforge.stores.writer`); the future resolves once it is committed."""
         return self._writer.submit(item)
 
-    def submit_many(self, items: Sequence[Span | Reward]) -> Future[list[Span | Reward | BaseException]]:
+    def submit_many(
+        self, items: Sequence[Span | Reward], *, stored: bool = True
+    ) -> Future[list[Span | Reward | BaseException | None]]:
         """Queue many spans and rewards at once behind one future (a tracer's flush; see
         :meth:`GroupCommitWriter.submit_many <agentforge.stores.writer.GroupCommitWriter.submit_many>`): it
         resolves once every item is committed, to one outcome per item (the stored item or its error).
-        Spans are serialised here, in the caller's thread, while the writer thread commits earlier batches."""
-        return self._writer.submit_many([prepare_span(i) if isinstance(i, Span) else i for i in items])
+        Spans are serialised here, in the caller's thread, while the writer thread commits earlier batches.
+
+        Args:
+            items: spans and rewards, written in order.
+            stored: ``False`` for a caller that only checks for errors: a stored span's outcome (written now
+                or before) is then ``None`` instead of its stored copy, which the writer thread no longer
+                builds (about a tenth of its time per span); errors and rewards come back as usual.
+        """
+        keep = stored or self.listener is not None  # a commit listener reads the stored spans
+        return self._writer.submit_many([prepare_span(i, keep) if isinstance(i, Span) else i for i in items])
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """:meth:`submit` for coroutines: a future of the running loop (see :meth:`TraceStore.submit_async`)."""

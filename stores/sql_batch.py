@@ -62,16 +62,23 @@ LATE = "late"
 
 class Prepared(NamedTuple):
     """A span serialised ahead of its transaction (:func:`prepare_span`): its row's column values, or the
-    error the span alone fails with. :func:`write_spans` takes it in place of the span."""
+    error the span alone fails with. :func:`write_spans` takes it in place of the span; with ``keep`` false
+    its result is ``None`` once it is written (no stored copy is built for a caller that reads none)."""
 
     span: Span
     values: dict[str, Any] | UserError
+    keep: bool = True
 
 
-def prepare_span(span: Span) -> Prepared:
+def prepare_span(span: Span, keep: bool = True) -> Prepared:
     """Serialise ``span``'s row now (in the caller's thread, while the writer thread waits on the database),
-    so the write transaction only stamps it. The row is what :func:`write_spans` would build itself."""
-    return Prepared(span, _values(span))
+    so the write transaction only stamps it. The row is what :func:`write_spans` would build itself.
+
+    Args:
+        span: the span.
+        keep: whether its result is the stored span (``False``: ``None``, errors as usual).
+    """
+    return Prepared(span, _values(span), keep)
 
 
 def _values(span: Span) -> dict[str, Any] | UserError:
@@ -131,9 +138,10 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
     results: list[Result | None] = [None] * len(items)
     values: list[dict[str, Any] | None] = [None] * len(items)
     spans: list[Span] = [None] * len(items)  # type: ignore[list-item]
+    keep = [True] * len(items)  # False: the caller reads no stored copy, its result is None
     for i, item in enumerate(items):  # serialise (and check scalar text) before touching the database
         if type(item) is Prepared:
-            span, row = item.span, item.values
+            span, row, keep[i] = item
             if type(row) is dict:
                 row = dict(row)  # a retried transaction stamps a fresh copy
         else:
@@ -179,7 +187,7 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         if results[i] is not None:
             continue
         if span.span_id in existing:
-            results[i] = existing[span.span_id]
+            results[i] = existing[span.span_id] if keep[i] else None
             continue
         if span.span_id in taken:
             continue  # a duplicate inside the batch: resolved below to the first occurrence's result
@@ -201,13 +209,15 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
             assert row is not None
             row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
             rows.append(_span_row(row))
-            results[i] = stamped(
-                spans[i], {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
-            )
+            if keep[i]:
+                results[i] = stamped(
+                    spans[i], {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
+                )
         cur.insert_rows("af_spans", _SPAN_COLUMNS, len(_SPAN_FIELDS), rows)
     for i, span in enumerate(spans):
-        if results[i] is None:  # duplicate id later in the batch
-            results[i] = results[taken[span.span_id]]
+        first = taken.get(span.span_id, i)
+        if first != i:  # a duplicate id later in the batch: the first occurrence's result
+            results[i] = results[first]
     return results  # type: ignore[return-value]
 
 

@@ -137,10 +137,12 @@ def parse(model: type[M], data: bytes) -> M:
 
 class Encoded(NamedTuple):
     """An item with its :data:`BatchItem` JSON made ahead of its request (:func:`encode_item`), e.g. in the
-    thread of a caller of :meth:`~agentforge.stores.http.HTTPStore.submit_many`."""
+    thread of a caller of :meth:`~agentforge.stores.http.HTTPStore.submit_many`; ``keep``: whether its caller
+    wants the stored copy (``False``: ``None`` once it is written)."""
 
     item: Span | Reward
     json: bytes
+    keep: bool = True
 
 
 def encode_item(item: Span | Reward) -> bytes:

@@ -229,7 +229,8 @@ class GroupCommitWriter(Generic[T, R]):
                 except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
                     pass
             if (listener := self.on_commit) is not None:
-                _notify(listener, [o for o in outcomes if not isinstance(o, BaseException)], self._name)
+                stored = [o for o in outcomes if o is not None and not isinstance(o, BaseException)]
+                _notify(listener, stored, self._name)
 
 
 def _wanted(sink: _Sink) -> bool:
