@@ -220,6 +220,7 @@ class OrderDeskAgent:
         act_max_tokens: completion budget of the tool call, tokens.
         reply_max_tokens: completion budget of the reply, tokens.
         weights: weights of the ``tool``, ``arguments`` and ``reply`` parts in the reward.
+        staged_reward: a part counts only when the parts before it are right (``score_tool_turn(staged=)``).
         data_dir: the ``tau_retail/v1`` folder (default: the shared data folder).
     """
 
@@ -232,6 +233,7 @@ class OrderDeskAgent:
         act_max_tokens: int = 48,
         reply_max_tokens: int = 40,
         weights: Sequence[float] = (1.0, 1.0, 1.0),
+        staged_reward: bool = False,
         data_dir: str | Path | None = None,
     ) -> None:
         self.force_tool, self.act_max_tokens, self.reply_max_tokens = (
@@ -240,7 +242,7 @@ class OrderDeskAgent:
             reply_max_tokens,
         )
         self.weights, self.data_dir, self.few_shot = tuple(weights), data_dir, few_shot
-        self.strict_tools = strict_tools
+        self.strict_tools, self.staged_reward = strict_tools, staged_reward
 
     def __call__(self, task: Task, ctx: RolloutContext) -> dict[str, float]:
         """Run and score one turn (see the class docstring).
@@ -283,6 +285,6 @@ class OrderDeskAgent:
             client.close()
         score = score_tool_turn(
             state["messages"][1:], meta["gold_tool"], meta["gold_arguments"], meta["gold_fact"],
-            meta.get("fact_alternatives") or (), self.weights,
+            meta.get("fact_alternatives") or (), self.weights, staged=self.staged_reward,
         )  # fmt: skip
         return {"reward": score.reward, **score.parts()}

@@ -15,7 +15,8 @@ For a turn *customer message → tool call → tool answer → reply* with a gol
   0.0 when the reply also states one of ``fact_alternatives`` (e.g. the other order statuses), so listing every
   possible answer does not pay.
 
-``reward`` is the weighted mean of the parts (weights 1/3 each by default, in [0, 1]), and ``success`` is 1.0
+``reward`` is the weighted mean of the parts (weights 1/3 each by default, in [0, 1]; ``staged=True``: a part
+counts only when the parts before it are right), and ``success`` is 1.0
 only when all three parts are 1.0 (the job's task-success measure). Rewards follow TRL's reward-function shape
 (:data:`agentforge.rewards.RewardFunc`); an agent reports the parts with its reward by returning
 ``{"reward": ..., **score.parts()}`` (stored as ``Reward.metadata["parts"]`` by the runner).
@@ -139,6 +140,7 @@ def score_tool_turn(
     gold_fact: str,
     fact_alternatives: Sequence[str] = (),
     weights: Sequence[float] = (1.0, 1.0, 1.0),
+    staged: bool = False,
 ) -> ToolTurnScore:
     """Score one turn (definitions in the module docstring).
 
@@ -150,6 +152,13 @@ def score_tool_turn(
         gold_fact: what the reply must state.
         fact_alternatives: statements that contradict ``gold_fact``.
         weights: weights of ``tool``, ``arguments``, ``reply`` (normalised to sum 1).
+        staged: a part adds to ``reward`` only when every part before it is right (tool → arguments → reply:
+            ``w0·tool + w1·tool·arguments + w2·tool·arguments·reply``). With independent parts a turn that
+            calls the wrong tool but repeats the status that tool returned scores 2/3, as much as the right
+            tool with a wrong reply; measured on the order desk at T=1, the base policy's favourite wrong
+            tool on ``change_order`` messages scored 0.42 on average against 0.60 for the right one, a weak
+            preference for GRPO's group-relative advantage. Staged, the wrong tool scores 0. The parts
+            themselves (and ``success``) are the same either way.
 
     Returns:
         The :class:`ToolTurnScore`.
@@ -174,7 +183,10 @@ def score_tool_turn(
         if (t := message_text(m.get("content")))
     ]
     reply = float(reply_states(texts[-1] if texts else None, gold_fact, fact_alternatives))
-    reward = w[0] * tool + w[1] * arguments + w[2] * reply
+    if staged:
+        reward = w[0] * tool + w[1] * tool * arguments + w[2] * tool * arguments * reply
+    else:
+        reward = w[0] * tool + w[1] * arguments + w[2] * reply
     return ToolTurnScore(tool, arguments, reply, reward, float(tool == arguments == reply == 1.0))
 
 

@@ -153,6 +153,24 @@ def test_reward_parts() -> None:
         score_tool_turn([], "", {}, "delivered")
 
 
+def test_staged_reward_counts_a_part_only_after_the_parts_before_it() -> None:
+    gold = ("get_order_status", {"order_id": "#W5442520"}, "delivered", ["pending", "processed", "cancelled"])
+    wrong_tool = _turn("cancel_order", {"order_id": "#W5442520"}, "It was delivered.")
+    bad_args = _turn("get_order_status", {"order_id": "#W1"}, "It was delivered.")
+    wrong_reply = _turn("get_order_status", {"order_id": "#W5442520"}, "It is pending.")
+    right = _turn("get_order_status", {"order_id": "#W5442520"}, "It was delivered.")
+    rewards = [
+        score_tool_turn(t, *gold, staged=True).reward for t in (wrong_tool, bad_args, wrong_reply, right)
+    ]
+    assert rewards == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    independent = score_tool_turn(wrong_tool, *gold)
+    staged = score_tool_turn(wrong_tool, *gold, staged=True)
+    assert independent.reward == pytest.approx(2 / 3)  # the wrong tool's reply states the status it returned
+    assert independent.parts() == staged.parts()  # the parts and success do not change, only the scalar
+    weighted = score_tool_turn(wrong_reply, *gold, weights=(1.0, 0.5, 0.5), staged=True)
+    assert weighted.reward == pytest.approx(0.75)
+
+
 def test_trl_reward_functions_report_each_part() -> None:
     completions = [
         _turn("get_order_status", {"order_id": "#W1"}, "delivered"),
