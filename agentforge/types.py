@@ -43,6 +43,7 @@ __all__ = [
     "ResourceVersion",
     "Version",
     "new_id",
+    "new_ordered_id",
     "parse_version_number",
     "now",
     "ROLLOUT_PATH_PREFIX",
@@ -115,6 +116,17 @@ def new_id(prefix: str) -> str:
     and on a busy gateway getting it back cost up to a thread switch interval (5 ms) per span.
     """
     return f"{prefix}-{_ids.getrandbits(64):016x}"
+
+
+def new_ordered_id(prefix: str) -> str:
+    """Return a fresh unique id that sorts by creation time, like ``sp-0193a4c5e2f1-1f2e...``.
+
+    Prefix + 12 hex chars of the wall-clock millisecond + 16 hex chars (64 random bits, as :func:`new_id`).
+    Ids made close in time are close in a B-tree index, so a store inserting many of them touches the index's
+    right edge instead of a random page per id (the trace store's unique span-id index dirtied its own 4 kB
+    page for almost every span with random ids; the idea of ULID / UUIDv7, RFC 9562 §5.7).
+    """
+    return f"{prefix}-{int(time.time() * 1000):012x}{_ids.getrandbits(64):016x}"
 
 
 def now() -> float:
@@ -305,7 +317,7 @@ class Span(BaseModel):
 
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
-    span_id: str = Field(default_factory=lambda: new_id("sp"))
+    span_id: str = Field(default_factory=lambda: new_ordered_id("sp"))
     rollout_id: str | None = None
     attempt_id: str | None = None
     kind: SpanKind = SpanKind.custom

@@ -12,8 +12,10 @@ from agentforge.types import (
     ResourceVersion,
     Reward,
     RolloutState,
+    Span,
     Version,
     check_transition,
+    new_ordered_id,
     parse_version_number,
     rollout_base_url,
 )
@@ -75,3 +77,17 @@ def test_version_errors_name_the_fix() -> None:
 
 def test_rollout_base_url_is_the_gateway_prefix() -> None:
     assert rollout_base_url("http://127.0.0.1:8000/", "ro-1") == "http://127.0.0.1:8000/rollouts/ro-1/v1"
+
+
+def test_span_ids_sort_by_creation_time_and_stay_unique(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([1000.0, 1000.0, 1000.001, 2000.0])
+    monkeypatch.setattr("agentforge.types.time.time", lambda: next(clock))
+    ids = [new_ordered_id("sp") for _ in range(4)]
+    assert all(i.startswith("sp-") and len(i) == 3 + 28 for i in ids)
+    assert ids[0] != ids[1] and ids[0][:15] == ids[1][:15]  # same millisecond: same head, random tail
+    assert ids[1][:15] < ids[2][:15] < ids[3][:15]  # later milliseconds sort later
+    monkeypatch.undo()
+    assert (
+        Span(rollout_id="ro-1", name="x").span_id.startswith("sp-")
+        and len({new_ordered_id("sp") for _ in range(1000)}) == 1000
+    )
