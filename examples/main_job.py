@@ -102,10 +102,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--reward",
-        choices=("staged", "independent"),
-        default="staged",
-        help="how the parts make the training reward: staged (arguments count only with the right tool, the reply "
-        "only with right tool and arguments) or independent (their mean); score_tool_turn(staged=)",
+        choices=("independent", "staged"),
+        default="independent",
+        help="how the parts make the training reward: independent (their mean) or staged (arguments count only "
+        "with the right tool, the reply only with right tool and arguments; score_tool_turn(staged=)). Measured "
+        "over 3 seeds each, staged promoted nothing where independent promoted one seed's adapter",
     )
     p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
     p.add_argument("--eval-size", type=int, default=30, help="held-out tasks (Bitext test split, at most 42)")
