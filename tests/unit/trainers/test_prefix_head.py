@@ -11,31 +11,13 @@ and LoRA gradient.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from types import SimpleNamespace
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
-from trl import GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head
+from tiny_policy import VOCAB, assert_same_as_per_row, lora_grads, tiny_policy, trl_logps
 
 from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio, importance_ratio
 from agentforge.trainers.prefix import MIN_HEAD_TOKENS, common_head_len, prompt_groups, shared_prefix_logps
-
-VOCAB = 96
-
-
-def tiny_policy(temperature: float = 0.7):  # type: ignore[no-untyped-def]
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config)
-    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
-    return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
 
 
 def head_batch(head_len=7, tail_lens=(0, 3, 8), group=3, completion_len=5, seed=1):  # type: ignore[no-untyped-def]
@@ -56,19 +38,6 @@ def head_batch(head_len=7, tail_lens=(0, 3, 8), group=3, completion_len=5, seed=
             )
     order = torch.randperm(len(ids), generator=gen)
     return torch.stack(ids)[order], torch.stack(masks).long()[order], completion_len
-
-
-def trl_logps(model, ids, mask, c):  # type: ignore[no-untyped-def]
-    fake_trainer = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext))
-    per_row = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__  # skip TRL's profiling wrapper
-    logps, entropies, _ = per_row(fake_trainer, model, ids, mask, c, compute_entropy=True)
-    return logps, entropies
-
-
-def lora_grads(model):  # type: ignore[no-untyped-def]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-    model.zero_grad()
-    return grads
 
 
 def test_common_head_is_the_longest_shared_prefix_leaving_each_last_token() -> None:
@@ -103,16 +72,7 @@ def test_head_path_values_and_gradients_equal_trl_per_row_pass(tail_lens) -> Non
     tail_width = max(tail_lens)
     want = [(1, 7)] + ([(len(tail_lens), tail_width)] if tail_width else []) + [(ids.size(0), c)]
     assert calls == want, "head once (batch 1), the tails (one batch), the completions"
-    real = mask[:, -c:].bool()
-    torch.testing.assert_close(got[real], ref[real], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(entropy[real], ref_entropy[real], atol=2e-6, rtol=1e-5)
-    assert torch.all(got[~real] == 0)
-    assert ref_grads.keys() == got_grads.keys() and ref_grads
-    for name, grad in ref_grads.items():
-        scale = float(grad.abs().max())
-        torch.testing.assert_close(
-            got_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
-        )
+    assert_same_as_per_row(got, ref, entropy, ref_entropy, got_grads, ref_grads, mask[:, -c:].bool())
 
 
 def test_importance_ratio_modes() -> None:
