@@ -52,6 +52,7 @@ from agentforge.gateway.capture import llm_call_from_response
 from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
 from agentforge.gateway.pins import PinCache
 from agentforge.gateway.prefix_wire import engine_headers
+from agentforge.gateway.probation import VersionRefused
 from agentforge.gateway.record import SpanRecorder
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
@@ -192,11 +193,18 @@ class _Gateway(SpanRecorder):
                 released = True
                 self.router.release(ctx.version)
 
-        try:
-            response = await self._forward(ctx, upstream, release)
-        except BaseException:
-            release()
-            raise
+        while True:
+            try:
+                response = await self._forward(ctx, upstream, release)
+            except VersionRefused as refused:  # held for a canary that failed: ask the version before it
+                release()
+                ctx.version, upstream = self.router.acquire(refused.fallback)
+                released = False
+                continue
+            except BaseException:
+                release()
+                raise
+            break
         if not isinstance(response, StreamingResponse):
             release()  # a stream's relay releases when the stream ends or the client leaves
         if ctx.privacy is not None and ctx.privacy.mode is PrivacyMode.mask:
@@ -228,10 +236,16 @@ class _Gateway(SpanRecorder):
         """POST ``content`` to ``upstream``'s ``endpoint`` route; a transport failure becomes a recorded
         502/504 error response, a client that leaves meanwhile a ``client_disconnected`` span (with
         ``flags``) before the cancellation goes on. The ordinary path and token-in continuations
-        (:mod:`agentforge.gateway.prefix_call`) both send through here."""
+        (:mod:`agentforge.gateway.prefix_call`) both send through here. The answer of a version on probation
+        waits here for its canary's verdict (:mod:`agentforge.gateway.probation`: ``VersionRefused`` if it
+        failed, and ``handle`` sends the call again to the version before it)."""
         url = upstream.base_url.rstrip("/") + _PATHS[endpoint]
         try:
-            return await self.client.post(url, content, engine_headers(upstream), stream)
+            response = await self.client.post(url, content, engine_headers(upstream), stream)
+            probation = self.router.probation(ctx.version)
+            if probation is not None:  # canary pending: hold the answer (VersionRefused if it fails)
+                await probation.hold(response)
+            return response
         except asyncio.CancelledError:  # the client left (fastpath): close the upstream call, record it
             await self.record(
                 ctx, self.failed_call(ctx, flags=["client_disconnected", *flags]),

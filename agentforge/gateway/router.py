@@ -2,7 +2,8 @@
 
 Serving registers each loaded version with the upstream that serves it, then flips the alias; the
 gateway resolves every request through here and counts in-flight requests per version so serving can
-unload an old version only after its last request finished.
+unload an old version only after its last request finished. A version flipped in before its canary's verdict is
+on probation (:mod:`agentforge.gateway.probation`): the gateway holds its answers until the verdict.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import zlib
 from dataclasses import dataclass
 
 from agentforge.errors import NotFoundError, ServingError
+from agentforge.gateway.probation import Probation
 
 __all__ = ["Upstream", "ModelRouter"]
 
@@ -55,6 +57,7 @@ class ModelRouter:
         self._inflight: dict[str, int] = {}
         self._down: dict[str, str] = {}  # engine base URL → why it is down (set by serving's supervisor)
         self._canaries: dict[str, tuple[str, float]] = {}  # alias → (candidate version, share of rollouts)
+        self._probation: dict[str, Probation] = {}  # version → the verdict its answers wait for
 
     def register(self, version: str, upstream: Upstream) -> None:
         """Make ``version`` routable (does not change any alias)."""
@@ -72,7 +75,59 @@ class ModelRouter:
                 raise NotFoundError(f"cannot point alias {alias!r} at unregistered version {version!r}")
             old = self._aliases.get(alias)
             self._aliases[alias] = version
+            self._lock.notify_all()  # wake wait_alias
             return old
+
+    def wait_alias(self, alias: str, away_from: str | None, timeout_s: float | None = None) -> str | None:
+        """Block until ``alias`` points at a version other than ``away_from`` (at once if it does already).
+
+        Args:
+            alias: the alias to watch.
+            away_from: the version it pointed at (``None``: it pointed nowhere).
+            timeout_s: seconds to wait at most (``None``: no limit).
+
+        Returns:
+            The version it points at now, or ``None`` if it did not move within ``timeout_s``.
+        """
+        with self._lock:
+            moved = self._lock.wait_for(lambda: self._aliases.get(alias) != away_from, timeout_s)
+            return self._aliases.get(alias) if moved else None
+
+    def start_probation(self, version: str, fallback: str) -> Probation:
+        """Hold ``version``'s answers until :meth:`end_probation` (call before the version takes requests).
+
+        Args:
+            version: the version whose canary has not passed yet.
+            fallback: the version its calls go to if it fails (the alias target before the swap).
+
+        Returns:
+            The :class:`~agentforge.gateway.probation.Probation` the gateway's held answers wait on.
+        """
+        with self._lock:
+            probation = self._probation[version] = Probation(version, fallback)
+            return probation
+
+    def probation(self, version: str) -> Probation | None:
+        """The probation ``version``'s answers must wait for, or ``None`` (the usual case: no lock taken)."""
+        return self._probation.get(version)
+
+    def end_probation(self, version: str, passed: bool) -> None:
+        """Give ``version``'s verdict. Passed: its held answers go out. Failed: every alias pointing at it points
+        at the fallback again, then the held answers are refused (the gateway sends them to the fallback); the
+        probation stays until the version is drained, so an answer arriving later is refused too. No-op for a
+        version not on probation."""
+        with self._lock:
+            probation = self._probation.get(version)
+            if probation is None:
+                return
+            if passed:
+                del self._probation[version]
+            else:
+                for alias, target in self._aliases.items():
+                    if target == version:
+                        self._aliases[alias] = probation.fallback
+                self._lock.notify_all()
+        probation.decide(passed)
 
     def set_canary(self, alias: str, version: str, share: float) -> None:
         """Serve ``share`` (in (0, 1)) of the rollouts that ask for ``alias`` with ``version`` instead, sticky
@@ -176,3 +231,4 @@ class ModelRouter:
                 self._lock.wait(left)
             self._versions.pop(version, None)
             self._inflight.pop(version, None)
+            self._probation.pop(version, None)

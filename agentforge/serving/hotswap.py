@@ -3,12 +3,19 @@
 One swap (DESIGN.md, facts 2 and 3)::
 
     validate (base model, rank, modules)  →  wait for a free adapter slot  →  load under a NEW name policy@vN
-    →  register policy@vN in the router  →  canary request to policy@vN  →  flip alias policy → policy@vN
-    →  background: router.drain(oldest beyond ``retain``) (waits for its in-flight requests)  →  unload it
+    →  register policy@vN in the router, on probation  →  flip alias policy → policy@vN  →  canary request to
+    policy@vN  →  verdict  →  background: router.drain(oldest beyond ``retain``) (waits for its in-flight
+    requests)  →  unload it
+
+Probation (:mod:`agentforge.gateway.probation`): the alias moves onto the new version just before its canary
+is sent, so the canary and the first client calls reach the engine together (one engine batch: a swap costs
+the load, not the load plus a canary step), but the gateway holds every answer of the new version until the
+canary passed. If it fails, the alias points at the old version again and each held call is sent to the old
+version: no client sees an unverified version's answer, and none fails.
 
 Loaded versions stay within the engine's adapter capacity (``--max-cpu-loras``, else ``--max-loras``): a swap
 that finds no free slot waits ``slot_wait_s`` for a draining version, then fails loudly; a version is never
-unloaded while a request runs on it. Any failure before the flip leaves the old version serving and
+unloaded while a request runs on it. Any failure before the verdict leaves the old version serving and
 propagates; the new version is removed again. The alias flip is one dictionary write under the router's lock, so a request resolves either to
 the old version (and finishes there) or to the new one — never to an unloaded adapter.
 
@@ -149,15 +156,17 @@ class HotSwapper:
     ) -> str:
         """Serve the adapter at ``adapter_path`` as a new version and move the alias onto it.
 
-        Blocks until the new version serves through the alias (seconds: load ≈ 0.05 + canary); the old
-        version drains and unloads in the background (see :meth:`wait_drained`).
+        Blocks until the new version passed its canary (seconds: load ≈ 0.05 + canary); it serves through
+        the alias from just before the canary on, its answers held until the verdict (see the module
+        docstring). The old version drains and unloads in the background (see :meth:`wait_drained`).
 
         Args:
             adapter_path: PEFT adapter directory.
             version: the new version name (``policy@v8``; default: the next unused number).
             canary: a check for this swap only (default: the swapper's).
             flip: move the alias onto the new version; ``False`` stages it: loaded, routable under its own
-                name and canaried, but the alias keeps serving the old version until :meth:`promote` (or
+                name (answers held until its canary passed) and canaried, but the alias keeps serving the old
+                version until :meth:`promote` (or
                 :meth:`discard`) — the promotion gate evaluates a staged version before it serves by default.
 
         Returns:
@@ -168,7 +177,7 @@ class HotSwapper:
             AdapterIncompatibleError: base model or rank do not fit the server (nothing was loaded).
             ServingError: too many versions in flight for ``--max-loras``, the load failed, or the canary
                 failed (including: the weights differ from the old version's but the answer does not);
-                the old version keeps serving in every case.
+                the old version keeps serving in every case (and serves the calls held for the new one).
         """
         with self._lock:
             check_adapter(
@@ -188,10 +197,14 @@ class HotSwapper:
                 if weights is not None:
                     self._weights[name] = weights
             upstream = self._upstream(name)
+            old = self.router.alias(self.alias)
+            if old is not None:  # its answers wait for the canary's verdict (gateway/probation.py)
+                self.router.start_probation(name, old)
             self.router.register(name, upstream)
             try:
-                self.last_canary = self._canary(name, upstream, canary or self.canary)
+                self.last_canary = self._canary(name, upstream, canary or self.canary, old, flip)
             except BaseException as exc:
+                self.router.end_probation(name, passed=False)  # the alias and held calls go back to ``old``
                 with self._state:
                     self._aborted.add(name)
                 self._retire(name)
@@ -200,12 +213,15 @@ class HotSwapper:
                 raise ServingError(
                     f"canary for {name} failed: {exc!r}; the old version keeps serving"
                 ) from exc
-            return self._flip(name) if flip else name
+            self.router.end_probation(name, passed=True)
+            return self._flip(name, previous=old) if flip else name
 
-    def _flip(self, name: str, retire_old: bool = False) -> str:
-        """Point the alias at ``name`` (registered); the old target joins the retained versions (or drains
-        at once with ``retire_old``), and versions beyond ``retain`` drain. Call under ``self._lock``."""
+    def _flip(self, name: str, retire_old: bool = False, previous: str | None = None) -> str:
+        """Point the alias at ``name`` (registered); the old target (``previous`` when the alias was moved
+        already) joins the retained versions (or drains at once with ``retire_old``), and versions beyond
+        ``retain`` drain. Call under ``self._lock``."""
         old = self.router.set_alias(self.alias, name)
+        old = previous if old == name and previous is not None else old
         log.info("alias %s → %s (was %s)", self.alias, name, old)
         if name in self._retained:
             self._retained.remove(name)
@@ -286,10 +302,14 @@ class HotSwapper:
                 log.info("draining %s again (an earlier drain timed out)", version)
                 self._drain_in_background(version)
 
-    def _canary(self, name: str, upstream: Upstream, canary: Canary) -> CanaryResult:
-        """Run ``canary`` on the new version; where its weights must differ from the old version's, compare
-        fingerprints (probing the old version first when none of the same probe is remembered)."""
-        old = self.router.alias(self.alias)
+    def _canary(
+        self, name: str, upstream: Upstream, canary: Canary, old: str | None, flip: bool
+    ) -> CanaryResult:
+        """Run ``canary`` on the new version; where its weights must differ from the old version's (``old``,
+        the alias target), compare fingerprints (probing the old version first when none of the same probe is
+        remembered). With ``flip`` (and an ``old`` to fall back to) the alias moves onto the new version, on
+        probation, just before the canary is sent: the first client calls reach the engine with the canary
+        and their answers wait for its verdict."""
         differ = self._differ(name, old)
         known = self._probes.get(old) if old is not None else None
         probe = getattr(canary, "probe", None)
@@ -303,6 +323,11 @@ class HotSwapper:
             else:
                 with self._state:
                     self._probes[old] = known  # type: ignore[index]
+        if flip and old is not None:
+            self.router.set_alias(self.alias, name)
+            log.info(
+                "%s takes alias %s's calls on probation (its answers wait for its canary)", name, self.alias
+            )
         result = canary(upstream)
         result.change = fingerprint_change(result, known) if known is not None else None
         if differ and result.change is not None and result.change <= self.min_change:
