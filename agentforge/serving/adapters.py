@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,7 @@ __all__ = [
     "AdapterInfo",
     "AdapterWeights",
     "adapter_weights",
+    "adapter_weights_later",
     "read_adapter",
     "check_adapter",
     "check_max_lora_rank",
@@ -224,3 +227,34 @@ def adapter_weights(path: str | Path) -> AdapterWeights:
     b_tensors = [v["data_offsets"] for k, v in header.items() if k != "__metadata__" and "lora_B" in k]
     zero = bool(b_tensors) and all(not data[start + a : start + b].strip(b"\0") for a, b in b_tensors)
     return AdapterWeights(digest, zero=zero)
+
+
+def adapter_weights_later(path: str | Path) -> Callable[[], AdapterWeights]:
+    """Start :func:`adapter_weights` on a daemon thread (the read and the hash release the GIL), so it runs
+    beside other work: a hot swap hashes the weights while the engine loads them.
+
+    Args:
+        path: the adapter directory.
+
+    Returns:
+        A function that waits for the result and returns it, or raises what :func:`adapter_weights` raised
+        (``UserError``).
+    """
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = adapter_weights(path)
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name="adapter-weights")
+    thread.start()
+
+    def result() -> AdapterWeights:
+        thread.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    return result

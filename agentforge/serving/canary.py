@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import threading
 import time
@@ -30,8 +31,11 @@ import httpx
 
 from agentforge.errors import ServingError
 from agentforge.gateway.router import Upstream
+from agentforge.serving.adapters import AdapterWeights
 
-__all__ = ["Canary", "CanaryResult", "ChatCanary", "PromptCanary", "fingerprint_change"]
+__all__ = ["Canary", "CanaryJudge", "CanaryResult", "ChatCanary", "PromptCanary", "fingerprint_change"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -249,3 +253,97 @@ def fingerprint_change(new: CanaryResult, old: CanaryResult) -> float | None:
     if new.fingerprint.keys() != old.fingerprint.keys():
         return math.inf
     return max(abs(v - old.fingerprint[k]) for k, v in new.fingerprint.items())
+
+
+class CanaryJudge:
+    """What serving knows of each version (its weights' summary, its last canary answer) and the verdict on a new
+    version's canary: it must answer, and where its weights are known to differ from the old version's (other
+    digests, not both all-zero LoRAs) its fingerprint must differ from the old version's on the same probe by
+    more than ``min_change`` nats. Thread-safe.
+
+    Args:
+        min_change: the smallest log-prob change that counts as answering differently (nats).
+    """
+
+    def __init__(self, min_change: float = 0.0) -> None:
+        self.min_change = min_change
+        self._lock = threading.Lock()
+        self._weights: dict[str, AdapterWeights] = {}  # version → its weights' summary, where known
+        self._probes: dict[str, CanaryResult] = {}  # version → its last canary answer (fingerprint)
+
+    def know(self, version: str, weights: AdapterWeights | None) -> None:
+        """Remember ``version``'s weights (``None``: unknown; it is then never required to differ)."""
+        if weights is not None:
+            with self._lock:
+                self._weights[version] = weights
+
+    def forget(self, version: str) -> None:
+        """Drop what is known of ``version`` (it was unloaded)."""
+        with self._lock:
+            self._weights.pop(version, None)
+            self._probes.pop(version, None)
+
+    def differ(self, new: str, old: str | None) -> bool:
+        """Whether ``new`` must answer differently from ``old``: both weights known, not both all-zero LoRAs (or
+        the base model), and different digests."""
+        with self._lock:
+            new_w, old_w = self._weights.get(new), self._weights.get(old or "")
+        if new_w is None or old_w is None or (new_w.zero and old_w.zero):
+            return False
+        return new_w.digest != old_w.digest
+
+    def judge(
+        self,
+        name: str,
+        upstream: Upstream,
+        canary: Canary,
+        old: str | None,
+        old_upstream: Callable[[], Upstream],
+        before: Callable[[], None] | None = None,
+    ) -> CanaryResult:
+        """Run ``canary`` on the new version ``name`` and compare it with ``old`` where it must differ.
+
+        The old version is probed first (never in the same batch) when no answer of the same probe is
+        remembered: with a concurrent probe the vLLM test suite once saw a trained LoRA answer exactly like the
+        base (suspect: a mixed base/LoRA batch).
+
+        Args:
+            name: the new version.
+            upstream: where it is served.
+            canary: the check to run.
+            old: the version it replaces (``None``: none).
+            old_upstream: where ``old`` is served (called only when it must be probed).
+            before: called just before the canary request is sent (the swap's probation flip).
+
+        Returns:
+            The canary's answer, with ``change`` set where a comparison was made.
+
+        Raises:
+            ServingError: the canary failed, or ``name`` answers like ``old`` although its weights differ.
+            Exception: whatever ``canary`` raised.
+        """
+        differ = self.differ(name, old)
+        with self._lock:
+            known = self._probes.get(old) if old is not None else None
+        probe = getattr(canary, "probe", None)
+        if differ and callable(probe) and (known is None or known.probe != getattr(canary, "key", None)):
+            try:
+                known = probe(old_upstream())
+            except Exception as exc:  # noqa: BLE001 - the old version's probe only informs the check
+                log.info("could not probe %s for the canary comparison: %s", old, exc)
+            else:
+                with self._lock:
+                    self._probes[old] = known  # type: ignore[index]  # differ implies old
+        if before is not None:
+            before()
+        result = canary(upstream)
+        result.change = fingerprint_change(result, known) if known is not None else None
+        if differ and result.change is not None and result.change <= self.min_change:
+            raise ServingError(
+                f"canary: {name} answers like {old} (largest log-prob change {result.change:.3g} <= "
+                f"min_change {self.min_change}) although its weights differ; the engine did not apply the "
+                "adapter. The old version keeps serving"
+            )
+        with self._lock:
+            self._probes[name] = result
+        return result

@@ -34,9 +34,16 @@ from pathlib import Path
 
 from agentforge.errors import AgentForgeError, ConfigError, NotFoundError, ServingError, UserError
 from agentforge.gateway.router import ModelRouter, Upstream
-from agentforge.serving.adapters import AdapterWeights, adapter_weights, check_adapter
+from agentforge.serving.adapters import AdapterWeights, adapter_weights_later, check_adapter
 from agentforge.serving.base import PolicyServer
-from agentforge.serving.canary import Canary, CanaryResult, ChatCanary, PromptCanary, fingerprint_change
+from agentforge.serving.canary import (
+    Canary,
+    CanaryJudge,
+    CanaryResult,
+    ChatCanary,
+    PromptCanary,
+    fingerprint_change,
+)
 from agentforge.types import Version
 
 __all__ = ["Canary", "CanaryResult", "ChatCanary", "HotSwapper", "PromptCanary", "fingerprint_change"]
@@ -81,7 +88,9 @@ class HotSwapper:
     ) -> None:
         self.server, self.router, self.alias = server, router, alias
         self.canary: Canary = canary or PromptCanary()
-        self.drain_timeout_s, self.min_change = drain_timeout_s, min_change
+        self.drain_timeout_s = drain_timeout_s
+        #: remembers each version's weights and canary answer, and judges a new version's canary
+        self.judge = CanaryJudge(min_change)
         self.max_loras: int | None = getattr(server, "max_loras", None)
         if self.max_loras is not None and self.max_loras < 2:
             raise ConfigError(f"max_loras={self.max_loras}: a hot swap needs at least 2 (old + new version)")
@@ -104,8 +113,6 @@ class HotSwapper:
         self._used: set[str] = set()
         self._live: set[str] = set()  # adapter versions loaded by this swapper and not yet unloaded
         self._drains: list[threading.Thread] = []
-        self._weights: dict[str, AdapterWeights] = {}  # version → its weights' summary, where known
-        self._probes: dict[str, CanaryResult] = {}  # version → its last canary answer (fingerprint)
         self._paths: dict[str, str] = {}  # live version → its adapter directory (to reload after a restart)
         self._aborted: set[str] = set()  # names loaded by a swap that failed: free again after a restart
 
@@ -126,7 +133,7 @@ class HotSwapper:
         self.router.register(name, self._upstream(self.server.base_model_name))
         with self._state:
             self._used.add(name)
-            self._weights[name] = AdapterWeights(digest="", zero=True)
+        self.judge.know(name, AdapterWeights(digest="", zero=True))
         if self.router.alias(self.alias) is None:
             self.router.set_alias(self.alias, name)
         return name
@@ -183,26 +190,33 @@ class HotSwapper:
             check_adapter(
                 adapter_path, base_model=self.server.base_model, max_lora_rank=self.server.max_lora_rank
             )
-            try:
-                weights: AdapterWeights | None = adapter_weights(adapter_path)
-            except UserError:  # no readable weight file: nothing known about how it must answer
-                weights = None
+            hashing = adapter_weights_later(adapter_path)  # read and hashed while the engine loads it
             name = self._new_name(version)
             self._wait_for_slot(name)
             self.server.load_adapter(name, str(adapter_path))
+            try:
+                weights: AdapterWeights | None = hashing()
+            except UserError:  # no readable weight file: nothing known about how it must answer
+                weights = None
             with self._state:
                 self._used.add(name)
                 self._live.add(name)
                 self._paths[name] = str(adapter_path)
-                if weights is not None:
-                    self._weights[name] = weights
+            self.judge.know(name, weights)
             upstream = self._upstream(name)
             old = self.router.alias(self.alias)
             if old is not None:  # its answers wait for the canary's verdict (gateway/probation.py)
                 self.router.start_probation(name, old)
             self.router.register(name, upstream)
             try:
-                self.last_canary = self._canary(name, upstream, canary or self.canary, old, flip)
+                self.last_canary = self.judge.judge(
+                    name,
+                    upstream,
+                    canary or self.canary,
+                    old,
+                    lambda: self.router.resolve(old)[1],  # type: ignore[arg-type]  # probed only with an old
+                    (lambda: self._probation_flip(name)) if flip and old is not None else None,
+                )
             except BaseException as exc:
                 self.router.end_probation(name, passed=False)  # the alias and held calls go back to ``old``
                 with self._state:
@@ -215,6 +229,12 @@ class HotSwapper:
                 ) from exc
             self.router.end_probation(name, passed=True)
             return self._flip(name, previous=old) if flip else name
+
+    def _probation_flip(self, name: str) -> None:
+        """Move the alias onto ``name`` (on probation) just before its canary is sent: the first client calls
+        reach the engine with the canary and their answers wait for its verdict (module docstring)."""
+        self.router.set_alias(self.alias, name)
+        log.info("%s takes alias %s's calls on probation (its answers wait for its canary)", name, self.alias)
 
     def _flip(self, name: str, retire_old: bool = False, previous: str | None = None) -> str:
         """Point the alias at ``name`` (registered); the old target (``previous`` when the alias was moved
@@ -301,53 +321,6 @@ class HotSwapper:
             if version not in keep:
                 log.info("draining %s again (an earlier drain timed out)", version)
                 self._drain_in_background(version)
-
-    def _canary(
-        self, name: str, upstream: Upstream, canary: Canary, old: str | None, flip: bool
-    ) -> CanaryResult:
-        """Run ``canary`` on the new version; where its weights must differ from the old version's (``old``,
-        the alias target), compare fingerprints (probing the old version first when none of the same probe is
-        remembered). With ``flip`` (and an ``old`` to fall back to) the alias moves onto the new version, on
-        probation, just before the canary is sent: the first client calls reach the engine with the canary
-        and their answers wait for its verdict."""
-        differ = self._differ(name, old)
-        known = self._probes.get(old) if old is not None else None
-        probe = getattr(canary, "probe", None)
-        if differ and callable(probe) and (known is None or known.probe != getattr(canary, "key", None)):
-            # Probed before the new version, never in the same batch: with a concurrent probe the vLLM test
-            # suite once saw a trained LoRA answer exactly like the base (suspect: a mixed base/LoRA batch).
-            try:
-                known = probe(self.router.resolve(old)[1])  # type: ignore[arg-type]  # differ implies old
-            except Exception as exc:  # noqa: BLE001 - the old version's probe only informs the check
-                log.info("could not probe %s for the canary comparison: %s", old, exc)
-            else:
-                with self._state:
-                    self._probes[old] = known  # type: ignore[index]
-        if flip and old is not None:
-            self.router.set_alias(self.alias, name)
-            log.info(
-                "%s takes alias %s's calls on probation (its answers wait for its canary)", name, self.alias
-            )
-        result = canary(upstream)
-        result.change = fingerprint_change(result, known) if known is not None else None
-        if differ and result.change is not None and result.change <= self.min_change:
-            raise ServingError(
-                f"canary: {name} answers like {old} (largest log-prob change {result.change:.3g} <= "
-                f"min_change {self.min_change}) although its weights differ; the engine did not apply the "
-                "adapter. The old version keeps serving"
-            )
-        with self._state:
-            self._probes[name] = result
-        return result
-
-    def _differ(self, name: str, old: str | None) -> bool:
-        """Whether ``name`` must answer differently from ``old``: both weights known, not both all-zero
-        LoRAs (or the base model), and different digests."""
-        with self._state:
-            new_w, old_w = self._weights.get(name), self._weights.get(old or "")
-        if new_w is None or old_w is None or (new_w.zero and old_w.zero):
-            return False
-        return new_w.digest != old_w.digest
 
     def reload(self) -> list[str]:
         """Serve every live version again after the engine restarted (it then serves no adapter).
@@ -449,8 +422,7 @@ class HotSwapper:
             with self._state:
                 self._live.discard(version)
                 self._paths.pop(version, None)
-                self._weights.pop(version, None)
-                self._probes.pop(version, None)
+            self.judge.forget(version)
 
 
 def _version_or_none(name: str) -> Version | None:
