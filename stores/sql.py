@@ -232,9 +232,9 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             if rollout_id is not None:
                 rollout_row(s, rollout_id)
                 q = q.where(SpanRow.rollout_id == rollout_id)
-            if attempt_id is not None:
-                attempt_row(s, attempt_id)
-                q = q.where(SpanRow.attempt_id == attempt_id)
+            if attempt_id is not None:  # found through its rollout's index (af_spans.attempt_id has none)
+                attempt = attempt_row(s, attempt_id)
+                q = q.where(SpanRow.rollout_id == attempt.rollout_id, SpanRow.attempt_id == attempt_id)
             if kind is not None:
                 q = q.where(SpanRow.kind == SpanKind(kind).value)
             if tenant is not None:

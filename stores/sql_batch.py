@@ -13,7 +13,6 @@ written. Database errors propagate, so the transaction runner retries the whole 
 
 from __future__ import annotations
 
-import operator
 from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -26,12 +25,13 @@ from agentforge.stores.codec import stamped
 from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id
 from agentforge.stores.sql_cursor import BatchCursor
 from agentforge.stores.tables import (
+    SPAN_CELLS,
     RewardRow,
     SpanRow,
     reward_to_row,
     row_to_reward,
     row_to_span,
-    span_values,
+    span_cells,
 )
 from agentforge.types import AttemptState, Reward, RolloutState, Span, SpanKind
 
@@ -52,7 +52,9 @@ Result = Span | Reward | AgentForgeError
 
 _SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
-_span_row = operator.itemgetter(*_SPAN_FIELDS)  # a span's column values dict -> its row tuple
+#: The bulk insert's columns: the three the store stamps, then the span's own cells (:func:`span_cells`).
+_INSERT_FIELDS = ("seq", "rollout_id", "attempt_id", *SPAN_CELLS)
+_INSERT_COLUMNS = ", ".join(_INSERT_FIELDS)
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
 _FINISHED = frozenset(state.value for state in RolloutState if state.finished)  # rollout states, as stored
@@ -61,29 +63,30 @@ LATE = "late"
 
 
 class Prepared(NamedTuple):
-    """A span serialised ahead of its transaction (:func:`prepare_span`): its row's column values, or the
-    error the span alone fails with. :func:`write_spans` takes it in place of the span; with ``keep`` false
-    its result is ``None`` once it is written (no stored copy is built for a caller that reads none)."""
+    """A span serialised ahead of its transaction (:func:`prepare_span`): its row's cells (the values of the
+    columns :data:`~agentforge.stores.tables.SPAN_CELLS`), or the error the span alone fails with.
+    :func:`write_spans` takes it in place of the span; with ``keep`` false its result is ``None`` once it is
+    written (no stored copy is built for a caller that reads none)."""
 
     span: Span
-    values: dict[str, Any] | UserError
+    cells: tuple[Any, ...] | UserError
     keep: bool = True
 
 
 def prepare_span(span: Span, keep: bool = True) -> Prepared:
     """Serialise ``span``'s row now (in the caller's thread, while the writer thread waits on the database),
-    so the write transaction only stamps it. The row is what :func:`write_spans` would build itself.
+    so the write transaction only stamps it. The cells are what :func:`write_spans` would build itself.
 
     Args:
         span: the span.
         keep: whether its result is the stored span (``False``: ``None``, errors as usual).
     """
-    return Prepared(span, _values(span), keep)
+    return Prepared(span, _cells(span), keep)
 
 
-def _values(span: Span) -> dict[str, Any] | UserError:
+def _cells(span: Span) -> tuple[Any, ...] | UserError:
     try:
-        return span_values(span, 0)
+        return span_cells(span)
     except UserError as exc:
         return exc
     except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
@@ -135,54 +138,54 @@ def write_spans(connection: Any, dialect: Any, spans: Sequence[Span | Prepared])
 
 def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result]:
     """Insert a run of spans with one lookup per kind and one bulk insert (``COPY`` on PostgreSQL)."""
-    results: list[Result | None] = [None] * len(items)
-    values: list[dict[str, Any] | None] = [None] * len(items)
-    spans: list[Span] = [None] * len(items)  # type: ignore[list-item]
-    keep = [True] * len(items)  # False: the caller reads no stored copy, its result is None
-    for i, item in enumerate(items):  # serialise (and check scalar text) before touching the database
+    results: list[Result | None] = []
+    spans: list[Span] = []
+    cells: list[tuple[Any, ...] | UserError] = []
+    keep: list[bool] = []  # False: the caller reads no stored copy, its result is None
+    for item in items:  # serialise (and check scalar text) before touching the database
         if type(item) is Prepared:
-            span, row, keep[i] = item
-            if type(row) is dict:
-                row = dict(row)  # a retried transaction stamps a fresh copy
+            span, row, kept = item
         else:
-            span, row = item, _values(item)  # type: ignore[assignment]
-        spans[i] = span
-        if isinstance(row, UserError):
-            results[i] = row
-        else:
-            values[i] = row
-    rows_in = cur.rows_in  # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
-    ids = sorted({sp.span_id for sp, r in zip(spans, results, strict=True) if r is None})
+            span, row, kept = item, _cells(item), True  # type: ignore[assignment]
+        spans.append(span)  # type: ignore[arg-type]
+        cells.append(row)
+        keep.append(kept)
+        results.append(row if type(row) is UserError else None)
+    valid = [sp for sp, r in zip(spans, results, strict=True) if r is None]
+    # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
     existing: dict[str, Span] = {}
-    for row in rows_in(f"SELECT {_SPAN_COLUMNS} FROM af_spans WHERE span_id {{in_ids}}", ids):
+    for row in cur.rows_in(
+        _SPAN_COLUMNS, "FROM af_spans WHERE span_id {in_ids}", list({sp.span_id for sp in valid})
+    ):
         record = _SpanRecord(*row)
         existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
-    attempt_ids = sorted({sp.attempt_id for sp in spans if sp.attempt_id is not None})
+    attempt_ids = sorted({sp.attempt_id for sp in valid if sp.attempt_id is not None})
     attempts: dict[str, str] = {}  # attempt id -> rollout id
     attempt_states: dict[str, str] = {}  # attempt id -> its state
-    for a, r, state in rows_in(
-        "SELECT attempt_id, rollout_id, state FROM af_attempts WHERE attempt_id {in_ids}", attempt_ids
-    ):
+    by_id = "FROM af_attempts WHERE attempt_id {in_ids}"
+    for a, r, state in cur.rows_in("attempt_id, rollout_id, state", by_id, attempt_ids, packed=True):
         attempts[a], attempt_states[a] = r, state
     rollout_ids = sorted(
-        {sp.rollout_id for sp in spans if sp.rollout_id is not None}
-        | {attempts[a] for a in attempt_ids if a in attempts}
+        {sp.rollout_id for sp in valid if sp.rollout_id is not None} | {attempts[a] for a in attempts}
     )
     rollouts: dict[str, tuple[str, int]] = {}  # rollout id -> (state, attempts)
     running: dict[str, tuple[int, str]] = {}  # rollout id -> (number, attempt id) of its running attempt
-    sql = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
-        "SELECT r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state FROM af_rollouts r "
-        "LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id {in_ids}"
+    columns = "r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state"
+    source = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
+        "FROM af_rollouts r LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id {in_ids}"
     )
     if cur.postgres:  # a concurrent finish_attempt waits for this batch (or this batch sees it): see _late
-        sql += " FOR SHARE OF r"
-    for rollout_id, rollout_state, tries, number, attempt_id, state in rows_in(sql, rollout_ids):
+        source += " FOR SHARE OF r"
+    for rollout_id, rollout_state, tries, number, attempt_id, state in cur.rows_in(
+        columns, source, rollout_ids, packed=True
+    ):
         rollouts[rollout_id] = (rollout_state, tries)
         if state == _RUNNING and (rollout_id not in running or number > running[rollout_id][0]):
             running[rollout_id] = (number, attempt_id)
 
     pending: list[tuple[int, str | None, str | None]] = []  # (index, stored rollout id, attempt id)
     taken: dict[str, int] = {}  # span id -> index of its first occurrence in this run
+    repeated = False
     for i, span in enumerate(spans):
         if results[i] is not None:
             continue
@@ -190,7 +193,8 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
             results[i] = existing[span.span_id] if keep[i] else None
             continue
         if span.span_id in taken:
-            continue  # a duplicate inside the batch: resolved below to the first occurrence's result
+            repeated = True  # a duplicate inside the batch: resolved below to the first occurrence's result
+            continue
         try:
             rollout_id, attempt_id = _stamp(span, attempts, rollouts, running)
         except AgentForgeError as exc:
@@ -199,25 +203,24 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         why = _late(span, rollout_id, attempt_id, attempt_states, rollouts)
         if why is not None:  # quarantined: stored and listed, never part of the rollout's valid spans
             spans[i] = span = span.model_copy(update={"attributes": {**span.attributes, **late_marks(why)}})
-            values[i] = span_values(span, 0)
+            cells[i] = span_cells(span)
         taken[span.span_id] = i
         pending.append((i, rollout_id, attempt_id))
     if pending:
-        rows = []
+        values: list[Any] = []  # the rows one after the other, in _INSERT_FIELDS order
         for (i, rollout_id, attempt_id), seq in zip(pending, cur.next_seqs(len(pending)), strict=True):
-            row = values[i]
-            assert row is not None
-            row.update(seq=seq, rollout_id=rollout_id, attempt_id=attempt_id)
-            rows.append(_span_row(row))
+            values += (seq, rollout_id, attempt_id)
+            values += cells[i]  # type: ignore[arg-type]
             if keep[i]:
                 results[i] = stamped(
                     spans[i], {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
                 )
-        cur.insert_rows("af_spans", _SPAN_COLUMNS, len(_SPAN_FIELDS), rows)
-    for i, span in enumerate(spans):
-        first = taken.get(span.span_id, i)
-        if first != i:  # a duplicate id later in the batch: the first occurrence's result
-            results[i] = results[first]
+        cur.insert_rows("af_spans", _INSERT_COLUMNS, len(_INSERT_FIELDS), values)
+    if repeated:
+        for i, span in enumerate(spans):
+            first = taken.get(span.span_id, i)
+            if first != i:  # a duplicate id later in the batch: the first occurrence's result
+                results[i] = results[first]
     return results  # type: ignore[return-value]
 
 

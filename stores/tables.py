@@ -41,6 +41,8 @@ __all__ = [
     "attempt_to_row",
     "row_to_attempt",
     "span_values",
+    "span_cells",
+    "SPAN_CELLS",
     "span_to_row",
     "row_to_span",
     "reward_to_row",
@@ -113,14 +115,17 @@ class SpanRow(SQLModel, table=True):
 
     On SQLite ``seq`` is the rowid (``INTEGER PRIMARY KEY``), so rows lie in sequence order and an insert
     touches one B-tree fewer; files made before this keep a ``BIGINT`` key with its own index, which works
-    the same, only slower."""
+    the same, only slower.
+
+    ``attempt_id`` has no index: ``list_spans`` finds an attempt's spans through its rollout's index, and each
+    insert writes one index entry fewer (older tables keep theirs, written in vain)."""
 
     __tablename__ = "af_spans"
 
     seq: int = Field(primary_key=True, sa_type=_BIGINT, sa_column_kwargs={"autoincrement": False})
     span_id: str = Field(unique=True, index=True, max_length=200)
     rollout_id: str | None = Field(default=None, index=True, max_length=200)
-    attempt_id: str | None = Field(default=None, index=True, max_length=200)
+    attempt_id: str | None = Field(default=None, max_length=200)
     kind: str = Field(max_length=20)
     name: str = ""
     status: str = Field(default="ok", max_length=10)
@@ -252,27 +257,42 @@ def _llm_json(llm: LLMCall) -> str:
     return fast_dumps(fields)
 
 
+#: The columns :func:`span_cells` fills, in its order: all but ``seq``, ``rollout_id``, ``attempt_id`` (stamped).
+SPAN_CELLS = ("span_id", "kind", "name", "status", "error", "llm_json", "attributes_json", "started_at", "ended_at", "tenant")  # fmt: skip
+
+
+def span_cells(s: Span) -> tuple[Any, ...]:
+    """Span → the values of its row's :data:`SPAN_CELLS` columns, in that order (the bulk insert's part of a
+    row that does not depend on the store); its ``rollout_id`` and ``attempt_id`` are checked too.
+
+    Raises:
+        UserError: a scalar field holds ``NUL`` or a lone surrogate, or an id is not valid.
+    """
+    span_id = ident("span_id", s.span_id)
+    ident("rollout_id", s.rollout_id)
+    ident("attempt_id", s.attempt_id)
+    return (
+        span_id,
+        s.kind.value,
+        plain("span name", s.name),
+        s.status,
+        plain("span error", s.error),
+        None if s.llm is None else _llm_json(s.llm),
+        fast_dumps(s.attributes),
+        s.started_at,
+        s.ended_at,
+        None if s.tenant is None else check_tenant(s.tenant),
+    )
+
+
 def span_values(s: Span, seq: int) -> dict[str, Any]:
     """Span → the column values of its row (for bulk inserts), with sequence number ``seq``.
 
     Raises:
         UserError: a scalar field holds ``NUL`` or a lone surrogate.
     """
-    return {
-        "seq": seq,
-        "span_id": ident("span_id", s.span_id),
-        "rollout_id": ident("rollout_id", s.rollout_id),
-        "attempt_id": ident("attempt_id", s.attempt_id),
-        "kind": s.kind.value,
-        "name": plain("span name", s.name),
-        "status": s.status,
-        "error": plain("span error", s.error),
-        "llm_json": None if s.llm is None else _llm_json(s.llm),
-        "attributes_json": fast_dumps(s.attributes),
-        "started_at": s.started_at,
-        "ended_at": s.ended_at,
-        "tenant": None if s.tenant is None else check_tenant(s.tenant),
-    }
+    values = dict(zip(SPAN_CELLS, span_cells(s), strict=True))
+    return {"seq": seq, "rollout_id": s.rollout_id, "attempt_id": s.attempt_id, **values}
 
 
 def span_to_row(s: Span, seq: int) -> SpanRow:

@@ -195,34 +195,47 @@ class GroupCommitWriter(Generic[T, R]):
                 if self._closed:
                     return None
                 self._cond.wait()
-            n = min(len(self._queue), self.max_batch)
-            return [self._queue.popleft() for _ in range(n)]
+            if len(self._queue) <= self.max_batch:  # everything queued (the usual case): one copy
+                batch = list(self._queue)
+                self._queue.clear()
+                return batch
+            return [self._queue.popleft() for _ in range(self.max_batch)]
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
-            live = [(item, f) for item, f in batch if _wanted(f)]
-            if not live:
+            items: list[T] = []
+            sinks: list[_Sink] = []
+            for item, sink in batch:  # skip what its caller cancelled before the writer took it
+                if type(sink) is tuple:
+                    group = sink[0]
+                    if not (group.live if group.live is not None else group.start()):
+                        continue
+                elif isinstance(sink, Future) and not sink.set_running_or_notify_cancel():
+                    continue
+                items.append(item)
+                sinks.append(sink)
+            if not items:
                 continue
             outcomes: list[R | BaseException]
             try:
-                results = self._write_batch([item for item, _ in live])
-                if len(results) != len(live):
-                    raise RuntimeError(f"write_batch returned {len(results)} results for {len(live)} items")
+                results = self._write_batch(items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"write_batch returned {len(results)} results for {len(items)} items")
                 outcomes = list(results)
             except BaseException as exc:  # the batch failed as a whole: every caller gets the error
-                logger.debug("%s: a batch of %d items failed: %s", self._name, len(live), exc)
-                outcomes = [exc] * len(live)
+                logger.debug("%s: a batch of %d items failed: %s", self._name, len(items), exc)
+                outcomes = [exc] * len(items)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[R], R | BaseException]]] = {}
-            for (_, fut), outcome in zip(live, outcomes, strict=True):
-                if type(fut) is tuple:
-                    fut[0].settle(fut[1], outcome)
-                elif isinstance(fut, Future):
+            for sink, outcome in zip(sinks, outcomes, strict=True):
+                if type(sink) is tuple:
+                    sink[0].settle(sink[1], outcome)
+                elif isinstance(sink, Future):
                     if isinstance(outcome, BaseException):
-                        fut.set_exception(outcome)
+                        sink.set_exception(outcome)
                     else:
-                        fut.set_result(outcome)
+                        sink.set_result(outcome)
                 else:
-                    by_loop.setdefault(fut.get_loop(), []).append((fut, outcome))
+                    by_loop.setdefault(sink.get_loop(), []).append((sink, outcome))
             for loop, settled in by_loop.items():
                 try:
                     loop.call_soon_threadsafe(_settle, settled)
@@ -231,13 +244,6 @@ class GroupCommitWriter(Generic[T, R]):
             if (listener := self.on_commit) is not None:
                 stored = [o for o in outcomes if o is not None and not isinstance(o, BaseException)]
                 _notify(listener, stored, self._name)
-
-
-def _wanted(sink: _Sink) -> bool:
-    """Whether an item is still to be written: its caller did not cancel it before the writer took it."""
-    if type(sink) is tuple:
-        return sink[0].start()  # type: ignore[no-any-return]
-    return not isinstance(sink, Future) or sink.set_running_or_notify_cancel()
 
 
 def _notify(listener: Callable[[Sequence[R]], None], stored: list[R], name: str) -> None:
