@@ -259,6 +259,56 @@ class StreamCapture:
             finished = self._feed_choice(choice) or finished
         return finished
 
+    def feed_token(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """Add one chunk if it is a plain token's chunk, as nearly every chunk of a stream is: one choice
+        (index 0) without ``finish_reason``, prompt ids or tool-call deltas, no ``usage`` or ``error``, the
+        stream's ``id``. Adds exactly what :meth:`feed` would and skips its general checks.
+
+        Args:
+            chunk: a decoded ``data:`` payload of the engine's stream.
+
+        Returns:
+            The chunk's choice when it was added; ``None`` (nothing added) for any other chunk, which
+            :meth:`feed` takes.
+        """
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        if (
+            type(choice) is not dict
+            or choice.get("finish_reason") is not None
+            or choice.get("index", 0) != 0
+            or choice.get("prompt_token_ids") is not None
+            or chunk.get("prompt_token_ids") is not None
+            or chunk.get("usage") is not None
+            or "error" in chunk
+            or ("id" in chunk and chunk["id"] != self._last.get("id"))
+        ):
+            return None
+        if self.endpoint == "chat":
+            delta = choice.get("delta")
+            if type(delta) is not dict or "tool_calls" in delta:
+                return None
+            text = delta.get("content")
+        else:
+            text = choice.get("text")
+        ids = choice.get("token_ids")
+        if type(ids) is list and (not ids or set(map(type, ids)) == _INT_ONLY):
+            if self._ids is None:
+                self._ids = list(ids)
+            else:
+                self._ids.extend(ids)
+        lps = _logprobs(choice, self.endpoint)
+        if lps is not None:
+            if self._logprobs is None:
+                self._logprobs = lps
+            else:
+                self._logprobs.extend(lps)
+        if isinstance(text, str):
+            self._text.append(text)
+        return choice
+
     def _feed_choice(self, choice: dict[str, Any]) -> bool:
         if self._prompt_ids is None:
             self._prompt_ids = _int_list(choice.get("prompt_token_ids"))

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from fastapi.responses import JSONResponse
 
 from agentforge.errors import NotFoundError, UserError
@@ -49,13 +48,10 @@ class SpanRecorder:
         ctx: CallContext,
         llm: LLMCall,
         error: str | None = None,
-        *,
-        shield: bool = False,
         **attributes: Any,
     ) -> None:
-        """Write the call's span; store failures are logged, not raised. The write itself always finishes
-        (``asyncio.shield``); ``shield`` also shields the wait from anyio cancel scopes (a streamed
-        response's task group cancels when its client leaves; a unary call has none)."""
+        """Write the call's span and wait until it is committed; store failures are logged, not raised.
+        The write itself always finishes (``asyncio.shield``), even when the waiting caller is cancelled."""
         self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
         if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
             llm, sealed = ctx.privacy.seal(llm)
@@ -75,11 +71,7 @@ class SpanRecorder:
         )
         if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
             self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
-        if shield:
-            with anyio.CancelScope(shield=True):
-                await self._write(span)
-        else:
-            await self._write(span)
+        await self._write(span)
 
     def _orphan(self, span: Span, why: str) -> None:
         span.attributes["orphan"] = True

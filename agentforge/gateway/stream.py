@@ -1,10 +1,15 @@
 """Relay an engine's server-sent-event stream to the client while capturing it.
 
 The client receives valid SSE (``data: {...}\\n\\n`` ... ``data: [DONE]\\n\\n``) shaped by
-:func:`~agentforge.gateway.wire.shape_chunk`. The span is written *before* ``[DONE]`` is sent, so a
-client that finished reading the stream finds its span in the store. The router's in-flight count is
-released exactly once: when the stream ends, fails, or the client disconnects (then the span is kept
-with ``status="error"``, ``attributes["client_disconnected"] = True`` and what arrived so far).
+:func:`~agentforge.gateway.wire.shape_chunk`: the events of each read from the engine in one write. The span
+is written *before* ``[DONE]`` is sent, so a client that finished reading the stream finds its span in the
+store; the stream's last events (the finishing chunk, the usage chunk) wait for it too and end the response
+with ``[DONE]`` in one write. Plain token chunks, nearly all of a stream, take a short path
+(:meth:`~agentforge.gateway.capture.StreamCapture.feed_token`,
+:func:`~agentforge.gateway.wire.shape_token_chunk`) that captures and forwards exactly what the general
+one does. The router's in-flight count is released exactly once: when the stream ends, fails, or the client
+disconnects (then the span is kept with ``status="error"``, ``attributes["client_disconnected"] = True`` and
+what arrived so far).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from agentforge.gateway.wire import (
     error_body,
     normalise_empty_arguments,
     shape_chunk,
+    shape_token_chunk,
+    short_numbers,
 )
 
 logger = logging.getLogger("agentforge.gateway")
@@ -40,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["SSEReader", "sse_batches", "StreamRelay", "relay_response"]
 
 _DONE = b"data: [DONE]\n\n"
+#: The stream's response headers, as ``StreamingResponse(media_type="text/event-stream", headers=...)`` sets them.
+_SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8"))
 #: Longest wait for the engine's last bytes after ``[DONE]``, seconds; the connection is closed after it.
 _DRAIN_S = 0.25
 
@@ -96,14 +105,14 @@ async def sse_batches(response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
 
 def _simple_events(block: bytes) -> list[bytes] | None:
     """The payloads of a block of whole one-line ``data: ...`` events (how vLLM writes each read), or
-    ``None`` for anything else (partial events, comments, ``\\r``, multi-line data: the general parser)."""
-    if not block.endswith(b"\n\n") or b"\r" in block:
+    ``None`` for anything else (partial events, comments, ``\\r``, multi-line data: the general parser).
+
+    Split at C speed: when every newline of the block belongs to an event's closing ``\\n\\n``, the
+    pieces between ``\\n\\ndata: `` are exactly the events' payloads."""
+    if not block.startswith(b"data: ") or not block.endswith(b"\n\n") or b"\r" in block:
         return None
-    events = block[:-2].split(b"\n\n")
-    for event in events:
-        if not event.startswith(b"data: ") or b"\n" in event:
-            return None
-    return [event[6:] for event in events]
+    events = block[6:-2].split(b"\n\ndata: ")
+    return events if block.count(b"\n") == 2 * len(events) else None
 
 
 async def _drain(response: UpstreamResponse, limit: int = 64) -> None:
@@ -142,66 +151,83 @@ class StreamRelay:
         self.gateway, self.ctx, self.response, self.ask, self._release = gateway, ctx, response, ask, release
         self.capture = StreamCapture(ctx.endpoint)
         self.tools = ToolCallDeltas()  # chat only: tool-call deltas in the shape clients accumulate
+        self._reader = SSEReader()
         self._recorded = False
         self._closed = False
+        self._ended = False  # [DONE] handed out
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The SSE bytes for the client: the events of each upstream read in one piece."""
+        """The SSE bytes for the client: the events of each upstream read in one piece; the last piece
+        ends with ``[DONE]``."""
+        while True:
+            piece, last = await self.next_piece()
+            if piece:
+                yield piece
+            if last:
+                return
+
+    async def next_piece(self) -> tuple[bytes, bool]:
+        """The client's next bytes: the events of the next upstream read, and whether they are the last.
+
+        The last piece holds the stream's final events and ``[DONE]`` together: it is returned once the span
+        is recorded (see the module docstring), so the client gets the stream's end in one write.
+        """
+        if self._ended:
+            return b"", True
+        out: list[bytes] = []
         error: str | None = None
-        reader, response = SSEReader(), self.response
+        response = self.response
         try:
-            while block := await response.read_block():
-                out: list[bytes] = []
-                finished, error = self._relay_all(reader.feed(block), out)
-                if out:
-                    yield b"".join(out)
-                if finished:
-                    if not response.close_after_end(_DRAIN_S):  # a client that cannot: read the rest here
-                        with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_S):
-                            await _drain(response)
-                    break
-                if error is not None:
-                    break
-            else:
-                out = []
-                finished, error = self._relay_all(reader.end(), out)
-                if out:
-                    yield b"".join(out)
-                # closed without [DONE]: the client must not take it as whole
+            block = await response.read_block()
+            if block:
+                finished, error = self._relay_all(self._reader.feed(block), out, short_numbers(block))
                 if not finished and error is None:
+                    return b"".join(out), False
+                if finished and not response.close_after_end(_DRAIN_S):  # a client that cannot: read here
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_S):
+                        await _drain(response)
+            else:
+                finished, error = self._relay_all(self._reader.end(), out, False)
+                if not finished and error is None:  # closed without [DONE]: the client must not take it whole
                     error = "upstream stream ended before [DONE]"
-                    yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
+                    out.append(_event(error_body(error, "upstream_error", "upstream_stream_error")))
         except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
             logger.warning("upstream stream for %s broke: %s", self.ctx.version, exc)
             error = f"upstream stream broke ({type(exc.__cause__ or exc).__name__})"
-            yield _event(error_body(error, "upstream_error", "upstream_stream_error"))
+            out.append(_event(error_body(error, "upstream_error", "upstream_stream_error")))
+        self._ended = True
         await self.finish(error)
-        yield _DONE
+        out.append(_DONE)
+        return b"".join(out), True
 
-    def _relay_all(self, payloads: list[bytes], out: list[bytes]) -> tuple[bool, str | None]:
-        """Relay ``payloads`` into ``out`` up to ``[DONE]`` or an error: ``(finished, error)``."""
+    def _relay_all(self, payloads: list[bytes], out: list[bytes], short: bool) -> tuple[bool, str | None]:
+        """Relay ``payloads`` into ``out`` up to ``[DONE]`` or an error: ``(finished, error)``; ``short``:
+        the payloads' block holds no long digit run (:func:`~agentforge.gateway.wire.short_numbers`)."""
+        feed_token, ask, version = self.capture.feed_token, self.ask, self.ctx.version
         for data in payloads:
             if data.strip() == b"[DONE]":
                 return True, None
-            error = self._relay(data, out)
+            try:
+                try:
+                    chunk, finite = decode_json_finite(data, short=short)
+                except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as text decoding would
+                    chunk, finite = decode_json(data.decode("utf-8", "replace")), False
+            except ValueError:
+                error = f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
+                out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
+                return False, error
+            if type(chunk) is dict and (choice := feed_token(chunk)) is not None:
+                shape_token_chunk(chunk, choice, ask, version)  # a token's chunk: nothing to repair
+                out.append(b"data: " + encode_json(chunk, finite=finite) + b"\n\n")
+                continue
+            error = self._relay(chunk, finite, out)
             if error is not None:
                 return False, error
         return False, None
 
-    def _relay(self, data: bytes, out: list[bytes]) -> str | None:
-        """Capture one upstream event and append what the client gets to ``out``; returns the error that
-        ends the stream (an event that is not JSON, or the engine's error event), else ``None``."""
-        try:
-            try:
-                chunk, finite = decode_json_finite(data)
-            except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as text decoding would
-                chunk, finite = decode_json(data.decode("utf-8", "replace")), False
-        except ValueError:
-            error = (
-                f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
-            )
-            out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
-            return error
+    def _relay(self, chunk: Any, finite: bool, out: list[bytes]) -> str | None:
+        """Capture one decoded upstream event (any shape) and append what the client gets to ``out``;
+        returns the error that ends the stream (the engine's error event), else ``None``."""
         if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
             out.append(_event(chunk))
             return str(chunk["error"].get("message") or chunk["error"])
@@ -222,8 +248,9 @@ class StreamRelay:
         if not self._closed:
             self._closed = True
             self._release()
-            with anyio.CancelScope(shield=True):
-                await self.response.aclose()
+            if not self.response.released:  # after close_after_end: nothing left to close
+                with anyio.CancelScope(shield=True):
+                    await self.response.aclose()
         if self._recorded:
             return
         self._recorded = True
@@ -235,7 +262,14 @@ class StreamRelay:
         if error is not None:
             llm.flags.append(flag)
             llm.trainable = False
-        await self.gateway.record(self.ctx, llm, error=error, shield=True, **attributes)
+        await self.gateway.record(
+            self.ctx, llm, error=error, **attributes
+        )  # the write itself always finishes
+
+    @property
+    def done(self) -> bool:
+        """Whether the span is recorded and the upstream response closed."""
+        return self._recorded and self._closed
 
     async def abort(self) -> None:
         """Finish after the client went away (no-op when the stream already finished)."""
@@ -260,26 +294,39 @@ class _RelayResponse(StreamingResponse):
 
     watch_disconnect = True
 
-    def __init__(self, relay: StreamRelay) -> None:
-        super().__init__(
-            relay.events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
+    media_type = "text/event-stream"
+
+    def __init__(self, relay: StreamRelay) -> None:  # what StreamingResponse's would set, without its checks
         self.relay = relay
+        self.body_iterator = self._events = relay.events()
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(_SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = self.relay
+        own = self.body_iterator is self._events  # not wrapped (privacy restores through the iterator)
         try:
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if own:  # the relay's pieces straight to the client; the last one ends the response
+                last = False
+                while not last:
+                    piece, last = await relay.next_piece()
+                    if piece or last:
+                        await send({"type": "http.response.body", "body": piece, "more_body": not last})
+            else:
+                async for chunk in self.body_iterator:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, ClientDisconnect):
             pass  # the client left: recorded by ``abort`` below; nothing left to answer
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await self.relay.abort()
+            if not own or not relay.done:
+                with anyio.CancelScope(shield=True):
+                    await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                    await relay.abort()
 
 
 def relay_response(relay: StreamRelay) -> StreamingResponse:

@@ -116,6 +116,11 @@ class UpstreamResponse:
             self.content = b"".join([block async for block in self.aiter_bytes()])
         return self.content
 
+    @property
+    def released(self) -> bool:
+        """Whether the connection was already released (:meth:`aclose` has nothing left to do)."""
+        return self._close is _nothing
+
     async def aclose(self) -> None:
         """Release the connection. Safe to call twice."""
         close, self._close = self._close, _nothing

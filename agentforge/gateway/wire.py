@@ -41,12 +41,14 @@ __all__ = [
     "upstream_body",
     "shape_response",
     "shape_chunk",
+    "shape_token_chunk",
     "normalise_empty_arguments",
     "error_body",
     "upstream_error_body",
     "encode_json",
     "decode_json",
     "decode_json_finite",
+    "short_numbers",
 ]
 
 Endpoint = Literal["chat", "completions"]
@@ -190,6 +192,22 @@ def shape_chunk(chunk: dict[str, Any], ask: ClientAsk, version: str) -> dict[str
     return chunk
 
 
+def shape_token_chunk(chunk: dict[str, Any], choice: dict[str, Any], ask: ClientAsk, version: str) -> None:
+    """:func:`shape_chunk` for a plain token's chunk: ``choice`` is its only choice, and its ``usage`` and
+    ``prompt_token_ids`` are absent or ``null`` (:meth:`~agentforge.gateway.capture.StreamCapture.feed_token`
+    checked it). Modifies ``chunk`` in place, as :func:`shape_chunk` would."""
+    if not ask.usage_chunk:
+        chunk.pop("usage", None)
+    if "model" in chunk:
+        chunk["model"] = version
+    if not ask.token_ids:
+        chunk.pop("prompt_token_ids", None)
+        choice.pop("token_ids", None)
+        choice.pop("prompt_token_ids", None)
+    if not ask.logprobs and "logprobs" in choice:
+        choice["logprobs"] = None
+
+
 def normalise_empty_arguments(chunk: dict[str, Any], indexes: list[int]) -> None:
     """Add an ``arguments: "{}"`` delta for each streamed tool call that received no arguments.
 
@@ -269,14 +287,24 @@ def encode_json(data: Any, *, finite: bool = False) -> bytes:
             return json.dumps(data, separators=(",", ":")).encode("ascii")
 
 
-def decode_json_finite(data: bytes) -> tuple[Any, bool]:
+def short_numbers(data: bytes) -> bool:
+    """Whether ``data`` holds no run of 19 or more digits, so that orjson reads every number in it exactly
+    (one check of a block of stream events stands for each event in it)."""
+    return _LONG_NUMBER not in data.translate(_DIGITS)
+
+
+def decode_json_finite(data: bytes, *, short: bool = False) -> tuple[Any, bool]:
     """:func:`decode_json`, and whether orjson read it (then the value holds no ``NaN``/``Infinity`` and
     may be written back with ``encode_json(value, finite=True)``).
+
+    Args:
+        data: UTF-8 JSON.
+        short: the caller already knows :func:`short_numbers` holds for ``data`` (skips the check).
 
     Raises:
         ValueError, UnicodeDecodeError: as :func:`decode_json`.
     """
-    if _orjson_loads is not None and _LONG_NUMBER not in data.translate(_DIGITS):
+    if _orjson_loads is not None and (short or _LONG_NUMBER not in data.translate(_DIGITS)):
         try:
             return _orjson_loads(data), True
         except ValueError:
