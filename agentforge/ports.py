@@ -295,18 +295,20 @@ class BatchReport:
 
     Attributes:
         rollouts: rollouts enqueued.
-        groups: groups (tasks) in the batch.
-        zero_variance_groups: groups whose valid rewards are all equal (zero advantage, reported).
+        groups: groups (tasks) trained on in the batch.
+        zero_variance_groups: trained groups whose valid rewards are all equal (zero advantage, reported).
+        dropped_groups: groups sampled but not trained on: dynamic sampling (``RolloutSource(extra_tasks=)``)
+            sampled more groups than the step trains and left out these, whose rewards were all equal.
         truncated: samples whose last call ended with ``finish_reason == "length"``.
         extra_trajectories: trajectories beyond one per trained rollout (a conversation that split: only its
             last trajectory trains); logged as ``batch/extra_trajectories`` and ``batch/split_share``.
         split_rollouts: trained rollouts whose calls split into more than one trajectory.
         skipped: count per skip reason (``failed``, ``missing_reward``, ``invalid``, ``stale``,
             ``no_trainable_tokens``, ``unmatched_logprobs``: stored logprobs the trainer cannot recompute).
-        rewards: the valid rewards, in batch order.
+        rewards: the valid rewards of every sampled rollout (trained or in a dropped group), in batch order.
         sampled_tokens: tokens the policy sampled across trained samples.
         wait_s: seconds spent waiting for runners.
-        parts: the named reward parts of the trained samples (``Reward.metadata["parts"]``, e.g. the tool turn's
+        parts: the named reward parts of the sampled rollouts (``Reward.metadata["parts"]``, e.g. the tool turn's
             ``tool``, ``arguments``, ``reply``, ``success``), part → values in batch order; logged as
             ``batch/part/<name>`` (the mean over the samples that report the part).
     """
@@ -314,6 +316,7 @@ class BatchReport:
     rollouts: int = 0
     groups: int = 0
     zero_variance_groups: int = 0
+    dropped_groups: int = 0
     truncated: int = 0
     extra_trajectories: int = 0
     split_rollouts: int = 0
@@ -334,6 +337,7 @@ class BatchReport:
             "batch/reward_mean": mean,
             "batch/reward_std": math.sqrt(var) if self.rewards else math.nan,
             "batch/zero_variance_share": self.zero_variance_groups / max(self.groups, 1),
+            "batch/dropped_groups": float(self.dropped_groups),
             "batch/truncated_share": self.truncated / n,
             "batch/sampled_tokens": float(self.sampled_tokens),
             "batch/wait_s": self.wait_s,

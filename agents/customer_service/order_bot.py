@@ -24,7 +24,7 @@ and returns the reward with its parts (:mod:`.rewards.tool_turn`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -48,6 +48,8 @@ __all__ = [
     "OrderTurnState",
     "build_order_bot_graph",
     "OrderDeskAgent",
+    "SAMPLING_KEYS",
+    "sampling_kwargs",
 ]
 
 #: Name of the order bot's versioned system-prompt resource.
@@ -86,6 +88,33 @@ def worked_example() -> list[dict[str, Any]]:
     ]
 
 
+#: The sampling settings a call of the bot may override (OpenAI's, then vLLM's extras).
+SAMPLING_KEYS = ("temperature", "top_p", "min_p", "top_k")
+
+
+def sampling_kwargs(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``client.chat.completions.create`` keyword arguments for sampling ``settings``.
+
+    Args:
+        settings: ``{"temperature": 2.0, "min_p": 0.2}``-style settings (keys :data:`SAMPLING_KEYS`), or ``None``.
+
+    Returns:
+        ``temperature`` / ``top_p`` as arguments and ``min_p`` / ``top_k`` in ``extra_body`` (vLLM's extras).
+
+    Raises:
+        ConfigError: an unknown key or a value that is not a number.
+    """
+    out: dict[str, Any] = {}
+    for key, value in (settings or {}).items():
+        if key not in SAMPLING_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"sampling setting {key}={value!r}: keys are {SAMPLING_KEYS}, values numbers")
+        if key in ("min_p", "top_k"):
+            out.setdefault("extra_body", {})[key] = value
+        else:
+            out[key] = value
+    return out
+
+
 class OrderTurnState(TypedDict, total=False):
     """State of one turn.
 
@@ -113,6 +142,8 @@ def build_order_bot_graph(
     strict_tools: bool = True,
     max_tool_chars: int = 300,
     on_tool_call: Callable[[ToolCall, str], None] | None = None,
+    act_sampling: Mapping[str, float] | None = None,
+    reply_sampling: Mapping[str, float] | None = None,
 ) -> Any:
     """Build the compiled turn graph (see the module docstring).
 
@@ -131,6 +162,13 @@ def build_order_bot_graph(
             order desk (``examples/order_desk_baseline.py``): T=1 reward 0.417 → 0.562, truncated calls 9 → 4 of 32.
         max_tool_chars: longest tool answer shown to the model, characters.
         on_tool_call: called after each tool call with the parsed call and its output (e.g. to record spans).
+        act_sampling / reply_sampling: sampling settings of the tool call / the reply that override
+            ``temperature`` (keys :data:`SAMPLING_KEYS`: ``temperature``, ``top_p``, and vLLM's ``min_p`` and
+            ``top_k``). E.g. a warm start's capture explores the tool choice with ``{"temperature": 2.0,
+            "min_p": 0.2}`` on the call and answers greedily (``{"temperature": 0.0}``); rejection sampling then
+            keeps only the turns the verifier rewards. Settings other than a plain temperature make a call's
+            log-probabilities unmatchable for GRPO (the trainer excludes such rollouts), so they are for
+            capture, not for RL rollouts.
 
     Returns:
         A compiled graph; ``graph.invoke({"messages": [{"role": "user", "content": text}]})`` returns the
@@ -145,6 +183,7 @@ def build_order_bot_graph(
             f"build_order_bot_graph(act_max_tokens={act_max_tokens}, reply_max_tokens={reply_max_tokens}, "
             f"max_tool_chars={max_tool_chars}): budgets must be >= 1"
         )
+    act_extra, reply_extra = sampling_kwargs(act_sampling), sampling_kwargs(reply_sampling)
     try:
         from langgraph.graph import END, START, StateGraph
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -157,13 +196,13 @@ def build_order_bot_graph(
     def llm(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         out = client.chat.completions.create(
             model=model, messages=[*head, *messages], tools=tools, max_tokens=max_tokens,  # type: ignore[arg-type]
-            temperature=temperature, **extra,
+            **{"temperature": temperature, **extra},
         )  # fmt: skip
         return assistant_dict(out.choices[0].message)
 
     def act(state: OrderTurnState) -> OrderTurnState:
         extra = {"tool_choice": "required"} if force_tool else {}
-        reply = llm(state["messages"], act_max_tokens, **extra)
+        reply = llm(state["messages"], act_max_tokens, **extra, **act_extra)
         return {"messages": [*state["messages"], reply], "llm_calls": state.get("llm_calls", 0) + 1}
 
     def tool(state: OrderTurnState) -> OrderTurnState:
@@ -185,7 +224,7 @@ def build_order_bot_graph(
         return {"messages": [*state["messages"], *answers]}
 
     def reply(state: OrderTurnState) -> OrderTurnState:
-        answer = llm(state["messages"], reply_max_tokens)
+        answer = llm(state["messages"], reply_max_tokens, **reply_extra)
         return {"messages": [*state["messages"], answer], "llm_calls": state.get("llm_calls", 0) + 1}
 
     graph = StateGraph(OrderTurnState)
@@ -206,7 +245,9 @@ class OrderDeskAgent:
 
     Per attempt: read ``prompt:order-desk`` (``ctx.prompt``; version 1 is :data:`DEFAULT_ORDER_PROMPT`), give
     the rollout a fresh :class:`~.order_desk.OrderDesk` on its own τ-retail view, run the graph on
-    ``task.input["text"]`` at ``task.input.get("temperature", 1.0)``, record one ``tool`` span per call, and
+    ``task.input["text"]`` at ``task.input.get("temperature", 1.0)`` (``task.input["act_sampling"]`` and
+    ``["reply_sampling"]`` override the call's and the reply's settings, :func:`build_order_bot_graph`), record
+    one ``tool`` span per call, and
     return ``{"reward", "tool", "arguments", "reply", "success"}``
     (:func:`~.rewards.tool_turn.score_tool_turn` against the task's ``gold_tool``, ``gold_arguments``,
     ``gold_fact``, ``fact_alternatives``); the runner stores the parts in ``Reward.metadata["parts"]``.
@@ -279,6 +320,7 @@ class OrderDeskAgent:
                 model=ctx.model, temperature=float(task.input.get("temperature", 1.0)), force_tool=self.force_tool,
                 few_shot=self.few_shot, strict_tools=self.strict_tools, act_max_tokens=self.act_max_tokens,
                 reply_max_tokens=self.reply_max_tokens, on_tool_call=record_tool,
+                act_sampling=task.input.get("act_sampling"), reply_sampling=task.input.get("reply_sampling"),
             )  # fmt: skip
             state = graph.invoke({"messages": [{"role": "user", "content": text}], "llm_calls": 0})
         finally:

@@ -11,7 +11,7 @@ of a :class:`TraceFilter`; each rollout it drops is counted under one reason in
 ``"privacy: must not leave the store"`` (a span whose privacy policy forbids exports:
 :func:`agentforge.privacy.ledger.must_stay`),
 ``"no reward"`` (none stored, or ``None``/NaN/inf), ``"reward below threshold"`` / ``"reward above
-threshold"``, ``"doubled start token"`` (a prompt that starts with the same token twice, a doubled BOS:
+threshold"``, ``"over per-task cap"`` (``max_per_task`` rollouts of its task were kept already), ``"doubled start token"`` (a prompt that starts with the same token twice, a doubled BOS:
 :class:`~agentforge.trainers.samples.DoubledStartTokenError`), ``"no token ids"`` (an LLM span without engine
 ids/logprobs: :class:`~agentforge.trainers.samples.SampleValidationError`), ``"no llm spans"``.
 
@@ -68,6 +68,9 @@ class TraceFilter:
             have none (``"no llm spans"``); with ``False`` they are kept with the trajectories that
             could be built (possibly none), e.g. to archive everything with :func:`export_jsonl`.
         limit: keep at most this many rollouts (the oldest that pass).
+        max_per_task: keep at most this many rollouts of one task (the oldest that pass; the rest are
+            counted ``"over per-task cap"``): rejection sampling keeps a few distinct successes per problem
+            (Yuan et al. 2023) so that easy tasks, which succeed in every sample, do not outweigh the hard ones.
     """
 
     min_reward: float | None = None
@@ -82,10 +85,13 @@ class TraceFilter:
     require_reward: bool = True
     require_tokens: bool = True
     limit: int | None = None
+    max_per_task: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 0:
             raise UserError(f"TraceFilter.limit must be >= 0, got {self.limit}")
+        if self.max_per_task is not None and self.max_per_task < 1:
+            raise UserError(f"TraceFilter.max_per_task must be >= 1, got {self.max_per_task}")
         if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
             raise UserError(
                 f"TraceFilter.min_reward ({self.min_reward}) is above max_reward ({self.max_reward})"
@@ -289,14 +295,19 @@ def select_traces(
         EmptySelectionError: nothing was kept and ``allow_empty`` is false.
     """
     selection = Selection(records=[], filter=flt)
+    per_task: Counter[str] = Counter()
     for rollout in _rollouts(store, flt):
         if flt.limit is not None and len(selection.records) >= flt.limit:
             break
         selection.considered += 1
         record, reason = _examine(store, rollout, flt)
+        if reason is None and record is not None and flt.max_per_task is not None:
+            if per_task[rollout.task.task_id] >= flt.max_per_task:
+                reason = "over per-task cap"
         if reason is not None:
             selection.skipped[reason] += 1
         elif record is not None:
+            per_task[rollout.task.task_id] += 1
             selection.records.append(record)
     if not selection.records and not allow_empty:
         raise EmptySelectionError(selection)

@@ -232,3 +232,27 @@ def test_tools_are_strict_unless_asked_not_to_be(tasks: tuple[list, list]) -> No
     for request in upstream.requests:
         assert [t["function"].get("strict") for t in request.body["tools"]] == [None] * 3
     assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 0.0, "success": 0.0}
+
+
+def test_a_task_sets_the_call_and_the_reply_sampling_apart(tasks: tuple[list, list]) -> None:
+    """``act_sampling`` / ``reply_sampling`` in the task input reach the engine per call (vLLM's ``min_p`` and
+    ``top_k`` as body fields); a bad setting fails the rollout with a clear error instead of being sent."""
+    from agentforge.agents.customer_service.order_bot import sampling_kwargs
+    from agentforge.errors import ConfigError
+
+    meta = tasks[1][0].metadata
+    explore = {"act_sampling": {"temperature": 2.0, "min_p": 0.2}, "reply_sampling": {"temperature": 0.0}}
+    task = tasks[1][0].model_copy(update={"input": {**tasks[1][0].input, **explore}})
+    turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), f"Your order is {meta['gold_fact']}."]
+    with scripted_gateway(turns) as (store, upstream, gateway):
+        with Runner(store, OrderDeskAgent(), gateway.url, poll_s=0.05) as runner:
+            (rollout,) = enqueue_tasks(store, [task], max_attempts=1)
+            (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
+        assert done.state == RolloutState.succeeded, done.error
+    first, second = (r.body for r in upstream.requests)
+    assert (first["temperature"], first["min_p"]) == (2.0, 0.2) and first["tool_choice"] == "required"
+    assert second["temperature"] == 0.0 and "min_p" not in second
+    assert sampling_kwargs({"top_k": 3, "top_p": 0.9}) == {"top_p": 0.9, "extra_body": {"top_k": 3}}
+    for bad in ({"temprature": 1.0}, {"min_p": "high"}, {"top_k": True}):
+        with pytest.raises(ConfigError, match="sampling setting"):
+            sampling_kwargs(bad)

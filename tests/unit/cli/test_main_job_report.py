@@ -44,12 +44,14 @@ def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> Non
         for seed, after in ((0, 0.8), (1, 0.7))
     ]  # fmt: skip
     wall = {"minutes": 19.5, "loadavg_start": (2.0, 2.0, 2.0), "loadavg_end": (2.1, 2.0, 2.0)}
-    main_job.report(args, before, results, wall, {"n": 48, "parts": {"success": 0.3}})
+    captured = {"n": 48, "parts": {"success": 0.3}, "successes_by_gold_tool": {"modify_order": 6}}
+    main_job.report(args, before, results, wall, captured)
     report = (tmp_path / "report.md").read_text()
     assert "| seed 0 policy@v1 | 0.900 | 1.000 | 0.900 | 0.800 | +0.300 |" in report
     assert "| seed 1 policy@v1 | 0.900 | 1.000 | 0.900 | 0.700 | +0.200 |" in report
     assert "| mean | 0.900 | 1.000 | 0.900 | 0.750 | +0.250 |" in report
     assert "19.5 min" in report and "step 2: tool 0.800" in report
+    assert "successes by gold tool {'modify_order': 6}" in report
     log = (tmp_path / "promotions.md").read_text()
     assert (
         log.count("## seed") == 2

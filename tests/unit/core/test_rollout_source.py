@@ -106,3 +106,64 @@ def test_wait_withdraws_unstarted_rollouts_and_raises_when_none_finished() -> No
     assert [r.state for r in latest] == [RolloutState.succeeded] + [RolloutState.cancelled] * 3
     with pytest.raises(RolloutTimeout, match="none of 4 rollouts finished"):
         source.wait(source.enqueue(["t2"] * 4))
+
+
+def test_dynamic_sampling_trains_the_groups_with_signal_and_reports_every_sampled_reward() -> None:
+    """extra_tasks=2: 3 groups are sampled for 1 trained slot; the first group whose rewards differ is trained
+    (TRL's own group, all 1.0, is left out), the same extra tasks are drawn again for the same step, and the
+    batch reward is the mean over all 12 sampled rollouts."""
+    import threading
+
+    store = memory_store()
+    tasks = {f"t{i}": Task(task_id=f"t{i}") for i in range(6)}
+    source = RolloutSource(
+        store, tasks, 4, lambda: "policy@v1", max_attempts=1, poll_s=0.01, extra_tasks=2, seed=7
+    )
+    extra = source.extra_prompts(["t0"] * 4)
+    assert len(extra) == 8 and extra[:4] == [extra[0]] * 4 and "t0" not in extra
+    assert source.extra_prompts(["t0"] * 4) == extra  # same seed and step → same draw (resume)
+    rewards = {"t0": [1.0] * 4, extra[0]: [0.0, 1.0, 0.0, 0.0], extra[4]: [0.5, 0.0, 0.5, 0.5]}
+
+    def finish_all() -> None:
+        import time
+
+        done, seen, deadline = 0, {t: 0 for t in rewards}, time.monotonic() + 30
+        while done < 12 and time.monotonic() < deadline:
+            claimed = store.claim_rollout("w")
+            if claimed is None:
+                continue
+            rollout, attempt = claimed
+            value = rewards[rollout.task.task_id][seen[rollout.task.task_id]]
+            seen[rollout.task.task_id] += 1
+            call = LLMCall(prompt_token_ids=[1, 2], completion_token_ids=[5, 6], logprobs=[-0.1, -0.1],
+                           finish_reason="stop", version="policy@v1")  # fmt: skip
+            store.add_span(
+                Span(
+                    rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call
+                )
+            )
+            store.add_reward(Reward(rollout_id=rollout.rollout_id, value=value, final=True))
+            store.finish_attempt(attempt.attempt_id, AttemptState.succeeded)
+            done += 1
+
+    worker = threading.Thread(target=finish_all)
+    worker.start()
+    out = source(["t0"] * 4)
+    worker.join()
+    assert sorted(out["reward"]) == [0.0, 0.0, 0.0, 1.0]  # the first group with signal
+    report = source.reports[-1]
+    assert report.rollouts == 12 and report.groups == 1 and report.dropped_groups == 2
+    assert report.zero_variance_groups == 0 and len(report.rewards) == 12
+    assert report.metrics()["batch/reward_mean"] == sum(sum(v) for v in rewards.values()) / 12
+    assert report.metrics()["batch/dropped_groups"] == 2.0
+
+
+def test_dynamic_sampling_falls_back_to_zero_variance_groups_when_too_few_have_signal() -> None:
+    store = memory_store()
+    source = _source(store)
+    rollouts = source.enqueue(["t1"] * 4 + ["t2"] * 4)
+    for r in rollouts:
+        _finish(store, r, 1.0)
+    report = _report(source)
+    out = source.samples(source.wait(rollouts), report, trained=4)
+    assert out["reward"] == [1.0] * 4 and report.dropped_groups == 1 and report.zero_variance_groups == 1

@@ -190,6 +190,11 @@ def test_select_filters_and_skip_counts() -> None:
     assert {r.reward for r in kept.records if not r.trajectories} == {1.0}
     sel = select_traces(store, TraceFilter(min_reward=0.5, until=350.0), allow_empty=True)
     assert sel.skipped == {"reward below threshold": 1, "after until": 3}
+    capped = select_traces(store, TraceFilter(max_per_task=1), allow_empty=True)
+    assert [r.rollout_id for r in capped.records] == [a.rollout_id, c.rollout_id]  # t1's oldest only
+    assert capped.skipped["over per-task cap"] == 1
+    with pytest.raises(UserError, match="max_per_task must be >= 1"):
+        TraceFilter(max_per_task=0)
 
 
 def test_select_states_retries_and_groups() -> None:

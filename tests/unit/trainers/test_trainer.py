@@ -167,3 +167,36 @@ def test_lightning_trainer_publishes_through_the_promotion_gate(stack) -> None:
     assert not any(r.active for r in store.list_resources("policy") if r.version in candidates)
     gate_rollouts = [r for r in store.list_rollouts() if r.metadata.get("eval") == "gate"]
     assert {r.resources["policy"] for r in gate_rollouts} == {live} | {d.candidate for d in decisions}
+
+
+def test_trained_rollouts_sample_the_staged_adapter_while_the_gate_keeps_the_live_version(stack) -> None:
+    """``rollout_version="trained"``: after step 1 the trainer stages its adapter (loaded, never served by
+    default) and step 2's rollouts pin it, although the gate refuses every candidate; with dynamic sampling
+    (``extra_tasks_per_step=1``) each step samples 3 groups and trains 2. The staged version is unloaded at
+    the end and the alias never moved."""
+    tmp, store, swapper = stack
+    tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
+    held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bd"]
+    config = TrainConfig(
+        output_dir=str(tmp / "staged"), num_generations=4, tasks_per_step=2, extra_tasks_per_step=1,
+        max_steps=2, swap_every=2, rollout_version="trained", learning_rate=5e-4, lora_r=8, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=1, max_completion_length=8,
+        rollout_timeout_s=120, wait_timeout_s=300,
+    )  # fmt: skip
+    evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
+    publisher = GatedPublisher(swapper, store, evaluate=evaluate, gate=EvalGate(max_p=None, min_gain=1.0))
+    live = publisher.current()
+    trainer = LightningTrainer(default_model_dir(), store, tasks, config, publisher)
+    result = trainer.train()
+
+    assert result["steps"] == 2 and swapper.router.alias("policy") == live
+    rollouts = [r for r in store.list_rollouts() if r.metadata.get("trainer_run") == trainer.run_id]
+    by_step = {s: [r for r in rollouts if r.metadata["step"] == s] for s in (0, 1)}
+    assert len(by_step[0]) == len(by_step[1]) == 12  # 3 groups of 4 sampled per step
+    assert {r.resources["policy"] for r in by_step[0]} == {live}
+    (staged,) = {r.resources["policy"] for r in by_step[1]}
+    record = store.get_resource("policy", Version.parse(staged).number)
+    assert record.payload["staged"] and record.payload["step"] == 1 and not record.active
+    assert staged != live and staged not in swapper.router.models() and publisher.staged is None
+    assert [len(report.rewards) for report in trainer.source.reports] == [12, 12]
+    assert all(report.groups == 2 and report.dropped_groups == 1 for report in trainer.source.reports)
