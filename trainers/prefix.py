@@ -29,6 +29,9 @@ auxiliary loss, the gradient pass under gradient checkpointing) fall back to TRL
 
 The completion part is projected through TRL's fused LM head (``add_fused_lm_head``), the same kernel and
 temperature TRL uses, so log-probabilities and entropies match TRL's definitions exactly.
+
+Replay SFT uses the same pass (:func:`shared_prefix_forward`, with its own labels: tool results inside a
+completion are attended but not scored) through :mod:`agentforge.trainers.replay.prefix_sft`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ __all__ = [
     "SharedPrefixGRPOTrainer",
     "common_head_len",
     "prompt_groups",
+    "shared_prefix_forward",
     "shared_prefix_logps",
 ]
 
@@ -168,6 +172,44 @@ def shared_prefix_logps(
     Raises:
         ValueError: ``logits_to_keep`` is not in ``1..P+C``, or a row's prompt is empty.
     """
+    out = shared_prefix_forward(
+        model, input_ids, attention_mask, logits_to_keep, autocast=autocast, groups=groups
+    )
+    return out.log_probs, (out.entropy if compute_entropy else None)
+
+
+def shared_prefix_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    labels: torch.Tensor | None = None,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    groups: list[PromptGroup] | None = None,
+) -> Any:
+    """The fused-head output of the completions, each distinct prompt run once (:func:`shared_prefix_logps`).
+
+    Args:
+        model: causal LM (optionally PEFT-wrapped) with TRL's fused LM head.
+        input_ids: ``(B, P + C)`` prompt + completion ids, prompts left-padded.
+        attention_mask: ``(B, P + C)``.
+        logits_to_keep: ``C``.
+        labels: ``(B, C)`` the completion tokens to score, ``-100`` where none is wanted (SFT: tool
+            results the model attends to but did not sample). Default: the completion ids wherever the
+            attention mask is 1.
+        autocast: as in :func:`shared_prefix_logps`.
+        groups: precomputed :func:`prompt_groups` (computed when ``None``).
+
+    Returns:
+        TRL's ``FusedCausalLMOutput`` of the completion pass: its per-token fields (``log_probs``,
+        ``label_mask`` and whichever of ``entropy``/``is_top1``/... the head computes) are ``(B, C)`` in row
+        order, 0 where the label is ``-100``.
+
+    Raises:
+        ValueError: ``logits_to_keep`` is not in ``1..P+C``, ``labels`` is not ``(B, C)``, or a row's
+            prompt is empty.
+    """
     total = input_ids.size(1)
     if not 1 <= logits_to_keep <= total:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be in 1..{total}")
@@ -182,7 +224,10 @@ def shared_prefix_logps(
         group_of_row[torch.tensor(group.rows, device=device)] = index
     completions = input_ids[:, -logits_to_keep:]
     completion_mask = attention_mask[:, -logits_to_keep:]
-    labels = completions.masked_fill(completion_mask == 0, -100)
+    if labels is None:
+        labels = completions.masked_fill(completion_mask == 0, -100)
+    elif labels.shape != completions.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} must be (B, C) = {tuple(completions.shape)}")
     last_prompt_token = torch.stack([g.prompt[-1] for g in groups])[group_of_row]
     step_in = torch.cat([last_prompt_token[:, None], completions[:, :-1]], dim=1)
     head = common_head_len(groups)
@@ -196,8 +241,9 @@ def shared_prefix_logps(
         [prefix_mask[group_of_row], completion_mask.new_ones((rows, 1)), completion_mask[:, :-1]], dim=1
     )
     with autocast():
-        out = model(input_ids=step_in, attention_mask=mask, shift_labels=labels, fused_lm_head=True, **kwargs)
-    return out.log_probs, (out.entropy if compute_entropy else None)
+        return model(
+            input_ids=step_in, attention_mask=mask, shift_labels=labels, fused_lm_head=True, **kwargs
+        )
 
 
 def _prompt_cache(

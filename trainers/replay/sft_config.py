@@ -39,12 +39,23 @@ class ReplaySFTConfig(LoraFields, SFTConfig):
         lora_r / lora_alpha / lora_dropout / lora_target_modules: the ``peft.LoraConfig``, the field set
             every trainer config shares (:class:`~agentforge.trainers.lora.LoraFields`); rank must not
             exceed the server's ``--max-lora-rank``.
+        share_prompt_prefix: compute each batch's loss with the prompts' common head run once and its KV
+            cache repeated over the rows (:mod:`agentforge.trainers.replay.prefix_sft`); same loss, metrics
+            and gradients as TRL's per-row pass up to rounding. ``False`` uses TRL's own pass. Under
+            ``gradient_checkpointing`` (TRL's default) the training pass cannot share, since checkpointed
+            layers drop KV caches; set ``gradient_checkpointing=False`` for the speed-up, and batch the
+            examples that share a head together (``per_device_train_batch_size``): the head runs once per
+            micro-batch.
     """
 
     min_reward: float = field(default=1.0, metadata={"help": "Train on rollouts with reward >= this."})
     dedupe: bool = field(default=True, metadata={"help": "Train once on identical trajectories."})
     skip_truncated: bool = field(
         default=False, metadata={"help": "Drop trajectories cut by the token limit."}
+    )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Run each batch's shared prompt head once per loss pass (shared-prefix forward)."},
     )
 
     def __post_init__(self) -> None:

@@ -10,7 +10,9 @@ Mathematical Reasoning with Large Language Models"; the same idea as STaR, Zelik
 3. train a LoRA adapter with ``trl.SFTTrainer`` on pre-tokenised data: columns ``input_ids`` and
    ``completion_mask`` (``0`` on the prompt, ``env_mask`` on the completion) with
    ``completion_only_loss=True``, so TRL sets ``labels = -100`` on every token the policy did not sample
-   (prompt, tool results, user turns) and the loss covers sampled tokens only;
+   (prompt, tool results, user turns) and the loss covers sampled tokens only; with
+   ``share_prompt_prefix`` (default) the prompts' common head runs once per batch
+   (:mod:`~agentforge.trainers.replay.prefix_sft`), same loss and gradients;
 4. save the adapter, publish it as a new version (``policy@vN``, hot-swapped into serving by a
    :class:`~agentforge.serving.publisher.HotSwapPublisher`) and record the job in the store as one
    ``replay.sft`` span (filter, counts, loss, version).
@@ -164,7 +166,8 @@ class ReplaySFTTrainer:
     """Rejection-sampling SFT of a LoRA adapter on stored, successful traces (see the module docstring).
 
     Selection and example building happen at construction, so a filter that selects nothing fails before
-    anything is loaded or written. ``.trainer`` is the underlying ``trl.SFTTrainer``.
+    anything is loaded or written. ``.trainer`` is the underlying ``trl.SFTTrainer`` (a
+    :class:`~agentforge.trainers.replay.prefix_sft.SharedPrefixSFTTrainer` with ``share_prompt_prefix``).
 
     Args:
         model: base checkpoint directory (the one serving loads), e.g. the prepared default model.
@@ -223,7 +226,12 @@ class ReplaySFTTrainer:
             )
         self.examples = examples
         self._history = _History()
-        self.trainer = quiet(SFTTrainer)(  # without the library warnings a user cannot act on
+        trainer_cls = SFTTrainer
+        if self.config.share_prompt_prefix:  # the common prompt head runs once per batch
+            from agentforge.trainers.replay.prefix_sft import SharedPrefixSFTTrainer
+
+            trainer_cls = SharedPrefixSFTTrainer
+        self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
             model=self.model_path,
             args=self.config,
             train_dataset=Dataset.from_list(examples),
