@@ -3,7 +3,8 @@
 TRL generates a new batch every ``steps_per_generation × num_iterations`` micro-batches, counted from the
 trainer's first step (after a resume: the checkpoint's step); ``TrainConfig`` sets ``steps_per_generation``
 to the gradient accumulation, so that is every ``num_iterations`` optimizer steps. The callback must ask for a publish at the beginning of
-exactly those steps (a version nobody samples from is never published mid-iteration).
+exactly those steps (a version nobody samples from is never published mid-iteration), and stage the trained
+adapter for the rollouts right after (``rollout_version="trained"``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from agentforge.trainers.grpo_trainer import _PublishCallback
 
 class _Owner:
     def __init__(self, state: TrainerState) -> None:
-        self.state, self.asked_at = state, []
+        self.state, self.asked_at, self.staged_at = state, [], []
 
     def maybe_publish(self) -> None:
         self.asked_at.append(self.state.global_step)
+
+    def maybe_stage(self) -> None:
+        assert self.asked_at[-1:] == [self.state.global_step]  # after the publish of the same step
+        self.staged_at.append(self.state.global_step)
 
 
 @pytest.mark.parametrize(
@@ -40,3 +45,4 @@ def test_publish_is_asked_for_at_the_steps_that_generate(
         state.global_step = step
         callback.on_step_begin(args, state, control)
     assert owner.asked_at == expected
+    assert owner.staged_at == expected  # the trained adapter is staged for the batch the step generates
