@@ -221,16 +221,21 @@ def test_order_bot_turn_through_the_gateway(tasks: tuple[list, list]) -> None:
     assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 1.0, "success": 1.0}
 
 
+def _run_turn(task, turns: list, agent: OrderDeskAgent) -> tuple:
+    """One rollout of ``agent`` on ``task`` against a scripted engine: (finished rollout, request bodies, reward)."""
+    with scripted_gateway(turns) as (store, upstream, gateway):
+        with Runner(store, agent, gateway.url, poll_s=0.05) as runner:
+            (rollout,) = enqueue_tasks(store, [task], max_attempts=1)
+            (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
+        return done, [r.body for r in upstream.requests], store.final_reward(done.rollout_id)
+
+
 def test_tools_are_strict_unless_asked_not_to_be(tasks: tuple[list, list]) -> None:
     meta = tasks[1][1].metadata
     turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), "Sorry."]
-    with scripted_gateway(turns) as (store, upstream, gateway):
-        with Runner(store, OrderDeskAgent(strict_tools=False), gateway.url, poll_s=0.05) as runner:
-            (rollout,) = enqueue_tasks(store, [tasks[1][1]], max_attempts=1)
-            (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
-        reward = store.final_reward(done.rollout_id)
-    for request in upstream.requests:
-        assert [t["function"].get("strict") for t in request.body["tools"]] == [None] * 3
+    _, bodies, reward = _run_turn(tasks[1][1], turns, OrderDeskAgent(strict_tools=False))
+    for body in bodies:
+        assert [t["function"].get("strict") for t in body["tools"]] == [None] * 3
     assert reward.metadata["parts"] == {"tool": 1.0, "arguments": 1.0, "reply": 0.0, "success": 0.0}
 
 
@@ -244,12 +249,8 @@ def test_a_task_sets_the_call_and_the_reply_sampling_apart(tasks: tuple[list, li
     explore = {"act_sampling": {"temperature": 2.0, "min_p": 0.2}, "reply_sampling": {"temperature": 0.0}}
     task = tasks[1][0].model_copy(update={"input": {**tasks[1][0].input, **explore}})
     turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), f"Your order is {meta['gold_fact']}."]
-    with scripted_gateway(turns) as (store, upstream, gateway):
-        with Runner(store, OrderDeskAgent(), gateway.url, poll_s=0.05) as runner:
-            (rollout,) = enqueue_tasks(store, [task], max_attempts=1)
-            (done,) = runner.run_until_done([rollout.rollout_id], timeout_s=60)
-        assert done.state == RolloutState.succeeded, done.error
-    first, second = (r.body for r in upstream.requests)
+    done, (first, second), _ = _run_turn(task, turns, OrderDeskAgent())
+    assert done.state == RolloutState.succeeded, done.error
     assert (first["temperature"], first["min_p"]) == (2.0, 0.2) and first["tool_choice"] == "required"
     assert second["temperature"] == 0.0 and "min_p" not in second
     assert sampling_kwargs({"top_k": 3, "top_p": 0.9}) == {"top_p": 0.9, "extra_body": {"top_k": 3}}
