@@ -26,6 +26,7 @@ from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_i
 from agentforge.stores.sql_cursor import BatchCursor
 from agentforge.stores.tables import (
     SPAN_CELLS,
+    SPAN_JSON_CELLS,
     RewardRow,
     SpanRow,
     reward_to_row,
@@ -55,6 +56,7 @@ _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
 #: The bulk insert's columns: the three the store stamps, then the span's own cells (:func:`span_cells`).
 _INSERT_FIELDS = ("seq", "rollout_id", "attempt_id", *SPAN_CELLS)
 _INSERT_COLUMNS = ", ".join(_INSERT_FIELDS)
+_UTF8_COLUMNS = tuple(3 + i for i in SPAN_JSON_CELLS)  # where in an insert row JSON may come as UTF-8 bytes
 _SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
 _RUNNING = AttemptState.running.value
 _FINISHED = frozenset(state.value for state in RolloutState if state.finished)  # rollout states, as stored
@@ -73,20 +75,22 @@ class Prepared(NamedTuple):
     keep: bool = True
 
 
-def prepare_span(span: Span, keep: bool = True) -> Prepared:
+def prepare_span(span: Span, keep: bool = True, utf8: bool = False) -> Prepared:
     """Serialise ``span``'s row now (in the caller's thread, while the writer thread waits on the database),
     so the write transaction only stamps it. The cells are what :func:`write_spans` would build itself.
 
     Args:
         span: the span.
         keep: whether its result is the stored span (``False``: ``None``, errors as usual).
+        utf8: JSON columns as UTF-8 bytes (see :func:`~agentforge.stores.tables.span_cells`): only for a
+            SQLite store (PostgreSQL's ``COPY`` would write bytes as ``bytea``).
     """
-    return Prepared(span, _cells(span), keep)
+    return Prepared(span, _cells(span, utf8), keep)
 
 
-def _cells(span: Span) -> tuple[Any, ...] | UserError:
+def _cells(span: Span, utf8: bool = False) -> tuple[Any, ...] | UserError:
     try:
-        return span_cells(span)
+        return span_cells(span, utf8)
     except UserError as exc:
         return exc
     except (PydanticSerializationError, TypeError, ValueError) as exc:  # fails alone, not the batch
@@ -146,7 +150,7 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         if type(item) is Prepared:
             span, row, kept = item
         else:
-            span, row, kept = item, _cells(item), True  # type: ignore[assignment]
+            span, row, kept = item, _cells(item, not cur.postgres), True  # type: ignore[assignment]
         spans.append(span)  # type: ignore[arg-type]
         cells.append(row)
         keep.append(kept)
@@ -203,7 +207,7 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         why = _late(span, rollout_id, attempt_id, attempt_states, rollouts)
         if why is not None:  # quarantined: stored and listed, never part of the rollout's valid spans
             spans[i] = span = span.model_copy(update={"attributes": {**span.attributes, **late_marks(why)}})
-            cells[i] = span_cells(span)
+            cells[i] = span_cells(span, not cur.postgres)
         taken[span.span_id] = i
         pending.append((i, rollout_id, attempt_id))
     if pending:
@@ -215,7 +219,7 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
                 results[i] = stamped(
                     spans[i], {"sequence": seq, "rollout_id": rollout_id, "attempt_id": attempt_id}
                 )
-        cur.insert_rows("af_spans", _INSERT_COLUMNS, len(_INSERT_FIELDS), values)
+        cur.insert_rows("af_spans", _INSERT_COLUMNS, len(_INSERT_FIELDS), values, _UTF8_COLUMNS)
     if repeated:
         for i, span in enumerate(spans):
             first = taken.get(span.span_id, i)

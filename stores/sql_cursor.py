@@ -153,9 +153,12 @@ class BatchCursor:
         except Exception as exc:
             raise self._wrap(sql, params, exc) from exc
 
-    def insert_rows(self, table: str, columns: str, width: int, values: list[Any]) -> None:
+    def insert_rows(
+        self, table: str, columns: str, width: int, values: list[Any], utf8: tuple[int, ...] = ()
+    ) -> None:
         """Insert rows of ``width`` values each, given one after the other in ``values`` (flat, in ``columns``
-        order), into ``table``.
+        order), into ``table``. ``utf8``: the positions in a row of text columns whose values may come as
+        UTF-8 ``bytes`` (SQLite only: stored as text with ``CAST(? AS TEXT)``, which keeps the bytes).
 
         PostgreSQL: ``COPY ... FROM STDIN`` (about 1.5× faster per row than a pipelined ``executemany``).
         SQLite: multi-row ``INSERT ... VALUES (...), (...)`` statements, one per power of two in the row count
@@ -180,7 +183,7 @@ class BatchCursor:
         left, start = len(values) // width, 0
         while left:
             n = min(self._max_rows, 1 << (left.bit_length() - 1))  # the largest power of two that fits
-            sql = _insert_sql(table, columns, width, n)
+            sql = _insert_sql(table, columns, width, n, utf8)
             end = start + n * width
             try:
                 self._cursor.execute(sql, values[start:end] if n * width != len(values) else values)
@@ -190,7 +193,7 @@ class BatchCursor:
 
 
 @cache
-def _insert_sql(table: str, columns: str, width: int, rows: int) -> str:
+def _insert_sql(table: str, columns: str, width: int, rows: int, utf8: tuple[int, ...]) -> str:
     """The text of a SQLite insert of ``rows`` rows (built once: the driver's statement cache keys on it)."""
-    one = f"({', '.join(['?'] * width)})"
+    one = f"({', '.join('CAST(? AS TEXT)' if i in utf8 else '?' for i in range(width))})"
     return f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * rows)}"

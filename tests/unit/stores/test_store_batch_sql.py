@@ -5,6 +5,8 @@ without an ``attempt_id`` index, whose attempt lookups go through the rollout.""
 
 from __future__ import annotations
 
+import json
+import math
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -16,7 +18,7 @@ from sqlalchemy import create_engine
 from agentforge.stores import sql_cursor
 from agentforge.stores.sql import SQLStore
 from agentforge.stores.sql_cursor import BatchCursor
-from agentforge.types import Rollout, Span, SpanKind, Task
+from agentforge.types import LLMCall, Rollout, Span, SpanKind, Task
 
 
 def _cursor(conn: sqlite3.Connection) -> BatchCursor:
@@ -110,3 +112,29 @@ def test_a_new_span_table_has_no_attempt_index_and_finds_an_attempts_spans(tmp_p
         names = [row[1] for row in conn.execute("PRAGMA index_list(af_spans)")]
         indexed = {row[2] for name in names for row in conn.execute(f"PRAGMA index_info({name})")}
     assert indexed == {"span_id", "rollout_id"}
+
+
+def test_json_columns_prepared_as_utf8_bytes_are_stored_as_the_same_text(tmp_path: Path) -> None:
+    path = tmp_path / "utf8.db"
+    texts = ["plain", "emoji ✨ and CJK 漢字", "nul \x00 inside", "lone \ud800 surrogate", 'quote " and \\']
+    spans = [
+        Span(
+            kind=SpanKind.llm,
+            name=f"s{i}",
+            llm=LLMCall(model="m", response_text=text, prompt_token_ids=[1, 2], logprobs=[-0.5]),
+            attributes={"note": text, "nan": math.nan},
+        )
+        for i, text in enumerate(texts)
+    ]
+    with SQLStore(f"sqlite:///{path}") as store:
+        assert store.submit_many(spans, stored=False).result(30) == [None] * len(spans)
+        listed = store.list_spans(orphans=True)
+    assert [s.llm.response_text for s in listed] == texts  # type: ignore[union-attr]
+    assert [s.attributes["note"] for s in listed] == texts
+    assert all(math.isnan(s.attributes["nan"]) for s in listed)
+    with closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT typeof(llm_json), typeof(attributes_json), llm_json FROM af_spans"
+        ).fetchall()
+    assert {(a, b) for a, b, _ in rows} == {("text", "text")}  # text, not blobs, for every reader
+    assert [LLMCall.model_validate(json.loads(text)).response_text for *_, text in rows] == texts
