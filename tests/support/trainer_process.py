@@ -95,8 +95,8 @@ def main(argv: list[str]) -> None:
     if args.kill_at is not None:
         samples = trainer.source.samples
 
-        def samples_then_die(rollouts, report):
-            batch = samples(rollouts, report)
+        def samples_then_die(rollouts, report, trained=None):
+            batch = samples(rollouts, report, trained)
             if trainer.source.step == args.kill_at:  # formed, not yet trained on
                 os.kill(os.getpid(), signal.SIGKILL)
             return batch
