@@ -14,7 +14,7 @@ shared/per-row per layout.
 
 Measured on 2 shared cores (other jobs niced; 2026-12-02), 8 x 605 tokens: layout 2x4, per-row 24.6 s/step,
 shared head 13.7 s/step (ratio 0.56; peak RSS 4.0 GiB). Layout 8x1 was not stable here (steps of one run
-from 20 to 140 s, slowest first: large first-touch allocations); peak RSS 12.7 GiB per-row vs 4.8 GiB shared.
+from 20 to 140 s, slowest first; probably first-touch of large allocations); peak RSS 12.7 GiB per-row vs 4.8 GiB shared.
 """
 
 from __future__ import annotations
