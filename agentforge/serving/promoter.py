@@ -179,13 +179,7 @@ class GatedPublisher:
             AdapterIncompatibleError, ServingError: loading failed (nothing new is staged; the previous staged
                 version stays).
         """
-        info = read_adapter(adapter_dir)
-        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
-                   "rank": info.max_rank, "step": step, "staged": True}  # fmt: skip
-        record = self.store.publish_resource(
-            ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
-        )
-        version = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        _, version = self._load_inactive(adapter_dir, step, staged=True)
         self.unstage()
         self.staged = version
         return version
@@ -222,13 +216,7 @@ class GatedPublisher:
         """
         self.wait_watch()
         live = self.current()
-        info = read_adapter(adapter_dir)
-        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
-                   "rank": info.max_rank, "step": step}  # fmt: skip
-        record = self.store.publish_resource(
-            ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
-        )
-        candidate = self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        record, candidate = self._load_inactive(adapter_dir, step)
         stage: Stage = "eval"
         try:
             passed = self._eval_passes(candidate, live)
@@ -252,6 +240,17 @@ class GatedPublisher:
         if self.rollback is not None:
             self._start_watch(candidate, live, reference, time.time())
         return candidate
+
+    def _load_inactive(self, adapter_dir: Path, step: int, **extra: Any) -> tuple[ResourceVersion, str]:
+        """Record the adapter in the store (not active; ``extra`` joins its payload) and load it in the engine
+        under that record's version without moving the alias; return the record and the version name."""
+        info = read_adapter(adapter_dir)
+        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
+                   "rank": info.max_rank, "step": step, **extra}  # fmt: skip
+        record = self.store.publish_resource(
+            ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
+        )
+        return record, self.swapper.swap(adapter_dir, version=record.ref, flip=False)
 
     # --- the stages -------------------------------------------------------------------------------------
     def _decide(
