@@ -265,8 +265,9 @@ class RolloutSource:
             rows.append(sample)
         report.rewards = [r["reward"] for r in rows if r["reward"] is not None]
         groups = [rows[i : i + self.group_size] for i in range(0, len(rows), self.group_size)]
-        flat = [_zero_variance(g) for g in groups]
-        signal = [_has_signal(g) for g in groups]
+        valid = [[r["reward"] for r in g if r["reward"] is not None] for g in groups]
+        flat = [len(v) >= 2 and max(v) == min(v) for v in valid]  # all advantages 0
+        signal = [len(v) >= 2 and max(v) != min(v) for v in valid]  # some advantage is not 0
         keep = len(groups) if trained is None else trained // self.group_size
         chosen = sorted(sorted(range(len(groups)), key=lambda i: not signal[i])[:keep])
         report.dropped_groups = len(groups) - len(chosen)
@@ -314,18 +315,6 @@ class RolloutSource:
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)
-
-
-def _zero_variance(group: Sequence[dict[str, Any]]) -> bool:
-    """Whether a group's valid rewards are all equal (at least two of them): its advantages are all 0."""
-    valid = [s["reward"] for s in group if s["reward"] is not None]
-    return len(valid) >= 2 and max(valid) == min(valid)
-
-
-def _has_signal(group: Sequence[dict[str, Any]]) -> bool:
-    """Whether a group has a non-zero advantage: at least two valid rewards, not all equal."""
-    valid = [s["reward"] for s in group if s["reward"] is not None]
-    return len(valid) >= 2 and max(valid) != min(valid)
 
 
 def unmatched_logprobs(traj: Trajectory, step: int) -> bool:
