@@ -294,36 +294,29 @@ class StreamCapture:
         else:
             text = choice.get("text")
         ids = choice.get("token_ids")
-        if type(ids) is list and (not ids or set(map(type, ids)) == _INT_ONLY):
-            if self._ids is None:
-                self._ids = list(ids)
-            else:
-                self._ids.extend(ids)
-        lps = _logprobs(choice, self.endpoint)
-        if lps is not None:
-            if self._logprobs is None:
-                self._logprobs = lps
-            else:
-                self._logprobs.extend(lps)
+        ok = type(ids) is list and (not ids or set(map(type, ids)) == _INT_ONLY)
+        self._append_tokens(list(ids) if ok else None, _logprobs(choice, self.endpoint))
         if isinstance(text, str):
             self._text.append(text)
         return choice
 
-    def _feed_choice(self, choice: dict[str, Any]) -> bool:
-        if self._prompt_ids is None:
-            self._prompt_ids = _int_list(choice.get("prompt_token_ids"))
-        ids = _int_list(choice.get("token_ids"))
+    def _append_tokens(self, ids: list[int] | None, lps: list[float] | None) -> None:
+        """Extend the captured completion ids and logprobs by one chunk's (``None``: the chunk had none)."""
         if ids is not None:
             if self._ids is None:
                 self._ids = ids
             else:
                 self._ids.extend(ids)
-        lps = _logprobs(choice, self.endpoint)
         if lps is not None:
             if self._logprobs is None:
                 self._logprobs = lps
             else:
                 self._logprobs.extend(lps)
+
+    def _feed_choice(self, choice: dict[str, Any]) -> bool:
+        if self._prompt_ids is None:
+            self._prompt_ids = _int_list(choice.get("prompt_token_ids"))
+        self._append_tokens(_int_list(choice.get("token_ids")), _logprobs(choice, self.endpoint))
         if self.endpoint == "chat":
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
             if isinstance(delta.get("content"), str):
