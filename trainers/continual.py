@@ -125,7 +125,10 @@ class ContinualTrainer:
         gateway_api_key: the gateway's API key, if any.
         tenant: learn one tenant's adapter from that tenant's conversations only (its rated rollouts, its
             re-runs); pair it with a publisher of the tenant's lineage, e.g. ``StorePublisher(store,
-            alias="policy@acme")``, so the versions it publishes are ``policy@acme/vN``. ``None``: no tenant.
+            alias="policy@acme")``, so the versions it publishes are ``policy@acme/vN``, or, next to the gateway,
+            the tenant's promotion gate ``GatedPublisher(TenantLineage(adapters, store, "acme"), store, evaluate=...,
+            canary=..., rollback=...)`` (its canary serves a share of acme's live conversations only; a live reward
+            drop after promotion rolls acme back). ``None``: no tenant.
     """
 
     def __init__(

@@ -81,8 +81,11 @@ class GatedStorePublisher(StorePublisher):
         →  passed: activate it (serving picks it up)  |  refused: the live version stays active
 
     Each step stores a :class:`~agentforge.gate.Decision` (``promotion:<alias>``; ``agentforge versions
-    --tenant T`` lists them). In-process engines use :class:`~agentforge.serving.promoter.GatedPublisher`,
-    which adds the traffic canary and the automatic rollback.
+    --tenant T`` lists them). Where the gateway's router is in the same process, use
+    :class:`~agentforge.serving.promoter.GatedPublisher`, which adds the traffic canary and the automatic
+    rollback: for the shared alias built from the engine's ``HotSwapper``, for a tenant's lineage from
+    ``TenantLineage(adapters, store, tenant)`` (:mod:`agentforge.serving.lineage`: the canary serves a share of
+    that tenant's live rollouts only).
 
     Args:
         store: the trace store holding the lineage.

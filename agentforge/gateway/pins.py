@@ -67,7 +67,7 @@ class PinCache:
                 self._pins[rollout_id], self._owners[rollout_id] = resources, rollout.tenant
         pinned = resources.get(model)
         if pinned is None:  # a traffic canary behind the alias may take this rollout (sticky by id)
-            return self.router.canary_target(model, rollout_id) or model
+            return self._canary(rollout_id, model) or model
         if self.loads_tenants and tenant_of_name(pinned) is not None:
             return pinned
         try:
@@ -81,3 +81,14 @@ class PinCache:
             )
             return model
         return pinned
+
+    def _canary(self, rollout_id: str, model: str) -> str | None:
+        """The canary version for an unpinned rollout, or ``None``: a tenant's rollout first meets the canary behind
+        its own lineage (``policy@acme``, :class:`~agentforge.serving.lineage.TenantLineage`), which no other
+        tenant's rollout ever consults; then the canary behind ``model`` itself."""
+        owner = self._owners.get(rollout_id)
+        if owner is not None and "@" not in model:
+            lineage = self.router.canary_target(f"{model}@{owner}", rollout_id)
+            if lineage is not None:
+                return lineage
+        return self.router.canary_target(model, rollout_id)

@@ -17,6 +17,12 @@ versions`` shows them). A refused candidate is unloaded and never served by defa
 flips are single writes under the router's lock, and a version drains (its in-flight requests finish) before
 it unloads (:class:`~agentforge.serving.hotswap.HotSwapper`).
 
+The same gate moves any lineage (:mod:`agentforge.serving.lineage`): the shared alias of an in-process engine
+(built from a ``HotSwapper``), a tenant's own lineage ``policy@<tenant>`` served by
+:class:`~agentforge.serving.tenants.TenantAdapters` (its canary takes a sticky share of that tenant's live rollouts
+only, its live rewards are that tenant's, its decisions are stored under ``promotion:policy@<tenant>``), or a
+lineage that serving follows from the store (eval gate and rollback; no canary).
+
 Live reward of a version: rollouts created during the period that pin nothing for the alias (so no training or
 eval rollouts), are not failed, have a final reward with a value, and whose LLM calls were all served by that
 version (``LLMCall.version``); a rollout that straddles a flip counts for neither.
@@ -46,7 +52,8 @@ from agentforge.gate import (
 from agentforge.ports import TraceStore
 from agentforge.serving.adapters import read_adapter
 from agentforge.serving.hotswap import HotSwapper
-from agentforge.types import ResourceVersion, RolloutState, SpanKind, Version
+from agentforge.serving.lineage import Lineage, SwapperLineage
+from agentforge.types import ResourceVersion, RolloutState, SpanKind
 
 __all__ = ["GatedPublisher", "LiveRewards"]
 
@@ -104,8 +111,10 @@ class GatedPublisher:
     """Publishes adapters through the promotion gate (module docstring); an ``AdapterPublisher``.
 
     Args:
-        swapper: the serving engine's :class:`HotSwapper`; ``retain >= 1`` when ``rollback`` is set, so the
-            previous version stays loaded and a rollback is one flip.
+        swapper: what the gate moves: the serving engine's :class:`HotSwapper` (``retain >= 1`` when ``rollback``
+            is set, so the previous version stays loaded and a rollback is one flip), or any
+            :class:`~agentforge.serving.lineage.Lineage` (a tenant's: :class:`~agentforge.serving.lineage.
+            TenantLineage`).
         store: the trace store (version lineage, live rewards, decisions).
         evaluate: scores a version on the fixed held-out slice (``evaluate("policy@v3") -> [1.0, 0.0, …]``,
             same examples in the same order every call; e.g. greedy rollouts pinned to the version); each
@@ -113,7 +122,7 @@ class GatedPublisher:
             time). ``None`` skips the eval gate (recorded as ``skipped``).
         gate: the eval gate's rule (default :class:`EvalGate`: ``p <= 0.05`` and a positive gain).
         canary: the traffic canary's rule, or ``None`` to skip it (a trainer with no live traffic: its own
-            rollouts pin versions and never count as live).
+            rollouts pin versions and never count as live). Needs a lineage with a router.
         rollback: the post-promotion watch's rule, or ``None`` for no automatic rollback.
         poll_s: seconds between store reads while a canary or watch waits for rollouts.
         grace_s: seconds between ending a canary and unloading its version, so a request that already chose
@@ -122,12 +131,13 @@ class GatedPublisher:
             from live rollouts created this many seconds before the promotion.
 
     Raises:
-        ConfigError: ``rollback`` is set but ``swapper.retain`` is 0.
+        ConfigError: ``rollback`` is set but ``swapper.retain`` is 0, or ``canary`` is set for a lineage without a
+            router (one served from the store by another process).
     """
 
     def __init__(
         self,
-        swapper: HotSwapper,
+        swapper: HotSwapper | Lineage,
         store: TraceStore,
         *,
         evaluate: Evaluate | None = None,
@@ -138,16 +148,24 @@ class GatedPublisher:
         grace_s: float = 1.0,
         reference_lookback_s: float = 3600.0,
     ) -> None:
-        if rollback is not None and swapper.retain < 1:
+        lineage = SwapperLineage(swapper, store) if isinstance(swapper, HotSwapper) else swapper
+        if rollback is not None and not lineage.keeps_previous:
             raise ConfigError(
                 "GatedPublisher: an automatic rollback needs the previous version loaded; build the HotSwapper "
                 "with retain >= 1 (and the engine with --max-cpu-loras >= retain + 2)"
             )
-        self.swapper, self.store, self.evaluate = swapper, store, evaluate
+        if canary is not None and lineage.router is None:
+            raise ConfigError(
+                f"GatedPublisher: {lineage.alias} is served from the store by another process, so no traffic "
+                "canary can run here; pass canary=None, or publish where the gateway's router is"
+            )
+        #: the engine's hot swapper when the gate moves the shared alias of an in-process engine, else ``None``
+        self.swapper = swapper if isinstance(swapper, HotSwapper) else None
+        self.lineage, self.store, self.evaluate = lineage, store, evaluate
         self.gate, self.canary, self.rollback = gate or EvalGate(), canary, rollback
         self.poll_s, self.grace_s, self.reference_lookback_s = poll_s, grace_s, reference_lookback_s
-        self.alias = swapper.alias
-        self.live = LiveRewards(store, self.alias)
+        self.alias = lineage.alias
+        self.live = LiveRewards(store, lineage.model, lineage.tenant)
         self.decisions: list[Decision] = []  #: every decision this publisher stored, in order
         self._canary_live: list[float] = []  # the live version's rewards during the last canary
         self._scores: dict[str, list[float]] = {}  # version → its scores on the held-out slice
@@ -157,8 +175,8 @@ class GatedPublisher:
         self._stop = threading.Event()
 
     def current(self) -> str:
-        """The version the alias serves now (``{alias}@v0`` = base model)."""
-        return self.swapper.router.alias(self.alias) or self.swapper.register_base()
+        """The version the lineage's live calls are served now (``{alias}@v0`` = base model)."""
+        return self.lineage.current()
 
     def stage(self, adapter_dir: Path, step: int) -> str:
         """Load a trained adapter for the trainer's own rollouts only: routable under its version name (requests
@@ -188,7 +206,7 @@ class GatedPublisher:
         """Unload the staged version, if any (waits for its in-flight requests); a no-op when it serves."""
         staged, self.staged = self.staged, None
         if staged is not None and staged != self.current():
-            self.swapper.discard(staged)
+            self.lineage.discard(staged)
 
     def sampling_version(self) -> str:
         """The version a trainer's own rollouts pin: the staged one (:meth:`stage`), else :meth:`current`."""
@@ -227,15 +245,14 @@ class GatedPublisher:
             # a stage that cannot finish refuses the candidate (after the canary's grace), then propagates
             self._decide(stage, "refused", candidate, live, f"the gate could not decide: {exc!r}")
             time.sleep(self.grace_s if stage == "canary" else 0.0)
-            self.swapper.discard(candidate)
+            self.lineage.discard(candidate)
             raise
         if not passed:
-            self.swapper.discard(candidate)
+            self.lineage.discard(candidate)
             return live
         reference = self._canary_live if self.canary is not None else None
         self.unstage()  # the promoted version is the newest: the trainer samples it through the alias
-        self.swapper.promote(candidate)
-        self.store.activate_resource(record.name, record.version)
+        self.lineage.promote(candidate)  # serves by default and is the store's active version
         self._decide("promote", "promoted", candidate, live, f"{candidate} serves {self.alias} (was {live})")
         if self.rollback is not None:
             self._start_watch(candidate, live, reference, time.time())
@@ -250,7 +267,7 @@ class GatedPublisher:
         record = self.store.publish_resource(
             ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
         )
-        return record, self.swapper.swap(adapter_dir, version=record.ref, flip=False)
+        return record, self.lineage.load(adapter_dir, record.ref)
 
     # --- the stages -------------------------------------------------------------------------------------
     def _decide(
@@ -280,10 +297,10 @@ class GatedPublisher:
         return result.passed
 
     def _run_canary(self, candidate: str, live: str) -> LiveComparison:
-        rule, router = self.canary, self.swapper.router
-        assert rule is not None
+        rule, router, key = self.canary, self.lineage.router, self.lineage.canary_key
+        assert rule is not None and router is not None
         since = time.time()
-        router.set_canary(self.alias, candidate, rule.share)
+        router.set_canary(key, candidate, rule.share)
         deadline = time.monotonic() + rule.timeout_s
         try:
             while True:
@@ -293,7 +310,7 @@ class GatedPublisher:
                     break
                 time.sleep(self.poll_s)
         finally:
-            router.clear_canary(self.alias)
+            router.clear_canary(key)
         cand, self._canary_live = rewards.get(candidate, [])[: rule.rollouts], rewards.get(live, [])
         result = rule.judge(cand, self._canary_live)
         evidence = {**result.evidence(), "share": rule.share, "rollouts": rule.rollouts,
@@ -333,21 +350,11 @@ class GatedPublisher:
                 why = result.reason if len(rewards) >= rule.window else f"window not filled: {result.reason}"
                 self._decide("watch", "kept", promoted, previous, why, evidence)
                 return
-            self._roll_back(promoted, previous)
+            self.lineage.promote(previous, rollback=True)  # one move; the promoted version is retired
             self._decide("watch", "rolled_back", promoted, previous, result.reason, evidence)
         except Exception as exc:  # noqa: BLE001 - a watch thread must not die silently
             log.exception("the watch of %s failed", promoted)
             self._decide("watch", "kept", promoted, previous, f"watch failed: {exc!r}")
-
-    def _roll_back(self, promoted: str, previous: str) -> None:
-        """Serve ``previous`` again (one flip; ``promoted`` drains and unloads) and activate it in the store."""
-        self.swapper.promote(previous, retire_old=True)
-        number = Version.parse(previous).number
-        if number == 0:  # the base model has no store record: record that the base serves again
-            base = ResourceVersion(name=self.alias, kind="adapter", payload={"base": True, "rollback_of": 0})
-            self.store.publish_resource(base, activate=True)
-        else:
-            self.store.activate_resource(self.alias, number)
 
     def wait_watch(self, timeout_s: float | None = None) -> bool:
         """Wait for the running post-promotion watch to decide; True when none is running (any more)."""

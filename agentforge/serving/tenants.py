@@ -125,13 +125,20 @@ class TenantAdapters:
                 return self.router.acquire(name)
         return self._load(tenant, name, path, cold=True)
 
-    def preload(self, tenant: str) -> str | None:
-        """Load ``tenant``'s active version ahead of its first call (counted as a load, not a cold start).
+    def preload(self, tenant: str, model: str | None = None) -> str | None:
+        """Load ``tenant``'s active version (or ``model``: a version of its lineage, e.g. a candidate the promotion
+        gate puts on a canary) ahead of its first call; counted as a load, not a cold start.
 
         Returns:
-            The version, or ``None`` when the tenant has no lineage.
+            The version, or ``None`` when the tenant has no lineage (or ``model`` is a version marking the base).
+
+        Raises:
+            NotFoundError: ``model`` is not a published version of the tenant's lineage.
+            AdapterIncompatibleError, ServingError: the engine refused it, or no slot went idle in ``slot_wait_s``.
         """
-        found = self._version(tenant, self.alias)
+        if model is not None and tenant_of_name(model) != tenant:
+            raise NotFoundError(f"{model!r} is not a version of tenant {tenant!r}'s lineage")
+        found = self._version(tenant, model or self.alias)
         if found is None:
             return None
         with self._lock:
@@ -246,19 +253,50 @@ class TenantAdapters:
             victim = next((v for v in self._loaded if self.router.inflight(v) == 0), next(iter(self._loaded)))
             owner = self._loaded.pop(victim)
         try:
-            self.router.drain(victim, timeout_s=self.slot_wait_s)  # its in-flight calls finish; none start
+            self._drain_unload(victim, owner)
         except ServingError as exc:
-            with self._lock:
-                self._loaded[victim] = owner
-                self._loaded.move_to_end(victim, last=False)
             raise ServingError(
                 f"{victim} (least recently used of {self.max_loaded} loaded tenant adapters) still had calls in "
                 f"flight after {self.slot_wait_s}s; {name} was not loaded. Raise max_loaded (and --max-cpu-loras)"
             ) from exc
         with self._lock:
             self.evictions += 1
-        self.server.unload_adapter(victim)
         log.info("unloaded %s (least recently used) to load %s", victim, name)
+
+    def _drain_unload(self, version: str, owner: str) -> None:
+        """Unload ``version``, already out of the loaded set, once its in-flight calls finished (none start: the
+        router forgets it first); after ``slot_wait_s`` it goes back into the set, least recently used.
+
+        Raises:
+            ServingError: calls were still in flight after ``slot_wait_s`` (it stays loaded).
+        """
+        try:
+            self.router.drain(version, timeout_s=self.slot_wait_s)  # its in-flight calls finish; none start
+        except ServingError:
+            with self._lock:
+                self._loaded[version] = owner
+                self._loaded.move_to_end(version, last=False)
+            raise
+        self.server.unload_adapter(version)
+
+    def unload(self, version: str) -> None:
+        """Unload a tenant version now (a candidate the promotion gate refused), once its in-flight calls finished;
+        a no-op when it is not loaded. A call that asks for it later loads it again (it is published).
+
+        Raises:
+            ServingError: calls were still in flight on it after ``slot_wait_s`` (it stays loaded).
+        """
+        with self._load_lock:
+            with self._lock:
+                owner = self._loaded.pop(version, None)
+            if owner is not None:
+                self._drain_unload(version, owner)
+                log.info("unloaded %s of tenant %s", version, owner)
+
+    def refresh(self, tenant: str) -> None:
+        """Forget ``tenant``'s cached active version: its next call reads the store (a promotion or rollback
+        serves at once instead of after up to ``refresh_s``)."""
+        self._live.pop(Version.lineage(self.alias, tenant), None)
 
     def _upstream(self, model: str) -> Upstream:
         return Upstream(

@@ -121,3 +121,14 @@ def serving_gateway(serving_router: ModelRouter) -> Iterator[GatewayServer]:
     with server:
         yield server
     store.close()
+
+
+@pytest.fixture(scope="module")
+def embedded_engine() -> Iterator[object]:
+    """One started :class:`~agentforge.serving.embedded.EmbeddedServer` (default model) per test module."""
+    from agentforge.serving.embedded import EmbeddedServer
+
+    server = EmbeddedServer()
+    server.start()
+    yield server
+    server.stop()

@@ -7,12 +7,12 @@ the bad one. Live traffic is client threads running rollouts through the gateway
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from live_traffic import LiveTraffic
 
 from agentforge.gate import CanaryRule, EvalGate, RollbackRule, list_decisions
 from agentforge.gateway.router import ModelRouter
@@ -21,7 +21,7 @@ from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.promoter import GatedPublisher
 from agentforge.testing import memory_store
-from agentforge.types import Reward, Rollout, RolloutState, SpanKind
+from agentforge.types import SpanKind
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
@@ -35,14 +35,6 @@ SLICE = [
     "Now answer with one letter.",
     "Answer with one letter, please.",
 ]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 class Stack:
@@ -79,60 +71,25 @@ class Stack:
 
 
 @pytest.fixture
-def stack(engine: EmbeddedServer, unique_alias: str) -> Iterator[Stack]:
-    s = Stack(engine, unique_alias)
+def stack(embedded_engine: EmbeddedServer, unique_alias: str) -> Iterator[Stack]:
+    s = Stack(embedded_engine, unique_alias)
     with s.gateway:
         yield s
         s.swapper.wait_drained(60)
     for version in s.swapper.live_versions():  # leave the shared engine as it was
-        engine.unload_adapter(version)
+        embedded_engine.unload_adapter(version)
     s.store.close()
 
 
-class Traffic:
+def Traffic(stack: Stack, clients: int, score: Callable[[str], float]) -> LiveTraffic:
     """``clients`` threads, each running rollouts through the gateway (alias, one call) until stopped; a
     rollout's final reward is ``score(answer)``. Every non-200 answer is a failed request."""
-
-    def __init__(self, stack: Stack, clients: int, score: Callable[[str], float]) -> None:
-        self.stack, self.score = stack, score
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)
-        ]
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(180)
-
-    def _client(self, i: int) -> None:
-        store = self.stack.store
-        while not self._stop.is_set():
-            rollout = store.enqueue_rollout(Rollout())
-            store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-            try:
-                response = self.stack.ask(self.stack.alias, SLICE[i % len(SLICE)], rollout.rollout_id)
-            except httpx.HTTPError as exc:
-                with self._lock:
-                    self.failed.append(repr(exc))
-                continue
-            if response.status_code != 200:
-                with self._lock:
-                    self.failed.append(f"{response.status_code}: {response.text[:200]}")
-                continue
-            answer = response.json()["choices"][0]["message"]["content"].strip()
-            store.add_reward(Reward(rollout_id=rollout.rollout_id, value=self.score(answer), final=True))
-            store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
-            with self._lock:
-                self.ok += 1
+    return LiveTraffic(
+        stack.store,
+        clients,
+        ask=lambda i, rollout_id: stack.ask(stack.alias, SLICE[i % len(SLICE)], rollout_id),
+        score=lambda i, answer: score(answer),
+    )
 
 
 def served_versions(stack: Stack) -> set[str]:
@@ -196,7 +153,7 @@ def test_candidate_regressing_on_canary_traffic_is_refused(
     assert (
         served == good and publisher.current() == good and stack.store.get_resource(stack.alias).ref == good
     )
-    assert traffic.failed == [] and traffic.ok >= 3
+    assert traffic.failed == [] and traffic.ok[None] >= 3
     assert bad in served_versions(stack)  # the canary really served live rollouts
     assert bad not in stack.swapper.live_versions()
     canary = [d for d in list_decisions(stack.store, stack.alias) if d.stage == "canary"]
@@ -229,9 +186,7 @@ def test_promoted_version_whose_live_reward_drops_is_rolled_back(
         served = publisher.publish(letter_adapters["B"], step=20)
         assert served == bad
         assert publisher.wait_watch(300)
-        after_rollback = traffic.ok
-        while traffic.ok < after_rollback + 8:  # traffic keeps flowing on the restored version
-            threading.Event().wait(0.2)
+        traffic.wait(8)  # traffic keeps flowing on the restored version
     assert traffic.failed == [], traffic.failed[:3]
     assert stack.router.alias(stack.alias) == good and publisher.current() == good
     assert stack.store.get_resource(stack.alias).ref == good

@@ -7,11 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from serving_helpers import FakeServer
 
-from agentforge.errors import ConfigError, ServingError
+from agentforge.errors import ConfigError, NotFoundError, ServingError
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.tenants import TenantAdapters
 from agentforge.stores.sql import SQLStore
@@ -152,3 +153,56 @@ def test_a_tenant_rolled_back_to_v0_is_served_the_shared_policy_again(store: SQL
     assert _call(adapters, router, "a", "policy@a/v2") == "policy@v0"  # a rollout pinned to that version too
     assert _call(adapters, router, "a", "policy@a/v1") == "policy@a/v1"  # older pins keep their own weights
     assert adapters.preload("a") is None and _call(adapters, router, "b") == "policy@b/v1"
+
+
+def test_a_tenant_lineage_moves_load_unload_and_serve_at_once(store: SQLStore) -> None:
+    from agentforge.serving.lineage import TenantLineage
+
+    adapters, server, router = _adapters(store, max_loaded=3)  # refresh_s 2: a move must not wait for it
+    lineage = TenantLineage(adapters, store, "a")
+    assert lineage.alias == "policy@a" and lineage.model == "policy" and lineage.tenant == "a"
+    assert lineage.current() == "policy@a/v1" == _call(adapters, router, "a")
+    store.publish_resource(
+        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
+    )
+    assert lineage.load(Path("/ad/a2"), "policy@a/v2") == "policy@a/v2"  # loaded, routable, not the default
+    assert "policy@a/v2" in server.loaded and _call(adapters, router, "a") == "policy@a/v1"
+    lineage.discard("policy@a/v2")  # refused: unloaded, the live version untouched
+    assert "policy@a/v2" not in server.loaded and _call(adapters, router, "a") == "policy@a/v1"
+    lineage.load(Path("/ad/a2"), "policy@a/v2")
+    lineage.promote("policy@a/v2")
+    assert _call(adapters, router, "a") == "policy@a/v2" == lineage.current()  # no refresh_s wait
+    lineage.promote("policy@a/v1", rollback=True)  # back, and the version rolled back from is unloaded
+    assert _call(adapters, router, "a") == "policy@a/v1" and "policy@a/v2" not in server.loaded
+    assert store.get_resource("policy@a").version == 1
+    lineage.promote("policy@v0", rollback=True)  # back to the shared policy: a version marking the base
+    assert store.get_resource("policy@a").payload["base"] and lineage.current() == "policy@v0"
+    assert _call(adapters, router, "a") == "policy@v0" and "policy@a/v1" not in server.loaded
+    assert _call(adapters, router, "b") == "policy@b/v1"  # another tenant: untouched throughout
+    with pytest.raises(NotFoundError):
+        adapters.preload("a", "policy@b/v1")  # a tenant's moves never load another tenant's version
+
+
+def test_a_tenant_canary_meets_only_that_tenants_unpinned_rollouts(store: SQLStore) -> None:
+    from agentforge.gateway.pins import PinCache
+    from agentforge.types import Rollout
+
+    _, _, router = _adapters(store)
+    router.register("policy@a/v2", Upstream(base_url="http://fake/v1", model="policy@a/v2"))
+    router.set_canary("policy@a", "policy@a/v2", 0.5)
+    pins = PinCache(store, router)
+    pins.loads_tenants = True
+
+    def targets(tenant: str | None, **resources: str) -> set[str]:
+        rids = [
+            store.enqueue_rollout(Rollout(tenant=tenant, resources=resources)).rollout_id for _ in range(40)
+        ]
+        return {pins.target(rid, "policy") for rid in rids}
+
+    assert targets("a") == {"policy", "policy@a/v2"}  # a sticky share of a's rollouts
+    assert targets("a", policy="policy@a/v1") == {"policy@a/v1"}  # pinned (training, evaluation): never
+    assert targets("b") == {"policy"} and targets(None) == {"policy"}  # other tenants' and shared: never
+    rid = store.enqueue_rollout(Rollout(tenant="a")).rollout_id
+    assert len({pins.target(rid, "policy") for _ in range(5)}) == 1  # sticky
+    router.clear_canary("policy@a")
+    assert targets("a") == {"policy"}
