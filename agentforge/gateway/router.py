@@ -150,9 +150,9 @@ class ModelRouter:
     def canary_target(self, alias: str, rollout_id: str) -> str | None:
         """The canary version for this rollout, or ``None`` (no canary behind ``alias``, or the rollout falls
         outside its share). The choice is ``crc32(rollout_id) / 2**32 < share``: the same for every call of a
-        rollout (sticky) and uniform over random ids."""
-        with self._lock:
-            canary = self._canaries.get(alias)
+        rollout (sticky) and uniform over random ids. Lock-free: one dict read (``set_canary``/``clear_canary``
+        replace the entry whole, under the lock), so the gateway's per-call lookups never wait for the lock."""
+        canary = self._canaries.get(alias)
         if canary is None or zlib.crc32(rollout_id.encode()) / 2**32 >= canary[1]:
             return None
         return canary[0]
