@@ -18,10 +18,18 @@ on 2 CPU cores. On the embedded default:
    tenant's only when it beats the tenant's live one on a fixed gate slice of N training-split messages, paired
    sign test, every decision stored), then evaluate the tenant's served version on its held-out split; each span
    is checked to name that version;
+   with ``--canary-share S`` (and/or ``--rollback-window W``) the tenant also has live customers while it trains
+   (``--live-clients`` unpinned rollouts at a time, messages of its test split that the held-out evaluation never
+   uses) and the whole promotion gate runs on them (``GatedPublisher(TenantLineage(...))``): a candidate that
+   passed the eval gate serves a sticky share S of *that tenant's* live rollouts until it and the live version
+   served ``--canary-rollouts`` each, and is promoted only if its live reward is not worse by more than the
+   margin; after a promotion a live reward drop over W rollouts rolls the tenant back. Other tenants never see
+   the candidate;
 4. print a table per tenant (shared vs own adapter, Δ, minutes) and write ``OUT/results.json``.
 
     python examples/tenants_job.py                     # about 17 minutes on 2 cores
     python examples/tenants_job.py --gate-size 24      # each tenant's adapters through its own eval gate
+    python examples/tenants_job.py --gate-size 24 --canary-share 0.3 --rollback-window 16   # + canary, rollback
     python examples/tenants_job.py --steps 2 --eval-size 8   # a quick look at the wiring
 """
 
@@ -32,6 +40,7 @@ import json
 import random
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,19 +63,21 @@ from agentforge.agents.customer_service.datasets import load_banking77, load_bit
 from agentforge.agents.customer_service.rewards.triage import normalize_intent
 from agentforge.agents.customer_service.triage import build_triage_graph, parse_label, triage_prompt
 from agentforge.errors import NotFoundError
-from agentforge.gate import Decision, EvalGate
+from agentforge.gate import CanaryRule, Decision, EvalGate, RollbackRule
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.runtime import Runner
 from agentforge.runtime.tasks import enqueue_tasks, wait_for_rollouts
 from agentforge.serving.hotswap import HotSwapper
+from agentforge.serving.lineage import TenantLineage
+from agentforge.serving.promoter import GatedPublisher
 from agentforge.serving.tenants import TenantAdapters
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stack import engine_endpoint
 from agentforge.stores.tenants import TenantKeyCache
 from agentforge.trainers.publish import GatedStorePublisher, StorePublisher
 from agentforge.trainers.rollouts import RolloutSource
-from agentforge.types import Version
+from agentforge.types import RolloutState, Version
 
 console = Console()
 
@@ -98,6 +109,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "adapters through its own eval gate; 0: every adapter becomes the tenant's version at once",
     )
     p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
+    # fmt: off
+    p.add_argument("--canary-share", type=float, default=0.0,
+                   help="share of the tenant's live rollouts its candidate serves before promotion; 0: no canary")
+    p.add_argument("--canary-rollouts", type=int, default=8, help="live rollouts each canary arm must serve")
+    p.add_argument("--rollback-window", type=int, default=0,
+                   help="live rollouts of a promoted version judged for an automatic rollback; 0: no watch")
+    p.add_argument("--live-margin", type=float, default=0.1, help="allowed live-reward shortfall (canary, watch)")
+    p.add_argument("--live-clients", type=int, default=4, help="live customers of the training tenant at a time")
+    p.add_argument("--live-size", type=int, default=40, help="live-customer messages per tenant (test split)")
+    p.add_argument("--live-pause-s", type=float, default=1.0,
+                   help="seconds between a tenant's batches of live customers (unthrottled they slow training)")
+    # fmt: on
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/tenants-job"), help="output folder")
@@ -214,18 +237,19 @@ class Lineage:
         store: the trace store holding the lineage.
         tenant: the tenant.
         shared: the shared policy's version (``policy@v0``), what serves the tenant before its first adapter.
-        gate: a :class:`~agentforge.trainers.publish.GatedStorePublisher` of the lineage to publish through, or
-            ``None`` (every adapter becomes the tenant's version at once).
+        gate: the tenant's promotion gate to publish through (:func:`tenant_gate`, :func:`live_gate`), or ``None``
+            (every adapter becomes the tenant's version at once).
     """
 
-    def __init__(
-        self, store: TraceStore, tenant: str, shared: str, gate: GatedStorePublisher | None = None
-    ) -> None:
-        self.store, self.tenant, self.shared = store, tenant, shared
+    def __init__(self, store: TraceStore, tenant: str, shared: str,
+                 gate: GatedStorePublisher | GatedPublisher | None = None) -> None:  # fmt: skip
+        self.store, self.tenant, self.shared, self.gate = store, tenant, shared, gate
         self.inner = gate or StorePublisher(store, alias=Version.lineage("policy", tenant))
 
     def current(self) -> str:
         """The tenant's active version, else the shared policy's (what serves the tenant now)."""
+        if self.gate is not None:
+            return self.gate.current()
         try:
             return self.store.get_resource(self.inner.alias).ref
         except NotFoundError:
@@ -278,9 +302,74 @@ def tenant_gate(args: argparse.Namespace, store: TraceStore, tenant: str, shared
     return GatedStorePublisher(store, Version.lineage("policy", tenant), scores, gate, fallback=shared)
 
 
+def live_gate(args: argparse.Namespace, store: TraceStore, adapters: TenantAdapters, tenant: str,
+              gate_slice: list[Task]) -> GatedPublisher:  # fmt: skip
+    """The tenant's whole promotion gate, run in the gateway's process: eval gate on ``gate_slice`` (if any), then a
+    canary on a sticky share of the tenant's own live rollouts, then a watch that rolls the tenant back
+    (:class:`~agentforge.serving.lineage.TenantLineage`; decisions stored under ``promotion:policy@<tenant>``)."""
+
+    def scores(version: str) -> list[float]:
+        return evaluate(store, tenant, gate_slice, version, f"gate-{version}")["scores"]
+
+    margin = args.live_margin
+    return GatedPublisher(
+        TenantLineage(adapters, store, tenant), store, evaluate=scores if gate_slice else None,
+        gate=EvalGate(max_p=args.gate_max_p, min_gain=0.0),
+        canary=CanaryRule(args.canary_share, args.canary_rollouts, margin) if args.canary_share > 0 else None,
+        rollback=RollbackRule(args.rollback_window, margin) if args.rollback_window > 0 else None,
+    )  # fmt: skip
+
+
+class LiveCustomers:
+    """A tenant's live customers while it trains: ``clients`` unpinned rollouts at a time (its key, greedy, reward =
+    exact intent), ``pause_s`` seconds between batches, so the gateway serves them the tenant's live version or its
+    canary (sticky by rollout id).
+
+    Attributes:
+        rollouts: live rollouts finished; failed: those that did not succeed (a failed request among them).
+    """
+
+    def __init__(
+        self, store: TraceStore, tenant: str, tasks: list[Task], clients: int, pause_s: float
+    ) -> None:
+        self.store, self.tenant, self.tasks, self.clients, self.pause_s = (
+            store,
+            tenant,
+            tasks,
+            clients,
+            pause_s,
+        )
+        self.rollouts = self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"live-{tenant}", daemon=True)
+
+    def __enter__(self) -> LiveCustomers:
+        if self.tasks and self.clients > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(300)
+
+    def _run(self) -> None:
+        k = 0
+        while not self._stop.is_set():
+            batch = [self.tasks[(k + i) % len(self.tasks)] for i in range(self.clients)]
+            k += self.clients
+            rollouts = enqueue_tasks(self.store, batch, metadata={"live": True}, tenant=self.tenant)
+            done = wait_for_rollouts(self.store, [r.rollout_id for r in rollouts], timeout_s=600)
+            self.rollouts += len(done)
+            self.failed += sum(r.state != RolloutState.succeeded for r in done)
+            self._stop.wait(self.pause_s)
+
+
 def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenant: str, shared: str,
-                 train: list[Task], gate_slice: list[Task]) -> tuple[str, int, float, list[Decision]]:  # fmt: skip
-    """GRPO + LoRA on ``tenant``'s rollouts only; returns (its served version, steps, seconds, gate decisions)."""
+                 train: list[Task], gate_slice: list[Task], adapters: TenantAdapters,
+                 live: list[Task]) -> tuple[str, int, float, list[Decision]]:  # fmt: skip
+    """GRPO + LoRA on ``tenant``'s rollouts only, with its live customers (``live``) while the promotion gate needs
+    them; returns (its served version, steps, seconds, gate decisions)."""
     config = TrainConfig(
         output_dir=str(args.out / tenant), seed=args.seed, data_seed=args.seed, num_generations=args.group_size,
         tasks_per_step=args.tasks_per_step, max_steps=args.steps, swap_every=args.swap_every,
@@ -289,7 +378,12 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
         save_total_limit=1, report_to=["none"], use_cpu=True, bf16=True, gradient_checkpointing=False,
         rollout_timeout_s=120, wait_timeout_s=900,
     )  # fmt: skip
-    gate = tenant_gate(args, store, tenant, shared, gate_slice)
+    live_gated = args.canary_share > 0 or args.rollback_window > 0
+    gate = (
+        live_gate(args, store, adapters, tenant, gate_slice)
+        if live_gated
+        else tenant_gate(args, store, tenant, shared, gate_slice)
+    )
     lineage = Lineage(store, tenant, shared, gate)
     source = RolloutSource(
         store, {t.task_id: t for t in train}, config.num_generations, lineage.current, alias=config.alias,
@@ -299,7 +393,13 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
     trainer = LightningTrainer(model, store, train, config, lineage, source=source)
     source.placeholder = trainer.placeholder_token_id
     t0 = time.monotonic()
-    trainer.train()
+    customers = LiveCustomers(store, tenant, live if live_gated else [], args.live_clients, args.live_pause_s)
+    with customers:
+        trainer.train()
+        if isinstance(gate, GatedPublisher):
+            gate.wait_watch()  # the last promotion's watch decides on live traffic before the evaluation
+    if live_gated:
+        console.print(f"{tenant}: {customers.rollouts} live rollouts, {customers.failed} not succeeded")
     decisions = gate.decisions if gate is not None else []
     return lineage.current(), int(trainer.trainer.state.global_step), time.monotonic() - t0, decisions
 
@@ -323,9 +423,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = prepare_default_model()
-    data = {t: tenant_tasks(t, args.train_size + args.gate_size, args.eval_size, args.seed) for t in TENANTS}
+    n_live = args.live_size if args.canary_share > 0 or args.rollback_window > 0 else 0
+    data = {
+        t: tenant_tasks(t, args.train_size + args.gate_size, args.eval_size + n_live, args.seed)
+        for t in TENANTS
+    }
     gates = {t: gate_slice(train, args.gate_size) for t, (train, _) in data.items()}
-    data = {t: (train[: args.train_size], held_out) for t, (train, held_out) in data.items()}
+    lives = {
+        t: held_out[args.eval_size :] for t, (_, held_out) in data.items()
+    }  # never in the held-out evaluation
+    data = {
+        t: (train[: args.train_size], held_out[: args.eval_size]) for t, (train, held_out) in data.items()
+    }
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     t_job = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
@@ -352,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"{tenant}: shared {shared} held-out {before['acc']:.3f}")
                 for tenant, (train, held_out) in data.items():
                     version, steps, train_s, decisions = train_tenant(
-                        args, store, model, tenant, shared, train, gates[tenant]
+                        args, store, model, tenant, shared, train, gates[tenant], adapters, lives[tenant]
                     )
                     after = evaluate(store, tenant, held_out, version, "after")
                     results[tenant].update(version=version, steps=steps, train_s=train_s, after=after,

@@ -50,3 +50,24 @@ def test_the_tenant_table_names_both_versions_and_the_gain(job) -> None:  # type
     console.print(job.tenant_table("assistant", r))
     text = console.export_text()
     assert "policy@v0" in text and "policy@assistant/v2" in text and "+0.350" in text and "0/60" in text
+
+
+def test_with_a_canary_share_each_tenant_publishes_through_its_whole_promotion_gate(job) -> None:  # type: ignore[no-untyped-def]
+    from serving_helpers import FakeServer
+
+    from agentforge.gateway.router import ModelRouter, Upstream
+    from agentforge.serving.lineage import TenantLineage
+    from agentforge.serving.tenants import TenantAdapters
+
+    store, router = memory_store(), ModelRouter()
+    router.register("policy@v0", Upstream(base_url="http://fake/v1", model="base"))
+    router.set_alias("policy", "policy@v0")
+    adapters = TenantAdapters(FakeServer(max_loras=4), router, store, max_loaded=2)  # type: ignore[arg-type]
+    args = job.parse_args(["--canary-share", "0.3", "--rollback-window", "16", "--live-margin", "0.05"])
+    gate = job.live_gate(args, store, adapters, "bank", [])
+    assert isinstance(gate.lineage, TenantLineage) and gate.alias == "policy@bank" and gate.evaluate is None
+    assert (gate.canary.share, gate.canary.rollouts, gate.canary.margin) == (0.3, 8, 0.05)
+    assert (gate.rollback.window, gate.rollback.margin) == (16, 0.05)
+    assert job.Lineage(store, "bank", "policy@v0", gate).current() == "policy@v0"  # no adapter yet: shared
+    store.publish_resource(ResourceVersion(name="policy@bank", kind="adapter", payload={"base": True}))
+    assert job.Lineage(store, "bank", "policy@v0", gate).current() == "policy@v0"  # rolled back to the shared
