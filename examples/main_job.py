@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1.0,
         help="sampling temperature of the GRPO rollouts (held-out and gate evaluations are greedy)",
     )
-    p.add_argument("--learning-rate", type=float, default=5e-4, help="LoRA learning rate (constant)")
+    p.add_argument("--learning-rate", type=float, default=5e-4, help="GRPO's LoRA learning rate (constant)")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument(
         "--beta",
@@ -173,6 +173,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="warm start: at most this many successful turns per task go into replay SFT (TraceFilter.max_per_task)",
     )
     p.add_argument("--warm-epochs", type=float, default=3.0, help="warm start: SFT epochs over the successes")
+    p.add_argument(
+        "--warm-learning-rate",
+        type=float,
+        default=5e-4,
+        help="warm start: replay SFT's LoRA learning rate (constant)",
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -262,7 +268,7 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     """Warm start, step 2: replay SFT on the captured successful turns (reward 1.0), published through the gate."""
     config = ReplaySFTConfig(
         output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
-        num_train_epochs=args.warm_epochs, learning_rate=args.learning_rate, lr_scheduler_type="constant",
+        num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type="constant",
         # 8 sequences per update in one batch: their ~490-token common head runs once (share_prompt_prefix)
         per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=True,
@@ -424,7 +430,7 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
              f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
              f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
              f"- {args.steps} GRPO steps × {args.tasks_per_step} tasks × G={args.group_size} per seed, lr "
-             f"{args.learning_rate}, β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward; gate: exact sign test on "
+             f"{args.learning_rate} (warm start {args.warm_learning_rate}), β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward; gate: exact sign test on "
              f"{args.gate_size} gate-slice tasks, p ≤ {args.gate_max_p}, gain > 0",
              *([f"- warm start: {captured['n']} captured turns of the base policy ({args.warm_tasks} tasks × "
                 f"{args.warm_samples}; tool call at T={args.warm_temperature} with min_p {args.warm_min_p}, reply greedy), "
