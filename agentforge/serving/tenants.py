@@ -96,6 +96,8 @@ class TenantAdapters:
         # lineage → (read at, (version, path) or None); pinned version → adapter path (published: never changes)
         self._live: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self._paths: dict[str, str] = {}
+        # lineage → refresh() calls so far: a store read that straddles one is read again, not cached
+        self._moves: dict[str, int] = {}
         self.loads = self.evictions = self.cold_starts = self.hits = 0
         self.cold_start_s: list[float] = []  # seconds each cold start's call waited for its load
 
@@ -195,17 +197,21 @@ class TenantAdapters:
         hit = self._live.get(lineage)
         if hit is not None and now - hit[0] < self.refresh_s:
             return hit[1]
-        try:
-            resource = self.store.get_resource(lineage)
-            found: tuple[str, str] | None = (
-                None
-                if resource.payload.get("base")
-                else (resource.ref, self._path(resource.payload, resource.ref))
-            )  # a rollback to v0 activates a version marking the base: the shared policy serves again
-        except NotFoundError:
-            found = None
-        self._live[lineage] = (now, found)
-        return found
+        while True:
+            moves = self._moves.get(lineage, 0)
+            try:
+                resource = self.store.get_resource(lineage)
+                found: tuple[str, str] | None = (
+                    None
+                    if resource.payload.get("base")
+                    else (resource.ref, self._path(resource.payload, resource.ref))
+                )  # a rollback to v0 activates a version marking the base: the shared policy serves again
+            except NotFoundError:
+                found = None
+            with self._lock:  # a move (refresh) during the read may have made it stale: read again
+                if self._moves.get(lineage, 0) == moves:
+                    self._live[lineage] = (now, found)
+                    return found
 
     @staticmethod
     def _path(payload: dict[str, object], version: str) -> str:
@@ -295,8 +301,12 @@ class TenantAdapters:
 
     def refresh(self, tenant: str) -> None:
         """Forget ``tenant``'s cached active version: its next call reads the store (a promotion or rollback
-        serves at once instead of after up to ``refresh_s``)."""
-        self._live.pop(Version.lineage(self.alias, tenant), None)
+        serves at once instead of after up to ``refresh_s``); a call whose store read was under way meanwhile reads
+        again rather than cache what it read before the move."""
+        lineage = Version.lineage(self.alias, tenant)
+        with self._lock:
+            self._moves[lineage] = self._moves.get(lineage, 0) + 1
+            self._live.pop(lineage, None)
 
     def _upstream(self, model: str) -> Upstream:
         return Upstream(

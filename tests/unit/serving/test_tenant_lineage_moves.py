@@ -1,0 +1,90 @@
+"""A tenant lineage's moves (promotion, rollback, canary) against what serving does meanwhile, on the recording fake
+engine: a store read in flight while the lineage moves."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serving_helpers import FakeServer
+
+from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.serving.lineage import TenantLineage
+from agentforge.serving.tenants import TenantAdapters
+from agentforge.stores.sql import SQLStore
+from agentforge.testing import memory_store
+from agentforge.types import ResourceVersion
+
+
+@pytest.fixture
+def store() -> Iterator[SQLStore]:
+    store = memory_store()
+    for tenant in "abc":
+        store.publish_resource(
+            ResourceVersion(name=f"policy@{tenant}", kind="adapter", payload={"path": f"/ad/{tenant}"})
+        )
+    yield store  # type: ignore[misc]
+    store.close()
+
+
+def _adapters(
+    store: Any, server: FakeServer | None = None, max_loaded: int = 3
+) -> tuple[TenantAdapters, FakeServer, ModelRouter]:
+    server, router = server or FakeServer(max_loras=4), ModelRouter()
+    router.register("policy@v0", Upstream(base_url="http://fake/v1", model="base"))
+    router.set_alias("policy", "policy@v0")
+    return TenantAdapters(server, router, store, max_loaded=max_loaded), server, router  # type: ignore[arg-type]
+
+
+def _call(adapters: TenantAdapters, router: ModelRouter, tenant: str, model: str = "policy") -> str:
+    version, _ = adapters.acquire(tenant, model)
+    router.release(version)
+    return version
+
+
+class SlowReads:
+    """The store, but a read of ``policy@a``'s active version pauses (after reading) while ``hold`` is set."""
+
+    def __init__(self, inner: SQLStore) -> None:
+        self.inner, self.hold = inner, threading.Event()
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
+        found = self.inner.get_resource(name, version)
+        if self.hold.is_set() and name == "policy@a" and version is None:
+            self.hold.clear()
+            self.reading.set()
+            assert self.go.wait(5)
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_store_read_in_flight_during_a_rollback_never_serves_the_version_rolled_back_from(
+    store: SQLStore,
+) -> None:
+    slow = SlowReads(store)
+    adapters, server, router = _adapters(slow)  # refresh_s 2: only refresh() makes a move serve at once
+    lineage = TenantLineage(adapters, store, "a")
+    store.publish_resource(
+        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
+    )
+    lineage.load(Path("/ad/a2"), "policy@a/v2")
+    lineage.promote("policy@a/v2")
+    assert _call(adapters, router, "a") == "policy@a/v2"
+    adapters.refresh("a")  # the next call of a reads the store...
+    slow.hold.set()
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(_call(adapters, router, "a")))
+    reader.start()
+    assert slow.reading.wait(5)  # ...and has read v2 as active when the watch rolls a back
+    lineage.promote("policy@a/v1", rollback=True)
+    slow.go.set()
+    reader.join(5)
+    # the read from before the rollback is not cached over it: v2 is neither served again nor loaded again
+    assert _call(adapters, router, "a") == "policy@a/v1"
+    assert got == ["policy@a/v1"] and "policy@a/v2" not in server.loaded
