@@ -270,8 +270,10 @@ class TenantAdapters:
         log.info("unloaded %s (least recently used) to load %s", victim, name)
 
     def _drain_unload(self, version: str, owner: str) -> None:
-        """Unload ``version``, already out of the loaded set, once its in-flight calls finished (none start: the
-        router forgets it first); after ``slot_wait_s`` it goes back into the set, least recently used.
+        """Unload ``version``, already out of the loaded set, once its in-flight calls finished (none start: a call
+        for it finds it out of the set and waits for the load lock, which the caller holds); after ``slot_wait_s``
+        it goes back into the set, least recently used. An engine that no longer holds it (restarted) counts as
+        unloaded.
 
         Raises:
             ServingError: calls were still in flight after ``slot_wait_s`` (it stays loaded).
@@ -283,7 +285,10 @@ class TenantAdapters:
                 self._loaded[version] = owner
                 self._loaded.move_to_end(version, last=False)
             raise
-        self.server.unload_adapter(version)
+        try:
+            self.server.unload_adapter(version)
+        except NotFoundError as exc:  # the engine lost it already (restarted): unloaded all the same
+            log.warning("%s was no longer loaded in the engine: %s", version, exc)
 
     def unload(self, version: str) -> None:
         """Unload a tenant version now (a candidate the promotion gate refused), once its in-flight calls finished;

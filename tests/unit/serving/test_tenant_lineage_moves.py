@@ -1,5 +1,5 @@
 """A tenant lineage's moves (promotion, rollback, canary) against what serving does meanwhile, on the recording fake
-engine: a store read in flight while the lineage moves."""
+engine: a store read in flight while the lineage moves, an engine that no longer holds an adapter."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from serving_helpers import FakeServer
 
+from agentforge.errors import NotFoundError
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.lineage import TenantLineage
 from agentforge.serving.tenants import TenantAdapters
@@ -88,3 +89,39 @@ def test_a_store_read_in_flight_during_a_rollback_never_serves_the_version_rolle
     # the read from before the rollback is not cached over it: v2 is neither served again nor loaded again
     assert _call(adapters, router, "a") == "policy@a/v1"
     assert got == ["policy@a/v1"] and "policy@a/v2" not in server.loaded
+
+
+class RestartedServer(FakeServer):
+    """An engine that lost its adapters behind serving's back (restarted): unloading one it had says not loaded."""
+
+    def forget(self, name: str) -> None:
+        self.loaded.remove(name)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.loaded:
+            raise NotFoundError(f"adapter {name!r} is not loaded on {self.base_url}")
+        super().unload_adapter(name)
+
+
+def test_a_rollback_completes_when_the_engine_no_longer_holds_the_version(store: SQLStore) -> None:
+    server = RestartedServer(max_loras=4)
+    adapters, _, router = _adapters(store, server)
+    lineage = TenantLineage(adapters, store, "a")
+    store.publish_resource(
+        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
+    )
+    lineage.load(Path("/ad/a2"), "policy@a/v2")
+    lineage.promote("policy@a/v2")
+    assert _call(adapters, router, "a") == "policy@a/v2"
+    server.forget("policy@a/v2")
+    lineage.promote(
+        "policy@a/v1", rollback=True
+    )  # a rollback that happened must not raise (the watch said kept)
+    assert _call(adapters, router, "a") == "policy@a/v1" and adapters.loaded() == ["policy@a/v1"]
+    store.publish_resource(
+        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a3"}), activate=False
+    )
+    lineage.load(Path("/ad/a3"), "policy@a/v3")
+    server.forget("policy@a/v3")
+    lineage.discard("policy@a/v3")  # a refused candidate: unloaded (already), no error out of the gate
+    assert adapters.loaded() == ["policy@a/v1"] and "policy@a/v3" not in router.models()
