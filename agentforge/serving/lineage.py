@@ -74,6 +74,15 @@ class Lineage(Protocol):
         """Unload a loaded version that is not the default (waits for its in-flight calls; no-op if not loaded)."""
         ...
 
+    def reload(self, version: str) -> None:
+        """Make a version :meth:`load` loaded routable again if serving unloaded it since (a tenant's candidate
+        evicted by other tenants' cold starts during its eval gate); the gate calls it before the canary.
+
+        Raises:
+            AdapterIncompatibleError, ServingError: the engine refused it.
+        """
+        ...
+
     def promote(self, version: str, *, rollback: bool = False) -> None:
         """Serve ``version`` by default and make it the store's active version (``rollback``: the version served
         before is retired, not kept)."""
@@ -121,6 +130,9 @@ class SwapperLineage:
     def discard(self, version: str) -> None:
         self.swapper.discard(version)
 
+    def reload(self, version: str) -> None:
+        return None  # the swapper unloads only versions it retires or discards
+
     def promote(self, version: str, *, rollback: bool = False) -> None:
         self.swapper.promote(version, retire_old=rollback)  # one flip; the old version drains first
         activate_version(self.store, self.alias, version)
@@ -163,6 +175,9 @@ class StoreLineage:
     def discard(self, version: str) -> None:
         return None  # never loaded here
 
+    def reload(self, version: str) -> None:
+        return None  # never loaded here
+
     def promote(self, version: str, *, rollback: bool = False) -> None:
         activate_version(self.store, self.alias, version)
 
@@ -192,6 +207,9 @@ class TenantLineage(StoreLineage):
 
     def discard(self, version: str) -> None:
         self.adapters.unload(version)
+
+    def reload(self, version: str) -> None:
+        self.adapters.preload(self.tenant or "", version)  # the router's canary needs it registered
 
     def promote(self, version: str, *, rollback: bool = False) -> None:
         """Activate ``version`` and drop the adapters' cached active version, so the tenant's next call is served

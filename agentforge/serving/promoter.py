@@ -300,6 +300,7 @@ class GatedPublisher:
         rule, router, key = self.canary, self.lineage.router, self.lineage.canary_key
         assert rule is not None and router is not None
         since = time.time()
+        self.lineage.reload(candidate)  # a tenant's candidate may have been evicted while the eval gate ran
         router.set_canary(key, candidate, rule.share)
         deadline = time.monotonic() + rule.timeout_s
         try:

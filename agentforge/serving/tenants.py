@@ -145,6 +145,7 @@ class TenantAdapters:
             return None
         with self._lock:
             if found[0] in self._loaded:
+                self._loaded.move_to_end(found[0])  # used now: the last to be evicted
                 return found[0]
         version, _ = self._load(tenant, *found, cold=False)
         self.router.release(version)

@@ -1,8 +1,10 @@
 """A tenant lineage's moves (promotion, rollback, canary) against what serving does meanwhile, on the recording fake
-engine: a store read in flight while the lineage moves, an engine that no longer holds an adapter."""
+engine: a store read in flight while the lineage moves, other tenants' cold starts evicting a candidate, an engine
+that no longer holds an adapter."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +14,10 @@ import pytest
 from serving_helpers import FakeServer
 
 from agentforge.errors import NotFoundError
+from agentforge.gate import CanaryRule, EvalGate
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.lineage import TenantLineage
+from agentforge.serving.promoter import GatedPublisher
 from agentforge.serving.tenants import TenantAdapters
 from agentforge.stores.sql import SQLStore
 from agentforge.testing import memory_store
@@ -91,6 +95,34 @@ def test_a_store_read_in_flight_during_a_rollback_never_serves_the_version_rolle
     assert got == ["policy@a/v1"] and "policy@a/v2" not in server.loaded
 
 
+def _adapter_dir(path: Path) -> Path:
+    path.mkdir()
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    return path
+
+
+def test_a_tenant_candidate_evicted_by_other_tenants_before_its_canary_still_gets_its_canary(
+    store: SQLStore, tmp_path: Path
+) -> None:
+    adapters, server, router = _adapters(store, max_loaded=2)
+
+    def evaluate(version: str) -> list[float]:
+        for tenant in "bc":  # other tenants' customers meanwhile: their cold starts take both slots
+            _call(adapters, router, tenant)
+        return [1.0] * 6 if version == "policy@a/v2" else [0.0] * 6
+
+    gate = GatedPublisher(
+        TenantLineage(adapters, store, "a"), store, evaluate=evaluate, gate=EvalGate(max_p=0.05),
+        canary=CanaryRule(share=0.5, rollouts=1, timeout_s=0.3), poll_s=0.05, grace_s=0.0,
+    )  # fmt: skip
+    assert (
+        gate.publish(_adapter_dir(tmp_path / "a2"), 1) == "policy@a/v1"
+    )  # no live traffic: refused on timeout
+    outcomes = [(d.stage, d.outcome) for d in gate.decisions]
+    assert outcomes == [("eval", "passed"), ("canary", "refused")], gate.decisions[-1].reason
+    assert "policy@a/v2" not in server.loaded and _call(adapters, router, "a") == "policy@a/v1"
+
+
 class RestartedServer(FakeServer):
     """An engine that lost its adapters behind serving's back (restarted): unloading one it had says not loaded."""
 
@@ -114,9 +146,8 @@ def test_a_rollback_completes_when_the_engine_no_longer_holds_the_version(store:
     lineage.promote("policy@a/v2")
     assert _call(adapters, router, "a") == "policy@a/v2"
     server.forget("policy@a/v2")
-    lineage.promote(
-        "policy@a/v1", rollback=True
-    )  # a rollback that happened must not raise (the watch said kept)
+    # a rollback that happened must not raise (the gate's watch stored "kept" when it did)
+    lineage.promote("policy@a/v1", rollback=True)
     assert _call(adapters, router, "a") == "policy@a/v1" and adapters.loaded() == ["policy@a/v1"]
     store.publish_resource(
         ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a3"}), activate=False
