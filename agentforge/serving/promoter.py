@@ -227,14 +227,14 @@ class GatedPublisher:
             The candidate's version name when promoted, else the live version's (which keeps serving).
 
         Raises:
-            AdapterIncompatibleError, ServingError: staging failed (as :meth:`HotSwapper.swap`); the live
-                version keeps serving.
+            AdapterIncompatibleError, ServingError: staging failed (as :meth:`HotSwapper.swap`); the candidate
+                is refused (recorded) and the live version keeps serving.
             Whatever ``evaluate`` raises (e.g. ``RolloutTimeout``): the candidate is refused (recorded) and
                 unloaded first.
         """
         self.wait_watch()
         live = self.current()
-        record, candidate = self._load_inactive(adapter_dir, step)
+        record, candidate = self._load_inactive(adapter_dir, step, live=live)
         stage: Stage = "eval"
         try:
             passed = self._eval_passes(candidate, live)
@@ -258,16 +258,24 @@ class GatedPublisher:
             self._start_watch(candidate, live, reference, time.time())
         return candidate
 
-    def _load_inactive(self, adapter_dir: Path, step: int, **extra: Any) -> tuple[ResourceVersion, str]:
+    def _load_inactive(
+        self, adapter_dir: Path, step: int, live: str | None = None, **extra: Any
+    ) -> tuple[ResourceVersion, str]:
         """Record the adapter in the store (not active; ``extra`` joins its payload) and load it in the engine
-        under that record's version without moving the alias; return the record and the version name."""
+        under that record's version without moving the alias; return the record and the version name. With
+        ``live`` (a publish), a load that fails is stored as the candidate's refusal before it propagates."""
         info = read_adapter(adapter_dir)
         payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
                    "rank": info.max_rank, "step": step, **extra}  # fmt: skip
         record = self.store.publish_resource(
             ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
         )
-        return record, self.lineage.load(adapter_dir, record.ref)
+        try:
+            return record, self.lineage.load(adapter_dir, record.ref)
+        except Exception as exc:
+            if live is not None:
+                self._decide("eval", "refused", record.ref, live, f"the engine could not load it: {exc!r}")
+            raise
 
     # --- the stages -------------------------------------------------------------------------------------
     def _decide(

@@ -1,6 +1,6 @@
 """A tenant lineage's moves (promotion, rollback, canary) against what serving does meanwhile, on the recording fake
 engine: a store read in flight while the lineage moves, other tenants' cold starts evicting a candidate, an engine
-that no longer holds an adapter."""
+that no longer holds an adapter, an engine that cannot load a candidate."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from serving_helpers import FakeServer
 
-from agentforge.errors import NotFoundError
-from agentforge.gate import CanaryRule, EvalGate
+from agentforge.errors import NotFoundError, ServingError
+from agentforge.gate import CanaryRule, EvalGate, list_decisions
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.lineage import TenantLineage
 from agentforge.serving.promoter import GatedPublisher
@@ -156,3 +156,21 @@ def test_a_rollback_completes_when_the_engine_no_longer_holds_the_version(store:
     server.forget("policy@a/v3")
     lineage.discard("policy@a/v3")  # a refused candidate: unloaded (already), no error out of the gate
     assert adapters.loaded() == ["policy@a/v1"] and "policy@a/v3" not in router.models()
+
+
+class DeadEngine(FakeServer):
+    """An engine that died: every load fails."""
+
+    def load_adapter(self, name: str, path: str) -> None:
+        raise ServingError(f"the engine at {self.base_url} does not answer")
+
+
+def test_a_candidate_the_engine_cannot_load_is_refused_on_record(store: SQLStore, tmp_path: Path) -> None:
+    adapters, _, router = _adapters(store, DeadEngine(max_loras=4))
+    gate = GatedPublisher(TenantLineage(adapters, store, "a"), store, evaluate=lambda v: [1.0])
+    with pytest.raises(ServingError):
+        gate.publish(_adapter_dir(tmp_path / "a2"), 1)
+    assert store.get_resource("policy@a").version == 1  # still the live version
+    [decision] = list_decisions(store, "policy@a")  # the published, never served candidate has its record
+    assert (decision.candidate, decision.outcome, decision.live) == ("policy@a/v2", "refused", "policy@a/v1")
+    assert "does not answer" in decision.reason
