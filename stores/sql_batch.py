@@ -156,33 +156,34 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         keep.append(kept)
         results.append(row if type(row) is UserError else None)
     valid = [sp for sp, r in zip(spans, results, strict=True) if r is None]
-    # the driver's own cursor on the hot path: no ORM, no compilation, no row objects
-    existing: dict[str, Span] = {}
-    for row in cur.rows_in(
-        _SPAN_COLUMNS, "FROM af_spans WHERE span_id {in_ids}", list({sp.span_id for sp in valid})
-    ):
-        record = _SpanRecord(*row)
-        existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
+    # the driver's own cursor on the hot path: no ORM, no compilation, no row objects; on SQLite the lookups
+    # and the sequence's counter come back in one statement (BatchCursor.lookups)
+    span_ids = list({sp.span_id for sp in valid})
     attempt_ids = sorted({sp.attempt_id for sp in valid if sp.attempt_id is not None})
+    rollout_ids = sorted({sp.rollout_id for sp in valid if sp.rollout_id is not None})
+    specs = [
+        ("span_id", "FROM af_spans WHERE span_id {in_ids}", span_ids),
+        ("attempt_id, rollout_id, state", "FROM af_attempts WHERE attempt_id {in_ids}", attempt_ids),
+        (_ROLLOUT_COLUMNS, _rollout_source(cur), rollout_ids),
+    ]
+    (found, attempt_rows, rollout_rows), top = cur.lookups(specs, sequence=True)
+    existing: dict[str, Span] = {}
+    if found:  # ids stored before (a retried flush): their whole rows, for their callers' results
+        for row in cur.rows_in(
+            _SPAN_COLUMNS, "FROM af_spans WHERE span_id {in_ids}", [span_id for (span_id,) in found]
+        ):
+            record = _SpanRecord(*row)
+            existing[record.span_id] = row_to_span(record)  # type: ignore[arg-type]
     attempts: dict[str, str] = {}  # attempt id -> rollout id
     attempt_states: dict[str, str] = {}  # attempt id -> its state
-    by_id = "FROM af_attempts WHERE attempt_id {in_ids}"
-    for a, r, state in cur.rows_in("attempt_id, rollout_id, state", by_id, attempt_ids, packed=True):
+    for a, r, state in attempt_rows:
         attempts[a], attempt_states[a] = r, state
-    rollout_ids = sorted(
-        {sp.rollout_id for sp in valid if sp.rollout_id is not None} | {attempts[a] for a in attempts}
-    )
+    others = sorted(set(attempts.values()).difference(rollout_ids))  # rollouts named by their attempts only
+    if others:
+        rollout_rows += cur.rows_in(_ROLLOUT_COLUMNS, _rollout_source(cur), others, packed=True)
     rollouts: dict[str, tuple[str, int]] = {}  # rollout id -> (state, attempts)
     running: dict[str, tuple[int, str]] = {}  # rollout id -> (number, attempt id) of its running attempt
-    columns = "r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state"
-    source = (  # each rollout with its attempts (a few each), in one query on the rollout_id indexes
-        "FROM af_rollouts r LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id {in_ids}"
-    )
-    if cur.postgres:  # a concurrent finish_attempt waits for this batch (or this batch sees it): see _late
-        source += " FOR SHARE OF r"
-    for rollout_id, rollout_state, tries, number, attempt_id, state in cur.rows_in(
-        columns, source, rollout_ids, packed=True
-    ):
+    for rollout_id, rollout_state, tries, number, attempt_id, state in rollout_rows:
         rollouts[rollout_id] = (rollout_state, tries)
         if state == _RUNNING and (rollout_id not in running or number > running[rollout_id][0]):
             running[rollout_id] = (number, attempt_id)
@@ -212,7 +213,7 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
         pending.append((i, rollout_id, attempt_id))
     if pending:
         values: list[Any] = []  # the rows one after the other, in _INSERT_FIELDS order
-        for (i, rollout_id, attempt_id), seq in zip(pending, cur.next_seqs(len(pending)), strict=True):
+        for (i, rollout_id, attempt_id), seq in zip(pending, cur.next_seqs(len(pending), top), strict=True):
             values += (seq, rollout_id, attempt_id)
             values += cells[i]  # type: ignore[arg-type]
             if keep[i]:
@@ -226,6 +227,16 @@ def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result
             if first != i:  # a duplicate id later in the batch: the first occurrence's result
                 results[i] = results[first]
     return results  # type: ignore[return-value]
+
+
+_ROLLOUT_COLUMNS = "r.rollout_id, r.state, r.attempts, a.number, a.attempt_id, a.state"
+
+
+def _rollout_source(cur: BatchCursor) -> str:
+    """Each rollout with its attempts (a few each), in one query on the rollout_id indexes; on PostgreSQL read
+    ``FOR SHARE``, so a concurrent ``finish_attempt`` waits for the batch (or the batch sees it): see :func:`_late`."""
+    source = "FROM af_rollouts r LEFT OUTER JOIN af_attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id {in_ids}"
+    return source + " FOR SHARE OF r" if cur.postgres else source
 
 
 def late_marks(why: str) -> dict[str, Any]:

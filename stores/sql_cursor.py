@@ -88,12 +88,19 @@ class BatchCursor:
     def _wrap(self, sql: str, params: Any, exc: Exception) -> Exception:
         return wrap_driver_error(self._dialect, sql, params, exc, self._connection)
 
-    def next_seqs(self, n: int) -> list[int]:
-        """``n`` fresh sequence numbers, ascending (see :func:`agentforge.stores.sql_batch.next_seqs`)."""
+    def next_seqs(self, n: int, top: int | None = None) -> list[int]:
+        """``n`` fresh sequence numbers, ascending (see :func:`agentforge.stores.sql_batch.next_seqs`).
+
+        ``top``: SQLite: the counter as :meth:`lookups` read it in this transaction; the counter is then set
+        to ``top + n`` by a statement that returns nothing (one step fewer than ``RETURNING``).
+        """
         if n <= 0:
             return []
         if self.postgres:
             return sorted(int(v) for (v,) in self.query(_PG_NEXTVALS, (n,)))
+        if top is not None:
+            self.query("UPDATE sqlite_sequence SET seq = ? WHERE name = 'af_sequence'", (top + n,))
+            return list(range(top + 1, top + n + 1))
         bumped = self.query(  # one statement once the counter row exists (after the first number)
             "UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'af_sequence' RETURNING seq", (n,)
         )
@@ -145,6 +152,39 @@ class BatchCursor:
         for chunk in _chunks(ids):
             where = source.format(in_ids=f"IN ({', '.join(['?'] * len(chunk))})")
             yield from self.query(f"SELECT {columns} {where}", tuple(chunk))
+
+    def lookups(
+        self, specs: Sequence[tuple[str, str, Sequence[str]]], sequence: bool = False
+    ) -> tuple[list[list[tuple[Any, ...]]], int | None]:
+        """Several :meth:`rows_in` lookups (``packed``) at once, and the store-wide sequence's last number.
+
+        SQLite with the JSON functions: one statement for all of them, one result row holding each lookup's
+        rows as one JSON array (``json_group_array``) and the sequence's counter, so a batch's lookups cost
+        the driver one statement (two steps) instead of one per lookup (see the module docstring). Elsewhere:
+        one :meth:`rows_in` per lookup.
+
+        Args:
+            specs: ``(columns, source, ids)`` per lookup, as :meth:`rows_in` takes them (only columns whose
+                values JSON carries exactly: text, integers, ``NULL``).
+            sequence: SQLite: also read the counter of ``af_sequence`` in ``sqlite_sequence`` (inside the write
+                transaction, so no one else moves it before :meth:`next_seqs` takes ``top=`` it).
+
+        Returns:
+            ``(rows per lookup, counter)``; the counter is ``None`` when not asked for, on PostgreSQL, or when
+            no number was ever taken.
+        """
+        if self.postgres or not self._json:
+            return [list(self.rows_in(c, src, ids, packed=True)) for c, src, ids in specs], None
+        parts, params = [], []
+        for columns, source, ids in specs:
+            where = source.format(in_ids="IN (SELECT value FROM json_each(?))")
+            parts.append(f"(SELECT json_group_array(json_array({columns})) {where})")
+            params.append(_json_ids(ids))
+        if sequence:
+            parts.append("(SELECT seq FROM sqlite_sequence WHERE name = 'af_sequence')")
+        (row,) = self.query(f"SELECT {', '.join(parts)}", tuple(params))
+        found = [[tuple(r) for r in orjson.loads(packed)] for packed in row[: len(specs)]]
+        return found, (int(row[-1]) if sequence and row[-1] is not None else None)
 
     def query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:

@@ -138,3 +138,33 @@ def test_json_columns_prepared_as_utf8_bytes_are_stored_as_the_same_text(tmp_pat
         ).fetchall()
     assert {(a, b) for a, b, _ in rows} == {("text", "text")}  # text, not blobs, for every reader
     assert [LLMCall.model_validate(json.loads(text)).response_text for *_, text in rows] == texts
+
+
+def test_a_span_batch_looks_everything_up_in_one_statement_and_numbers_continue(tmp_path: Path) -> None:
+    from agentforge.stores.sql_batch import write_spans
+    from agentforge.types import Reward
+
+    path = tmp_path / "lookups.db"
+    with SQLStore(f"sqlite:///{path}") as store:
+        rollouts = [store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="a")) for i in range(3)]
+        claimed = store.claim_rollout("w", agent="a")
+        assert claimed is not None
+        first = store.add_span(Span(rollout_id=rollouts[1].rollout_id, name="before"))
+    by_attempt = Span(attempt_id=claimed[1].attempt_id, name="by attempt")  # its rollout found through it
+    named = [Span(rollout_id=r.rollout_id, name=f"n{i}") for i, r in enumerate(rollouts[1:])]
+    spans = [*named, by_attempt, first]
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        conn.execute("BEGIN IMMEDIATE")
+        results = write_spans(conn, create_engine("sqlite://").dialect, spans)
+        conn.execute("COMMIT")
+    selects = [s for s in statements if s.startswith("SELECT")]
+    # one lookup for the batch, the stored span's row (it was written before), the rollout named by its attempt
+    assert len(selects) == 3 and not any("RETURNING" in s for s in statements)
+    assert [r.sequence for r in results] == [first.sequence + k for k in (1, 2, 3)] + [first.sequence]  # type: ignore[union-attr, operator]
+    assert results[2].rollout_id == claimed[0].rollout_id == rollouts[0].rollout_id  # type: ignore[union-attr]
+    assert results[-1] == first
+    with SQLStore(f"sqlite:///{path}") as store:  # the counter moved: the next number follows the batch's
+        reward = store.add_reward(Reward(rollout_id=rollouts[1].rollout_id, value=1.0))
+        assert reward.sequence == first.sequence + 4  # type: ignore[operator]
