@@ -399,6 +399,7 @@ def create_gateway(
     if tenants is not None or tenant_models is not None or tenant_header:
         gateway.tenants = GatewayTenants(router, tenant_models, trust_header=tenant_header)
         gateway.pins.loads_tenants = tenant_models is not None
+        gateway.pins.own_lineage = tenant_models.serves_own if tenant_models is not None else None
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
     app.serve_llm_routes(gateway.handle, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
 

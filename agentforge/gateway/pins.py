@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentforge.errors import NotFoundError
@@ -36,6 +37,10 @@ class PinCache:
         #: a pin of a tenant lineage (``policy@acme/v3``) is served even when not loaded: serving loads it on
         #: demand (the gateway sets this when it has serving's tenant adapters)
         self.loads_tenants = False
+        #: ``own_lineage(tenant, model)``: whether the tenant's calls for ``model`` are served a version of its own
+        #: lineage; such a tenant's rollouts never meet the canary behind ``model`` (the gateway sets it from
+        #: serving's tenant adapters; ``None``: every rollout may)
+        self.own_lineage: Callable[[str, str], bool] | None = None
 
     def __contains__(self, rollout_id: object) -> bool:
         return rollout_id in self._pins
@@ -85,10 +90,16 @@ class PinCache:
     def _canary(self, rollout_id: str, model: str) -> str | None:
         """The canary version for an unpinned rollout, or ``None``: a tenant's rollout first meets the canary behind
         its own lineage (``policy@acme``, :class:`~agentforge.serving.lineage.TenantLineage`), which no other
-        tenant's rollout ever consults; then the canary behind ``model`` itself."""
+        tenant's rollout ever consults; then the canary behind ``model`` itself, unless the tenant is served an
+        adapter of its own (:attr:`own_lineage`): the shared candidate would replace it, and be judged against
+        the shared version on traffic that version does not serve."""
         owner = self._owners.get(rollout_id)
-        if owner is not None and "@" not in model:
-            lineage = self.router.canary_target(f"{model}@{owner}", rollout_id)
-            if lineage is not None:
-                return lineage
-        return self.router.canary_target(model, rollout_id)
+        if owner is None or "@" in model:
+            return self.router.canary_target(model, rollout_id)
+        lineage = self.router.canary_target(f"{model}@{owner}", rollout_id)
+        if lineage is not None:
+            return lineage
+        shared = self.router.canary_target(model, rollout_id)
+        if shared is None or self.own_lineage is None or not self.own_lineage(owner, model):
+            return shared
+        return None

@@ -61,6 +61,11 @@ class TenantModels(Protocol):
         """:meth:`acquire` if it can be done at once (nothing to read or load; never blocks), else ``None``."""
         ...
 
+    def serves_own(self, tenant: str, model: str) -> bool:
+        """Whether ``tenant``'s unpinned calls for ``model`` are served a version of the tenant's own lineage (not
+        the shared one); then the shared alias's traffic canary never takes its rollouts."""
+        ...
+
 
 class GatewayTenants:
     """The tenant rules of one gateway (see the module docstring).

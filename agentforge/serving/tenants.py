@@ -193,6 +193,20 @@ class TenantAdapters:
             self.hits += 1
             return self.router.acquire(name)
 
+    def serves_own(self, tenant: str, model: str) -> bool:
+        """See :meth:`~agentforge.gateway.tenancy.TenantModels.serves_own`: ``model`` is the shared alias or the
+        tenant's lineage alias and the lineage's active version is an adapter (not one marking the base). Reads
+        the store only when the tenant's active version is not cached at all (a stale cached one is used).
+
+        Raises:
+            UserError: the active version names no adapter directory.
+        """
+        lineage = Version.lineage(self.alias, tenant)
+        if model not in (self.alias, lineage):
+            return False
+        hit = self._live.get(lineage)
+        return (hit[1] if hit is not None else self._active(lineage)) is not None
+
     def _active(self, lineage: str) -> tuple[str, str] | None:
         now = time.monotonic()
         hit = self._live.get(lineage)

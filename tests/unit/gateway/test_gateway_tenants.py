@@ -152,6 +152,9 @@ async def test_a_tenant_adapter_that_cannot_load_is_a_503_naming_no_other_tenant
         def acquire(self, tenant: str, model: str) -> tuple[str, object]:
             raise ServingError("policy@bolt/v1 (least recently used) still had calls in flight after 30s")
 
+        def serves_own(self, tenant: str, model: str) -> bool:
+            return True
+
     app = create_gateway(
         store,
         _router(engines),
