@@ -94,6 +94,17 @@ def _logprobs(choice: dict[str, Any], endpoint: Endpoint) -> list[float] | None:
     return [float(v) for v in values if v is not None] if isinstance(values, list) else None
 
 
+def _one_logprob(lp: dict[str, Any]) -> list[float] | None:
+    """:func:`_logprobs` of a chat choice whose ``logprobs`` is ``lp``, for the usual one-token case only
+    (``content`` is a list of one object with a ``logprob``); ``None`` for anything else."""
+    content = lp.get("content")
+    if type(content) is list and len(content) == 1:
+        item = content[0]
+        if type(item) is dict and "logprob" in item:
+            return [float(item["logprob"])]
+    return None
+
+
 def _cut_tool_call(request: dict[str, Any], text: Any, tool_calls: list[Any]) -> bool:
     """Whether a call that hit the token limit was writing a tool call: a Hermes ``<tool_call>`` tag (or the
     JSON list guided decoding writes for ``tool_choice="required"``) left in the text, or a call whose
@@ -262,7 +273,8 @@ class StreamCapture:
     def feed_token(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
         """Add one chunk if it is a plain token's chunk, as nearly every chunk of a stream is: one choice
         (index 0) without ``finish_reason``, prompt ids or tool-call deltas, no ``usage`` or ``error``, the
-        stream's ``id``. Adds exactly what :meth:`feed` would and skips its general checks.
+        stream's ``id``. Adds exactly what :meth:`feed` would and skips its general checks (a chunk of one
+        token, one id and one logprob, is read without building a list comprehension or a set).
 
         Args:
             chunk: a decoded ``data:`` payload of the engine's stream.
@@ -275,27 +287,40 @@ class StreamCapture:
         if type(choices) is not list or len(choices) != 1:
             return None
         choice = choices[0]
+        if type(choice) is not dict:
+            return None
+        get, top = choice.get, chunk.get
         if (
-            type(choice) is not dict
-            or choice.get("finish_reason") is not None
-            or choice.get("index", 0) != 0
-            or choice.get("prompt_token_ids") is not None
-            or chunk.get("prompt_token_ids") is not None
-            or chunk.get("usage") is not None
+            get("finish_reason") is not None
+            or get("index", 0) != 0
+            or get("prompt_token_ids") is not None
+            or top("prompt_token_ids") is not None
+            or top("usage") is not None
             or "error" in chunk
             or ("id" in chunk and chunk["id"] != self._last.get("id"))
         ):
             return None
         if self.endpoint == "chat":
-            delta = choice.get("delta")
+            delta = get("delta")
             if type(delta) is not dict or "tool_calls" in delta:
                 return None
             text = delta.get("content")
+            lp = get("logprobs")
+            lps = _one_logprob(lp) if type(lp) is dict else None
+            if lps is None:
+                lps = _logprobs(choice, "chat")
         else:
-            text = choice.get("text")
-        ids = choice.get("token_ids")
-        ok = type(ids) is list and (not ids or set(map(type, ids)) == _INT_ONLY)
-        self._append_tokens(list(ids) if ok else None, _logprobs(choice, self.endpoint))
+            text = get("text")
+            lps = _logprobs(choice, self.endpoint)
+        ids = get("token_ids")
+        if type(ids) is list:
+            if len(ids) == 1 and type(ids[0]) is int:
+                ids = [ids[0]]
+            else:
+                ids = list(ids) if not ids or set(map(type, ids)) == _INT_ONLY else None
+        else:
+            ids = None
+        self._append_tokens(ids, lps)
         if isinstance(text, str):
             self._text.append(text)
         return choice

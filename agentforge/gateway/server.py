@@ -6,6 +6,7 @@ Binding rule: the gateway listens on loopback (``127.0.0.1``) by default; bindin
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -24,7 +25,71 @@ if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
     from agentforge.ports import TraceStore
 
-__all__ = ["is_loopback", "AppServer", "GatewayServer", "serve_gateway"]
+__all__ = ["is_loopback", "AppServer", "GatewayServer", "HeadWithBody", "serve_gateway"]
+
+
+class HeadWithBody:
+    """A transport proxy that sends a response's head together with the first bytes written after it.
+
+    uvicorn writes a response's head as soon as the app starts the response and its body separately, so
+    every answer cost the server two ``send`` system calls, and on loopback each one also runs the peer's
+    TCP receive path on this thread. A write that is a whole response head (starts with ``HTTP/``, ends with
+    the blank line) is held and goes out with the next write; if none comes in this turn of the event loop,
+    it goes out alone at the next (``call_soon``), and ``close`` sends it first. Order is kept either way.
+    Everything else is the wrapped transport's.
+
+    Args:
+        transport: the connection's transport.
+        loop: the connection's event loop.
+    """
+
+    __slots__ = ("_transport", "_held", "_loop")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` (a response head: hold it for the next write)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head now."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        """Send a held head, then close the transport."""
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _http_protocol() -> Any:
+    """uvicorn's ``httptools`` protocol whose transport is a :class:`HeadWithBody`, or ``"auto"`` (uvicorn's
+    choice) when ``httptools`` is not installed."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class HeadWithBodyProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+
+    return HeadWithBodyProtocol
 
 
 class AppServer:
@@ -72,8 +137,9 @@ class AppServer:
             raise ServingError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
-            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False
-        )
+            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False,
+            http=_http_protocol(),
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{self.port}"

@@ -27,6 +27,7 @@ from agentforge.gateway.capture import StreamCapture, llm_call_from_response
 from agentforge.gateway.tooldeltas import ToolCallDeltas
 from agentforge.gateway.upstream import UpstreamResponse, UpstreamStreamError
 from agentforge.gateway.wire import (
+    ORJSON_LOADS,
     ClientAsk,
     decode_json,
     decode_json_finite,
@@ -202,20 +203,28 @@ class StreamRelay:
 
     def _relay_all(self, payloads: list[bytes], out: list[bytes], short: bool) -> tuple[bool, str | None]:
         """Relay ``payloads`` into ``out`` up to ``[DONE]`` or an error: ``(finished, error)``; ``short``:
-        the payloads' block holds no long digit run (:func:`~agentforge.gateway.wire.short_numbers`)."""
+        the payloads' block holds no long digit run (:func:`~agentforge.gateway.wire.short_numbers`), so
+        orjson reads each payload exactly (the exact decoder takes what it refuses)."""
         feed_token, ask, version = self.capture.feed_token, self.ask, self.ctx.version
+        loads = ORJSON_LOADS if short else None
         for data in payloads:
-            if data.strip() == b"[DONE]":
+            if data[:1] != b"{" and data.strip() == b"[DONE]":
                 return True, None
             try:
+                if loads is not None:
+                    try:
+                        chunk, finite = loads(data), True
+                    except ValueError:  # NaN, lone surrogates, or not JSON: the exact decoder says which
+                        chunk, finite = decode_json_finite(data, short=True)
+                else:
+                    chunk, finite = decode_json_finite(data)
+            except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as text decoding would
                 try:
-                    chunk, finite = decode_json_finite(data, short=short)
-                except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as text decoding would
                     chunk, finite = decode_json(data.decode("utf-8", "replace")), False
+                except ValueError:
+                    return False, self._not_json(data, out)
             except ValueError:
-                error = f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
-                out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
-                return False, error
+                return False, self._not_json(data, out)
             if type(chunk) is dict and (choice := feed_token(chunk)) is not None:
                 shape_token_chunk(chunk, choice, ask, version)  # a token's chunk: nothing to repair
                 out.append(b"data: " + encode_json(chunk, finite=finite) + b"\n\n")
@@ -224,6 +233,13 @@ class StreamRelay:
             if error is not None:
                 return False, error
         return False, None
+
+    @staticmethod
+    def _not_json(data: bytes, out: list[bytes]) -> str:
+        """The error event for an upstream event that is not JSON (appended to ``out``); returns its message."""
+        error = f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
+        out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
+        return error
 
     def _relay(self, chunk: Any, finite: bool, out: list[bytes]) -> str | None:
         """Capture one decoded upstream event (any shape) and append what the client gets to ``out``;
@@ -283,7 +299,8 @@ class StreamRelay:
 
 
 class _RelayResponse(StreamingResponse):
-    """The relay's SSE response, sent without ``StreamingResponse``'s task group and disconnect listener.
+    """The relay's SSE response, sent without ``StreamingResponse``'s task group and disconnect listener; its
+    head is sent with the stream's first events (the engine's first read), not before them.
 
     On the gateway's fast path (:class:`~agentforge.gateway.fastpath.FastPathMiddleware`, which reads
     ``watch_disconnect``) the connection watcher that already guards the call keeps running while the
@@ -306,17 +323,19 @@ class _RelayResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
         own = self.body_iterator is self._events  # not wrapped (privacy restores through the iterator)
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
             if own:  # the relay's pieces straight to the client; the last one ends the response
-                last = False
-                while not last:
-                    piece, last = await relay.next_piece()
+                piece, last = await relay.next_piece()  # the head leaves with it (one write: HeadWithBody)
+                await send(start)
+                while True:
                     if piece or last:
                         await send({"type": "http.response.body", "body": piece, "more_body": not last})
+                    if last:
+                        break
+                    piece, last = await relay.next_piece()
             else:
+                await send(start)
                 async for chunk in self.body_iterator:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -31,6 +31,10 @@ try:
     from orjson import loads as _orjson_loads
 except ImportError:  # pragma: no cover - orjson is a dependency; pydantic-core works alone without it
     _orjson_loads = _orjson_dumps = None
+#: orjson's decoder (``None`` without orjson), for a caller on the hot path that already knows what
+#: :func:`decode_json_finite` checks first (:func:`short_numbers`); it raises ``ValueError`` for what only the
+#: exact decoder reads (``NaN``, lone surrogate escapes), which :func:`decode_json_finite` then takes.
+ORJSON_LOADS = _orjson_loads
 _DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_NUMBER = b"0" * 19  # a digit run this long may be an integer past 64 bits
 
@@ -49,6 +53,7 @@ __all__ = [
     "decode_json",
     "decode_json_finite",
     "short_numbers",
+    "ORJSON_LOADS",
 ]
 
 Endpoint = Literal["chat", "completions"]
