@@ -422,6 +422,10 @@ def tenant_table(tenant: str, r: dict[str, Any]) -> Table:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    # a fresh trace store per run: a rerun into the same folder would otherwise meet the last run's rollouts under
+    # the trainers' kept run ids (``{out}/<tenant>/agentforge-run.json``) and train on them
+    for name in ("traces.db", "traces.db-wal", "traces.db-shm"):
+        (args.out / name).unlink(missing_ok=True)
     model = prepare_default_model()
     n_live = args.live_size if args.canary_share > 0 or args.rollback_window > 0 else 0
     data = {
