@@ -50,6 +50,18 @@ def _call(adapters: TenantAdapters, router: ModelRouter, tenant: str, model: str
     return version
 
 
+def _serving_a_v2(adapters: TenantAdapters, router: ModelRouter, store: SQLStore) -> TenantLineage:
+    """Publish ``policy@a/v2`` inactive, load and promote it through ``a``'s lineage; ``a`` is served it."""
+    lineage = TenantLineage(adapters, store, "a")
+    store.publish_resource(
+        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
+    )
+    lineage.load(Path("/ad/a2"), "policy@a/v2")
+    lineage.promote("policy@a/v2")
+    assert _call(adapters, router, "a") == "policy@a/v2"
+    return lineage
+
+
 class SlowReads:
     """The store, but a read of ``policy@a``'s active version pauses (after reading) while ``hold`` is set."""
 
@@ -74,13 +86,7 @@ def test_a_store_read_in_flight_during_a_rollback_never_serves_the_version_rolle
 ) -> None:
     slow = SlowReads(store)
     adapters, server, router = _adapters(slow)  # refresh_s 2: only refresh() makes a move serve at once
-    lineage = TenantLineage(adapters, store, "a")
-    store.publish_resource(
-        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
-    )
-    lineage.load(Path("/ad/a2"), "policy@a/v2")
-    lineage.promote("policy@a/v2")
-    assert _call(adapters, router, "a") == "policy@a/v2"
+    lineage = _serving_a_v2(adapters, router, store)
     adapters.refresh("a")  # the next call of a reads the store...
     slow.hold.set()
     got: list[str] = []
@@ -138,13 +144,7 @@ class RestartedServer(FakeServer):
 def test_a_rollback_completes_when_the_engine_no_longer_holds_the_version(store: SQLStore) -> None:
     server = RestartedServer(max_loras=4)
     adapters, _, router = _adapters(store, server)
-    lineage = TenantLineage(adapters, store, "a")
-    store.publish_resource(
-        ResourceVersion(name="policy@a", kind="adapter", payload={"path": "/ad/a2"}), activate=False
-    )
-    lineage.load(Path("/ad/a2"), "policy@a/v2")
-    lineage.promote("policy@a/v2")
-    assert _call(adapters, router, "a") == "policy@a/v2"
+    lineage = _serving_a_v2(adapters, router, store)
     server.forget("policy@a/v2")
     # a rollback that happened must not raise (the gate's watch stored "kept" when it did)
     lineage.promote("policy@a/v1", rollback=True)
