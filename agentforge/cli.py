@@ -225,7 +225,13 @@ def serve(
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
 
-            supervisor = EngineSupervisor(server, swapper, on_restart=print_engine).start()
+            models = tenancy.get("tenant_models")  # tenant versions the dead engine held load again on demand
+            supervisor = EngineSupervisor(
+                server,
+                swapper,
+                on_restart=print_engine,
+                on_stopped=models.engine_lost if models is not None else None,
+            ).start()
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

@@ -8,7 +8,10 @@ thread. When the process is gone (killed, crashed, OOM-killed), within ``poll_s`
 2. stops what is left of vLLM's process group (engine-core and worker processes outlive a killed API server
    and hold gigabytes), so nothing runs on orphaned;
 3. starts vLLM again (same port, new keys) and has the :class:`~agentforge.serving.hotswap.HotSwapper` load
-   every live adapter version again under its own name, canary on the alias target, aliases unchanged;
+   every live adapter version again under its own name, canary on the alias target, aliases unchanged
+   (``on_stopped``, if given, hears of the stop before the new start: ``agentforge serve --tenants`` passes
+   :meth:`~agentforge.serving.tenants.TenantAdapters.engine_lost`, so each tenant's next call loads its version
+   into the new engine);
 4. marks the engine up; requests succeed again; ``on_restart`` (if given) hears of the new engine (its key is
    new at each start: ``agentforge serve`` prints the engine line again).
 
@@ -52,6 +55,9 @@ class EngineSupervisor(PollingThread):
         backoff_s: seconds before the second attempt (doubling, at most 60 s).
         on_restart: called with the server after each successful restart (on the supervisor's thread; an
             exception it raises is logged and ignored).
+        on_stopped: called without arguments in each restart attempt once the dead engine's process group is
+            stopped, before the new engine starts (on the supervisor's thread; an exception it raises fails that
+            attempt).
 
     Attributes:
         state: ``"up"``, ``"restarting"``, ``"failed"`` (gave up) or ``"stopped"``.
@@ -71,6 +77,7 @@ class EngineSupervisor(PollingThread):
         max_restarts: int = 5,
         backoff_s: float = 2.0,
         on_restart: Callable[[VLLMServer], object] | None = None,
+        on_stopped: Callable[[], object] | None = None,
     ) -> None:
         if poll_s <= 0 or backoff_s <= 0 or max_restarts < 1:
             raise ConfigError(
@@ -78,6 +85,7 @@ class EngineSupervisor(PollingThread):
             )
         super().__init__(poll_s, name="engine-supervisor")
         self.server, self.swapper, self.on_restart = server, swapper, on_restart
+        self.on_stopped = on_stopped
         self.max_restarts, self.backoff_s = max_restarts, backoff_s
         self.state: State = "stopped"
         self.restarts = 0
@@ -122,6 +130,8 @@ class EngineSupervisor(PollingThread):
             t0 = time.monotonic()
             try:
                 self.server.stop(grace_s=5)  # the dead API server's engine and workers go with its group
+                if self.on_stopped is not None:
+                    self.on_stopped()
                 self.server.start()
                 reloaded = self.swapper.reload()
             except (AgentForgeError, OSError) as exc:

@@ -16,7 +16,10 @@ lineage's active version in the store, and
 
 Loads are one at a time (vLLM loads adapters one after another anyway). Unloading a version and loading the same
 version again later reuses its name: its weights are the same, so vLLM's prefix cache stays right (DESIGN fact 2
-forbids reusing a name for *other* weights). Counts and cold-start latencies are in :meth:`TenantAdapters.metrics`.
+forbids reusing a name for *other* weights); so a version an eviction failed to unload is out of service, and its
+next load keeps what the engine still holds (:mod:`agentforge.serving.engine_names`). After the engine restarts
+:meth:`TenantAdapters.engine_lost` forgets what was loaded: each tenant's next call loads its own version into the
+new engine. Counts and cold-start latencies are in :meth:`TenantAdapters.metrics`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from agentforge.errors import ConfigError, NotFoundError, ServingError, UserError
 from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.serving.engine_names import load_or_reuse, unload_if_held
 from agentforge.types import Version, tenant_of_name
 
 if TYPE_CHECKING:
@@ -247,7 +251,7 @@ class TenantAdapters:
                         self.cold_start_s.append(time.monotonic() - t0)
                     return self.router.acquire(name)
             self._make_room(name)
-            self.server.load_adapter(name, path)
+            load_or_reuse(self.server, name, path)  # an engine still holding it (a failed unload) keeps it
             self.router.register(name, self._upstream(name))
             with self._lock:
                 self._loaded[name] = tenant
@@ -263,7 +267,7 @@ class TenantAdapters:
         """Unload one version if none more fits (holding the load lock): the least recently used idle one, else the
         least recently used one once its in-flight calls finish. Taking it out of the loaded set first stops new
         calls on it (every tenant call takes this lock; its tenant's next call waits for a reload), so busy tenants
-        cannot keep a cold one waiting for ever.
+        cannot keep a cold one waiting for ever. An unload the engine fails is logged and the load goes ahead.
 
         Raises:
             ServingError: the chosen version still had calls in flight after ``slot_wait_s`` (it stays loaded).
@@ -274,50 +278,74 @@ class TenantAdapters:
             victim = next((v for v in self._loaded if self.router.inflight(v) == 0), next(iter(self._loaded)))
             owner = self._loaded.pop(victim)
         try:
-            self._drain_unload(victim, owner)
+            self._drain(victim, owner)
         except ServingError as exc:
             raise ServingError(
                 f"{victim} (least recently used of {self.max_loaded} loaded tenant adapters) still had calls in "
                 f"flight after {self.slot_wait_s}s; {name} was not loaded. Raise max_loaded (and --max-cpu-loras)"
             ) from exc
+        try:
+            unload_if_held(self.server, victim)
+        except (
+            ServingError
+        ) as exc:  # out of service all the same; a later load of it reuses what the engine holds
+            log.warning("unloading %s failed (%s); loading %s all the same", victim, exc, name)
         with self._lock:
             self.evictions += 1
         log.info("unloaded %s (least recently used) to load %s", victim, name)
 
-    def _drain_unload(self, version: str, owner: str) -> None:
-        """Unload ``version``, already out of the loaded set, once its in-flight calls finished (none start: a call
-        for it finds it out of the set and waits for the load lock, which the caller holds); after ``slot_wait_s``
-        it goes back into the set, least recently used. An engine that no longer holds it (restarted) counts as
-        unloaded.
+    def _drain(self, version: str, owner: str) -> None:
+        """Wait until ``version``, already out of the loaded set, has no call in flight (none start: a call for it
+        finds it out of the set and waits for the load lock, which the caller holds), then take it out of the
+        router; after ``slot_wait_s`` it goes back into the set, least recently used.
 
         Raises:
             ServingError: calls were still in flight after ``slot_wait_s`` (it stays loaded).
         """
         try:
-            self.router.drain(version, timeout_s=self.slot_wait_s)  # its in-flight calls finish; none start
+            self.router.drain(version, timeout_s=self.slot_wait_s)
         except ServingError:
             with self._lock:
                 self._loaded[version] = owner
                 self._loaded.move_to_end(version, last=False)
             raise
-        try:
-            self.server.unload_adapter(version)
-        except NotFoundError as exc:  # the engine lost it already (restarted): unloaded all the same
-            log.warning("%s was no longer loaded in the engine: %s", version, exc)
 
     def unload(self, version: str) -> None:
         """Unload a tenant version now (a candidate the promotion gate refused), once its in-flight calls finished;
         a no-op when it is not loaded. A call that asks for it later loads it again (it is published).
 
         Raises:
-            ServingError: calls were still in flight on it after ``slot_wait_s`` (it stays loaded).
+            ServingError: calls were still in flight on it after ``slot_wait_s`` (it stays loaded), or the engine
+                failed to unload it (out of service all the same; a later load reuses what the engine holds).
         """
         with self._load_lock:
             with self._lock:
                 owner = self._loaded.pop(version, None)
             if owner is not None:
-                self._drain_unload(version, owner)
+                self._drain(version, owner)
+                unload_if_held(self.server, version)
                 log.info("unloaded %s of tenant %s", version, owner)
+
+    def engine_lost(self) -> list[str]:
+        """Forget every loaded tenant version: the engine died and its restart will hold none of them (under
+        ``agentforge serve`` the :class:`~agentforge.serving.supervise.EngineSupervisor` calls this between the
+        stop and the start). Each tenant's next call then cold-starts its own version on the new engine, under
+        the engine's new URL and key; a load under way finishes first. A version with calls still in flight (on
+        the dead engine) stays in the router until its next load registers it again.
+
+        Returns:
+            The versions forgotten, least recently used first.
+        """
+        with self._load_lock, self._lock:
+            lost, self._loaded = list(self._loaded), OrderedDict()
+            for name in lost:
+                try:
+                    self.router.drain(name, timeout_s=0.0)  # no call can start on it: it left the set
+                except ServingError:
+                    pass  # calls on the dead engine still finishing: its next load registers it again
+        if lost:
+            log.warning("the engine went down: tenant versions %s load again on demand", ", ".join(lost))
+        return lost
 
     def refresh(self, tenant: str) -> None:
         """Forget ``tenant``'s cached active version: its next call reads the store (a promotion or rollback

@@ -21,23 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 from adapters import LETTER_MESSAGES, letter_adapter
-from serving_helpers import alive, process_group, wait_for
+from serving_helpers import alive, process_group, vllm_child, wait_for
 
 from agentforge.config import vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CLI = [sys.executable, "-m", "agentforge.cli"]
-
-
-def vllm_child(parent: int) -> int | None:
-    """The vLLM API server started by process ``parent`` (found through /proc's children lists)."""
-    for task in Path(f"/proc/{parent}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"vllm.entrypoints.openai.api_server" in cmdline:
-                return int(pid)
-    return None
 
 
 def ask(url: str) -> str:

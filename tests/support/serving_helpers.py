@@ -104,6 +104,7 @@ __all__ = [
     "example",
     "FakeServer",
     "ProcessEngine",
+    "vllm_child",
 ]
 
 
@@ -231,3 +232,15 @@ def wait_for(condition, timeout_s: float, what: str, step_s: float = 0.2):  # ty
             return value
         time.sleep(step_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def vllm_child(parent: int) -> int | None:
+    """The vLLM API server started by process ``parent`` (found through /proc's children lists)."""
+    from pathlib import Path
+
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"vllm.entrypoints.openai.api_server" in cmdline:
+                return int(pid)
+    return None
