@@ -11,23 +11,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from adapters import LETTER_MESSAGES, letter_adapter
-from serving_helpers import alive, process_group, vllm_child, wait_for
+from serving_helpers import alive, process_group, running_serve, vllm_child, wait_for
 
 from agentforge.config import vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-CLI = [sys.executable, "-m", "agentforge.cli"]
 
 
 def ask(url: str) -> str:
@@ -40,33 +34,9 @@ def ask(url: str) -> str:
 def test_killed_vllm_is_reported_restarted_and_serves_its_versions_again(tmp_path: Path) -> None:
     if vllm_python() is None and not os.environ.get("AGENTFORGE_REQUIRE_VLLM"):
         pytest.skip("no vLLM environment (.venv-vllm); run `make setup`")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [
-        *CLI,
-        "serve",
-        "--backend",
-        "vllm",
-        "--port",
-        str(port),
-        "--store-url",
-        f"sqlite:///{tmp_path / 't.db'}",
-    ]
-    cmd += ["--adapter", str(letter_adapter("A"))]
-    serve = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()  # type: ignore[arg-type]
+    args = ["--backend", "vllm", "--store-url", f"sqlite:///{tmp_path / 't.db'}"]
     new_group: set[int] = set()
-    try:
-        url = serve.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url == f"http://127.0.0.1:{port}", "".join(errors)[-3000:]
+    with running_serve([*args, "--adapter", str(letter_adapter("A"))]) as (serve, url, errors):
         wait_for(lambda: ask(url) == "A", 120, "the follower to serve the published adapter policy@v1")
         first = vllm_child(serve.pid)
         assert first is not None
@@ -118,10 +88,4 @@ def test_killed_vllm_is_reported_restarted_and_serves_its_versions_again(tmp_pat
             == 401
         )
         print(f"\nkill -9 logged after {logged_s:.1f}s; restarted in {time.monotonic() - killed:.0f}s")
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
     wait_for(lambda: not any(alive(pid) for pid in new_group), 30, "the restarted engine to stop with serve")

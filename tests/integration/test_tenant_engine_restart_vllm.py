@@ -12,17 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from adapters import LETTER_MESSAGES, letter_adapter
-from serving_helpers import alive, process_group, vllm_child, wait_for
+from serving_helpers import alive, process_group, running_serve, vllm_child, wait_for
 
 from agentforge.config import vllm_python
 from agentforge.stores.sql import SQLStore
@@ -50,23 +46,8 @@ def test_after_vllm_restarts_each_tenant_is_served_its_own_version(tmp_path: Pat
             ResourceVersion(name=f"policy@{tenant}", kind="adapter", payload={"path": str(own)})
         )
     store.close()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "agentforge.cli", "serve", "--backend", "vllm", "--port", str(port)]
-    serve = subprocess.Popen(
-        [*cmd, "--store-url", db, "--tenants"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()  # type: ignore[arg-type]
     new_group: set[int] = set()
-    try:
-        url = serve.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url == f"http://127.0.0.1:{port}", "".join(errors)[-3000:]
+    with running_serve(["--backend", "vllm", "--store-url", db, "--tenants"]) as (serve, url, errors):
         assert [ask(url, t) for t in TENANTS] == [(200, letter) for letter in TENANTS.values()]
         first = vllm_child(serve.pid)
         assert first is not None
@@ -86,12 +67,6 @@ def test_after_vllm_restarts_each_tenant_is_served_its_own_version(tmp_path: Pat
         assert after == [(t, (200, TENANTS[t])) for t in [*TENANTS, *TENANTS]], "".join(errors)[-3000:]
         assert any("tenant versions" in line and "load again on demand" in line for line in errors)
         print(f"\nrestarted in {back - killed:.0f}s; 4 tenant calls after it, all on their own versions")
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
     wait_for(lambda: not any(alive(pid) for pid in new_group), 30, "the restarted engine to stop with serve")
     store = SQLStore(db)
     spans = [s for s in store.list_spans() if s.llm is not None]

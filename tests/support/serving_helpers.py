@@ -4,11 +4,16 @@ one backed by a real process group for the supervision tests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 from adapters import LETTER_MESSAGES
@@ -244,3 +249,36 @@ def vllm_child(parent: int) -> int | None:
             if b"vllm.entrypoints.openai.api_server" in cmdline:
                 return int(pid)
     return None
+
+
+@contextlib.contextmanager
+def running_serve(args: list[str]) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """Run ``python -m agentforge.cli serve ARGS`` on a free loopback port until the block ends.
+
+    Yields ``(process, url, stderr_lines)``: ``url`` is the gateway address ``serve`` prints first (asserted to be
+    on the chosen port); ``stderr_lines`` keeps growing while it runs. On exit ``serve`` gets SIGINT and up to 60 s
+    to stop (then SIGKILL); the caller waits for any engine processes it cares about.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentforge.cli", "serve", "--port", str(port), *args]
+    serve = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()  # type: ignore[arg-type]
+    try:
+        url = serve.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url == f"http://127.0.0.1:{port}", "".join(errors)[-3000:]
+        yield serve, url, errors
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
