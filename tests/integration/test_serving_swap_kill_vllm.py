@@ -111,6 +111,10 @@ def test_vllm_killed_during_a_hot_swap_serves_the_old_version_then_retries_the_s
         ]  # no refusal: nothing was moved back, no base-model marker was published
         assert follower.failed == set() and follower.cut_short == {2: 1}
 
+        # the alias moves on probation before the canary; the swap logs its final flip after the verdict
+        wait_for(
+            lambda: any("→ policy@v2" in r.getMessage() for r in caplog.records), 60, "the swap's verdict"
+        )
         messages = [r.getMessage() for r in caplog.records]
         restarted = next(i for i, m in enumerate(messages) if "vLLM restarted" in m)
         assert messages[restarted].endswith("versions loaded again: policy@v1"), messages[restarted]
