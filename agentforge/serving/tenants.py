@@ -286,9 +286,7 @@ class TenantAdapters:
             ) from exc
         try:
             unload_if_held(self.server, victim)
-        except (
-            ServingError
-        ) as exc:  # out of service all the same; a later load of it reuses what the engine holds
+        except ServingError as exc:  # out of service all the same; a later load of it reuses what it holds
             log.warning("unloading %s failed (%s); loading %s all the same", victim, exc, name)
         with self._lock:
             self.evictions += 1
