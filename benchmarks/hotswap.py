@@ -12,8 +12,10 @@ Phases, one vLLM server (SmolLM2-135M, runtime LoRA) and one gateway for all of 
     store activation) on a thread, and the same chat request through the gateway to the alias sent the
     moment the alias moves (:meth:`~agentforge.gateway.router.ModelRouter.wait_alias`), as a client of a
     busy gateway would; it is served by the new version (checked in the recorded span), its answer held by
-    the gateway until the canary passed. Clock from the start of ``publish`` to the answer (and to
-    ``publish``'s return, which waits for the verdict).
+    the gateway until the canary passed. Clock from the start of ``publish`` (on the thread that calls it)
+    to the answer (and to ``publish``'s return, which waits for the verdict). The stage profile
+    (``HotSwapPublisher.last_stages``: ms from the start of ``publish`` to the store record, the checks, the
+    load, the alias flip, the verdict and the store activation) is printed beside raw vLLM's load time.
 
   One untimed warm-up round comes first (vLLM's first LoRA request compiles). Medians and the ratio
   agentforge / raw are printed (target ≤ 1.1), and the median of each rep's own ratio (its two paths ran
@@ -100,8 +102,11 @@ def chat_body(model: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def raw_swap(http: httpx.Client, server: VLLMServer, adapter: Path, max_tokens: int) -> float:
-    """Raw vLLM: load ``adapter`` under a fresh name and get one answer from it; returns seconds.
+def raw_swap(http: httpx.Client, server: VLLMServer, adapter: Path, max_tokens: int) -> tuple[float, float]:
+    """Raw vLLM: load ``adapter`` under a fresh name and get one answer from it.
+
+    Returns:
+        ``(seconds, load_seconds)``: from the start of the load to the answer, and to the load's return.
 
     It calls vLLM's admin route itself, so it borrows the serving layer's admin header (``_admin``).
     """
@@ -113,6 +118,7 @@ def raw_swap(http: httpx.Client, server: VLLMServer, adapter: Path, max_tokens: 
         json={"lora_name": name, "lora_path": str(adapter)},
         headers=admin,
     ).raise_for_status()
+    loaded = time.perf_counter() - t0
     answer = http.post(f"{server.base_url}/chat/completions", json=chat_body(name, max_tokens), headers=admin)
     seconds = time.perf_counter() - t0
     answer.raise_for_status()
@@ -120,7 +126,7 @@ def raw_swap(http: httpx.Client, server: VLLMServer, adapter: Path, max_tokens: 
     http.post(
         f"{server.base_url}/unload_lora_adapter", json={"lora_name": name}, headers=admin
     ).raise_for_status()
-    return seconds
+    return seconds, loaded
 
 
 def agentforge_swap(
@@ -128,6 +134,9 @@ def agentforge_swap(
 ) -> tuple[float, float, float, str]:
     """agentforge: publish ``adapter`` on a thread and get one answer through the gateway, asked the moment
     the alias moves onto the new version.
+
+    The clock starts when ``publish`` is called on its thread, as a trainer calls it on its own (starting the
+    harness's thread cost up to 0.2 s on busy shared cores before ``publish`` ran; it is not counted).
 
     Returns:
         ``(seconds, publish_seconds, canary_seconds, version)``: to the answer, to ``publish``'s return; the
@@ -138,6 +147,7 @@ def agentforge_swap(
     done: dict[str, Any] = {}
 
     def publish() -> None:
+        done["t0"] = time.perf_counter()
         try:
             done["version"] = publisher.publish(adapter, step=step)
         except BaseException as exc:  # noqa: BLE001 - raised again below
@@ -145,11 +155,10 @@ def agentforge_swap(
         done["t"] = time.perf_counter()
 
     thread = threading.Thread(target=publish)
-    t0 = time.perf_counter()
     thread.start()
     moved = publisher.router.wait_alias(alias, old, timeout_s=120)
     answer = http.post(f"{url}/chat/completions", json=chat_body(alias, max_tokens))
-    seconds = time.perf_counter() - t0
+    answered = time.perf_counter()
     thread.join(120)
     if "error" in done:
         raise done["error"]
@@ -157,7 +166,8 @@ def agentforge_swap(
     assert moved == done["version"], (moved, done)
     canary = publisher.swapper.last_canary
     publisher.swapper.wait_drained(60)
-    return seconds, done["t"] - t0, canary.latency_s if canary else 0.0, done["version"]
+    t0 = done["t0"]
+    return answered - t0, done["t"] - t0, canary.latency_s if canary else 0.0, done["version"]
 
 
 def under_load(
@@ -218,6 +228,17 @@ def under_load(
     }
 
 
+def stage_profile(stages: list[dict[str, float]]) -> dict[str, list[float]]:
+    """``{stage: [median, min, max]}`` in ms over the reps that reached it, in the order publish reaches them
+    (``HotSwapPublisher.last_stages``; empty where the publisher records none)."""
+    names = list(dict.fromkeys(name for rep in stages for name in rep))
+    profile = {}
+    for name in names:
+        ms = [rep[name] * 1000 for rep in stages if name in rep]
+        profile[name] = [round(statistics.median(ms), 1), round(min(ms), 1), round(max(ms), 1)]
+    return profile
+
+
 def main() -> None:
     """Run both phases and print the figures (a table, then one JSON object)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -245,14 +266,17 @@ def main() -> None:
             rollout = store.enqueue_rollout(Rollout()).rollout_id
             url = rollout_base_url(gateway.url, rollout)
             raw_s, af_s, publish_s, canary_s, versions = [], [], [], [], []
+            raw_load_s: list[float] = []  # raw vLLM: seconds to load_lora_adapter's return
+            stages: list[dict[str, float]] = []  # per timed publish: seconds to each stage it reached
             for rep in range(args.reps + 1):  # rep 0: warm-up, not counted
                 pair = adapters[2 * rep : 2 * rep + 2]
                 order = ["raw", "af"] if rep % 2 else ["af", "raw"]
                 for path, adapter in zip(order, pair, strict=True):
                     if path == "raw":
-                        seconds = raw_swap(http, server, adapter, args.max_tokens)
+                        seconds, loaded = raw_swap(http, server, adapter, args.max_tokens)
                         if rep:
                             raw_s.append(seconds)
+                            raw_load_s.append(loaded)
                     else:
                         seconds, published, canary, version = agentforge_swap(
                             http, publisher, url, adapter, rep, args.max_tokens
@@ -262,6 +286,7 @@ def main() -> None:
                             af_s.append(seconds)
                             publish_s.append(published)
                             canary_s.append(canary)
+                            stages.append(getattr(publisher, "last_stages", {}))
             served = [s.llm.version for s in store.list_spans(rollout_id=rollout) if s.llm is not None]
             assert served == versions, (served, versions)  # each timed answer came from the new version
             load = under_load(publisher, gateway, adapters[-args.swaps :], args.clients, args.max_tokens)
@@ -279,6 +304,10 @@ def main() -> None:
         "paired_ratio": round(statistics.median(a / r for a, r in zip(af_s, raw_s, strict=True)), 2),
         "agentforge_canary_s": round(statistics.median(canary_s), 3),
         "agentforge_publish_s": round(statistics.median(publish_s), 3),
+        # median ms from the start of publish to each stage (store record, checks, load, alias flip, verdict,
+        # store activation), with the range over the reps
+        "agentforge_stages_ms": stage_profile(stages),
+        "raw_vllm_load_ms": round(statistics.median(raw_load_s) * 1000, 1),
         "raw_runs_s": [round(x, 3) for x in raw_s],
         "agentforge_runs_s": [round(x, 3) for x in af_s],
         "under_load": load,
@@ -291,6 +320,13 @@ def main() -> None:
         f"{result['paired_ratio']:.2f} (target <= 1.1); under {args.clients} clients, {args.swaps} swaps: "
         f"{load['failed']} failed of "
         f"{load['requests']} requests (target 0)"
+    )
+    print(
+        "stages, ms from the start of publish (median [min, max]): "
+        + ", ".join(
+            f"{k} {v[0]:.0f} [{v[1]:.0f}, {v[2]:.0f}]" for k, v in result["agentforge_stages_ms"].items()
+        )
+        + f"; raw vLLM's load_lora_adapter: {result['raw_vllm_load_ms']:.0f} ms"
     )
 
 

@@ -193,7 +193,7 @@ class Transactor:
             delay = min(delay * 2, 0.5)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def run_raw(self, fn: Callable[[Any, Any], T]) -> T:
+    def run_raw(self, fn: Callable[[Any, Any], T], *, integrity_retries: int = 3) -> T:
         """Run ``fn(dbapi_connection, dialect)`` in one *write* transaction on a pooled driver connection,
         with :meth:`run`'s retry policy but without an ORM session: the span writer's hot path, where a
         session's begin/commit machinery cost more CPU than the rows themselves.
@@ -201,7 +201,8 @@ class Transactor:
         ``fn`` issues its statements on the driver connection; driver errors it raises must already be
         SQLAlchemy ``DBAPIError`` subclasses (:func:`wrap_driver_error`). SQLite transactions start with
         ``BEGIN IMMEDIATE``; PostgreSQL's driver opens one on the first statement. A connection that broke
-        is invalidated (the pool drops it) before the retry.
+        is invalidated (the pool drops it) before the retry. ``integrity_retries``: as in :meth:`run` (a
+        concurrent insert of the same key lost the race; the retry runs ``fn`` again).
 
         Raises:
             AgentForgeError: whatever ``fn`` raised (no retry).
@@ -232,7 +233,7 @@ class Transactor:
             finally:
                 raw.close()
 
-        result = self._retrying(once)
+        result = self._retrying(once, integrity_retries)
         if self.after_write is not None:
             self.after_write()
         return result

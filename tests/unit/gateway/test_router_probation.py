@@ -85,3 +85,15 @@ def test_wait_alias_returns_when_the_alias_moves() -> None:
     mover.start()
     assert r.wait_alias("policy", "policy@v1", timeout_s=10) == "policy@v2"
     mover.join()
+
+
+def test_wait_for_call_returns_when_a_call_of_the_version_starts() -> None:
+    r = router()
+    assert not r.wait_for_call("policy@v2", timeout_s=0.01)  # nobody calls it
+    caller = threading.Timer(0.05, r.acquire, ("policy@v2",))
+    caller.start()
+    assert r.wait_for_call("policy@v2", timeout_s=10)
+    caller.join()
+    assert r.wait_for_call("policy@v2", timeout_s=0)  # in flight already: at once
+    r.release("policy@v2")
+    assert not r.wait_for_call("policy@v2", timeout_s=0) and not r._awaited  # noqa: SLF001 - nothing left waiting

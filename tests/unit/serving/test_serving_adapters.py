@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,9 @@ from serving_helpers import FakeServer
 
 from agentforge.config import default_model_dir
 from agentforge.errors import AdapterIncompatibleError, ConfigError, ServingError, UserError
-from agentforge.gateway.router import ModelRouter
+from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.adapters import (
+    AdapterWeights,
     adapter_weights,
     check_adapter,
     check_max_lora_rank,
@@ -22,6 +25,7 @@ from agentforge.serving.adapters import (
     same_model,
 )
 from agentforge.serving.base import PolicyServer
+from agentforge.serving.canary import CanaryJudge
 from agentforge.serving.hotswap import CanaryResult, HotSwapper
 from agentforge.serving.vllm import VLLMServer
 
@@ -143,6 +147,42 @@ def test_hotswapper_names_and_max_loras() -> None:
         HotSwapper(FakeServer(max_loras=1), router)
 
 
+def test_the_canary_follows_the_first_call_of_the_new_version() -> None:
+    """After the flip the canary waits for the first client call of the new version (then ``canary_lag_s``), so
+    that call reaches the engine first; with no call it goes after ``canary_wait_s``. Either way it runs before
+    the verdict, with the alias on the new version and the version on probation."""
+    router = ModelRouter()
+    seen: list[tuple[str, int, bool]] = []
+
+    def canary(upstream: Upstream) -> CanaryResult:
+        version = upstream.model
+        seen.append((version, router.inflight(version), router.probation(version) is not None))
+        return CanaryResult("ok", [1])
+
+    swapper = HotSwapper(FakeServer(max_loras=4), router, canary=canary, canary_wait_s=60, canary_lag_s=0)
+    swapper.register_base()
+
+    def client() -> None:
+        assert router.wait_alias("policy", "policy@v0", timeout_s=60) == "policy@v1"
+        router.acquire("policy")  # the gateway starts the first call of v1
+
+    caller = threading.Thread(target=client)
+    caller.start()
+    assert swapper.swap(rank_adapter(8)) == "policy@v1"  # returns within 60 s only because the call came
+    caller.join()
+    assert seen == [("policy@v1", 1, True)]  # the call was on its way when the canary went
+    router.release("policy@v1")
+    quiet = HotSwapper(FakeServer(max_loras=4), router, "quiet", canary=canary, canary_wait_s=0.05)
+    quiet.register_base()
+    assert quiet.swap(rank_adapter(8)) == "quiet@v1" and seen[-1] == (
+        "quiet@v1",
+        0,
+        True,
+    )  # no call: it went on
+    with pytest.raises(ConfigError, match="canary_wait_s=-1"):
+        HotSwapper(FakeServer(max_loras=4), router, canary_wait_s=-1)
+
+
 class FingerprintCanary:
     """A canary whose answer fingerprint is chosen per model name (stands in for the engine's log-probs)."""
 
@@ -166,6 +206,51 @@ def test_adapter_weights_digest_and_zero_lora(tmp_path: Path) -> None:
     assert adapter_weights(copy) == trained and adapter_weights(letter_adapter("B")).digest != trained.digest
     with pytest.raises(UserError, match="adapter_model"):
         adapter_weights(write_config(tmp_path / "empty", r=8))
+
+
+def test_checks_and_digests_follow_rewritten_files(tmp_path: Path) -> None:
+    """The remembered check and digest of an adapter directory hold only while its files are unchanged: a
+    config rewritten in place with a rank above the server's is refused, new weights get a new digest."""
+    base, folder = str(default_model_dir()), tmp_path / "adapter"
+    shutil.copytree(letter_adapter("A"), folder)
+    assert check_adapter(folder, base_model=base, max_lora_rank=16).max_rank == 8
+    assert check_adapter(folder, base_model=base, max_lora_rank=16).max_rank == 8  # remembered
+    before = adapter_weights(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 64}))
+    with pytest.raises(AdapterIncompatibleError, match="LoRA rank 64"):
+        check_adapter(folder, base_model=base, max_lora_rank=16)
+    shutil.copyfile(letter_adapter("B") / "adapter_model.safetensors", folder / "adapter_model.safetensors")
+    assert adapter_weights(folder).digest == adapter_weights(letter_adapter("B")).digest != before.digest
+
+
+def test_judge_asks_for_the_digest_only_when_the_answer_did_not_move() -> None:
+    """A swap's weights are hashed beside its canary: the verdict waits for the digest only when the answer
+    equals the old version's (the one case it decides), never before the canary when the old answer is known."""
+    same, moved = {"t:A": -0.5}, {"t:A": -0.1}
+    canary = FingerprintCanary({"policy@v1": same, "policy@v2": moved, "policy@v3": moved})
+    judge, old = CanaryJudge(), Upstream(base_url="http://e", model="policy@v1")
+    judge.know("policy@v1", AdapterWeights(digest="1", zero=False))
+    judge.judge("policy@v1", old, canary, None, lambda: old)  # remembered: v1's answer
+    asked: list[str] = []
+
+    def pending(digest: str) -> Callable[[], AdapterWeights]:
+        def wait() -> AdapterWeights:
+            asked.append(digest)
+            return AdapterWeights(digest=digest, zero=False)
+
+        return wait
+
+    judge.know("policy@v2", pending("2"))
+    up2 = Upstream(base_url="http://e", model="policy@v2")
+    assert judge.judge("policy@v2", up2, canary, "policy@v1", lambda: old).change == pytest.approx(0.4)
+    assert asked == []  # the answer moved: the digest decides nothing, nobody waited for it
+    judge.know("policy@v3", pending("3"))
+    up3 = Upstream(base_url="http://e", model="policy@v3")
+    with pytest.raises(ServingError, match="answers like policy@v2"):
+        judge.judge("policy@v3", up3, canary, "policy@v2", lambda: up2)  # v3 answers like v2...
+    assert asked == ["3", "2"]  # ...so the digests were asked for, after the canary
+    assert canary.probed == ["policy@v1", "policy@v2", "policy@v3"]  # v2 was not probed again
 
 
 def test_canary_refuses_changed_weights_that_answer_like_the_old_version(tmp_path: Path) -> None:
