@@ -244,7 +244,7 @@ def serve(
     if dashboard:
         console.print(f"[bold]dashboard[/] {gateway.url}/dashboard/")
     typer.echo(gateway.url)
-    stop, why = _stop_on_sigterm()
+    stop, why = _stop_on_signals()
     try:
         while not stop.wait(1.0):
             pass
@@ -265,22 +265,30 @@ def serve(
         console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): {', '.join(stopped)}", soft_wrap=True)
 
 
-def _stop_on_sigterm() -> tuple[threading.Event, list[str]]:
-    """Make SIGTERM a clean stop of ``serve`` (exit status 0) instead of death by signal (143).
+def _stop_on_signals() -> tuple[threading.Event, list[str]]:
+    """Make SIGINT (Ctrl-C, ``kill -INT``) and SIGTERM (``kill``, a container stop) a clean stop of ``serve``
+    (exit status 0) instead of death by signal (143), whatever the parent left them as.
+
+    A shell starts a background job (``agentforge serve &`` in a script) with SIGINT *ignored*, and Python
+    keeps an inherited ignore: without its own handler ``serve`` would never stop on ``kill -INT``. Like
+    uvicorn, serve installs both handlers itself (and unblocks both, in case the parent blocked them).
 
     Returns:
-        ``(event, why)``: SIGTERM sets the event and appends ``"SIGTERM"`` to ``why``.
+        ``(event, why)``: either signal sets the event and appends ``"interrupt"`` (SIGINT) or ``"SIGTERM"``
+        to ``why``.
     """
     import signal
 
     stop = threading.Event()
     why: list[str] = []
 
-    def _on_sigterm(signum: int, frame: object) -> None:
-        why.append(signal.Signals(signum).name)
+    def _on_signal(signum: int, frame: object) -> None:
+        why.append("interrupt" if signum == signal.SIGINT else signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     return stop, why
 
 
