@@ -8,9 +8,12 @@ a child process. The gateway runs in another child process with a durable SQLite
 this process; everything binds 127.0.0.1 and stops by itself.
 
 Phases, each for ``--seconds`` after a warm-up, at 1 and 32 clients, non-streamed and streamed:
-direct, then through the gateway. Printed per phase: req/s, the ratio gateway/direct, the latency the
-gateway adds at p50 and p99 (gateway percentile minus direct percentile), the gateway process's CPU
-milliseconds per request (``/proc/<pid>/stat``), and whether requests sent == spans stored. Then the
+direct, direct with the gateway's capture options (the sampled ids and log-probs the gateway asks the engine
+for, so the engine does the same work as behind the gateway; the issue's anchor engine returned them to every
+call), then through the gateway. Printed per phase: req/s, the ratio gateway/direct (and gateway/direct with
+capture), the latency the gateway adds at p50 and p99 (gateway percentile minus direct percentile), the
+gateway's and the engine's CPU milliseconds per request (``/proc/<pid>/stat``), and whether requests sent ==
+spans stored. Then the
 targets of issue 11: ≥ 0.5× direct at 32 clients, p99 ≤ 100 ms, ≤ 1 ms CPU per request, +≤ 2 ms at
 p50 with 1 client, streaming within 1.5× of non-streaming cost.
 
@@ -92,6 +95,7 @@ class Phase:
     p99_ms: float
     cpu_ms_per_req: float | None = None
     answered: int = 0
+    engine_cpu_ms_per_req: float | None = None
     spans_stored: int | None = None
 
 
@@ -99,12 +103,22 @@ class Phase:
 PII_TEXT = "Hi, order #{n} is late. My card is 4111 1111 1111 1111, mail me at jane.roe{n}@example.com."
 
 
-def _bodies(model: str, stream: bool, unique: bool, pii: bool) -> Iterator[bytes]:
-    """The request bodies: one body over and over, or (``unique``) a new user text per request."""
+#: What the gateway adds to each body it sends to the engine (``wire.upstream_body``): the sampled tokens' ids
+#: and log-probs, and the usage chunk of a stream. ``direct+capture`` sends them directly, so the engine does
+#: the same work in both phases and the ratio isolates the gateway's own cost.
+CAPTURE = {"logprobs": True, "return_token_ids": True}
+
+
+def _bodies(model: str, stream: bool, unique: bool, pii: bool, capture: bool = False) -> Iterator[bytes]:
+    """The request bodies: one body over and over, or (``unique``) a new user text per request; ``capture``:
+    with the gateway's capture options (:data:`CAPTURE`)."""
+    extra: dict[str, object] = dict(CAPTURE) if capture else {}
+    if capture and stream:
+        extra["stream_options"] = {"include_usage": True}
     text = PII_TEXT if pii else BODY["messages"][1]["content"].replace("#1234", "#{n}")
     for n in itertools.count(1000):
         messages = [BODY["messages"][0], {"role": "user", "content": text.format(n=n if unique else 1234)}]
-        yield json.dumps({**BODY, "messages": messages, "model": model, "stream": stream}).encode()
+        yield json.dumps({**BODY, "messages": messages, "model": model, "stream": stream, **extra}).encode()
 
 
 async def _load(
@@ -115,12 +129,13 @@ async def _load(
     warmup_s: float,
     unique: bool = False,
     pii: bool = False,
+    capture: bool = False,
 ) -> tuple[list[float], int, int]:
     """Closed-loop clients, one per URL: latencies (s) of the requests started after the warm-up, errors,
     and all requests answered (warm-up included)."""
     latencies: list[float] = []
     errors = answered = 0
-    bodies = _bodies(model, stream, unique, pii)
+    bodies = _bodies(model, stream, unique, pii, capture)
     body = next(bodies)
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=len(urls))  # aiohttp: a load generator cheaper than the server
@@ -158,18 +173,28 @@ def run_phase(
     cpu: ChildServer | None,
     unique: bool = False,
     pii: bool = False,
+    engine: ChildServer | None = None,
+    capture: bool = False,
 ) -> Phase:
-    """Measure one phase; ``cpu``: the process whose CPU time is charged per request."""
+    """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway);
+    ``engine``: the engine, whose CPU per request is reported too; ``capture``: direct requests carry the
+    gateway's capture options (:data:`CAPTURE`)."""
     cpu0 = cpu.cpu_s() if cpu else 0.0
+    engine0 = engine.cpu_s() if engine else 0.0
     model = "base" if cpu is None else "policy"  # the engine's own name directly, the alias via the gateway
-    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, 1.0, unique, pii))
+    latencies, errors, answered = asyncio.run(
+        _load(urls, model, stream, seconds, 1.0, unique, pii, capture and cpu is None)
+    )
     n = len(latencies)
-    cpu_ms = None
-    if cpu is not None and answered:  # the process's CPU over every request it answered in the phase
-        cpu_ms = round((cpu.cpu_s() - cpu0) * 1000 / answered, 3)
+    cpu_ms = engine_ms = None
+    if answered:  # each process's CPU over every request it answered in the phase
+        if cpu is not None:
+            cpu_ms = round((cpu.cpu_s() - cpu0) * 1000 / answered, 3)
+        if engine is not None:
+            engine_ms = round((engine.cpu_s() - engine0) * 1000 / answered, 3)
     return Phase(target, len(urls), stream, n, errors, seconds, round(n / seconds, 1),
                  round(percentile(latencies, 50) * 1000, 2), round(percentile(latencies, 99) * 1000, 2),
-                 cpu_ms, answered=answered)  # fmt: skip
+                 cpu_ms, answered=answered, engine_cpu_ms_per_req=engine_ms)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,9 +232,23 @@ def main(argv: list[str] | None = None) -> int:
                         f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
                     ]
                     load = {"unique": args.unique, "pii": args.pii}
-                    phases.append(run_phase("direct", direct_urls, stream, args.seconds, None, **load))
+                    phases.append(
+                        run_phase("direct", direct_urls, stream, args.seconds, None, engine=upstream, **load)
+                    )
+                    phases.append(
+                        run_phase(
+                            "direct+capture",
+                            direct_urls,
+                            stream,
+                            args.seconds,
+                            None,
+                            engine=upstream,
+                            capture=True,
+                            **load,
+                        )  # fmt: skip
+                    )
                     before = _count(store, rollout_ids)
-                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway, **load)
+                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway, engine=upstream, **load)
                     ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
                     phases.append(ph)
         finally:
@@ -228,15 +267,25 @@ def _count(store: SQLStore, rollout_ids: list[str]) -> int:
 
 def _report(phases: list[Phase]) -> None:
     print(f"\n{'clients':>7} {'stream':>6} {'direct r/s':>10} {'gw r/s':>8} {'ratio':>6} {'+p50 ms':>8} "
-          f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}")  # fmt: skip
+          f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}"
+          f" {'+capture r/s':>12} {'ratio':>6} {'engine ms/req: direct / +capture / via gw':>42}")  # fmt: skip
     cost: dict[tuple[int, bool], float] = {}
-    for direct, gw in zip(phases[::2], phases[1::2], strict=True):
+    for direct, captured, gw in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
         ratio = gw.req_per_s / direct.req_per_s if direct.req_per_s else float("nan")
+        ratio_c = gw.req_per_s / captured.req_per_s if captured.req_per_s else float("nan")
         cost[(gw.clients, gw.stream)] = gw.cpu_ms_per_req or float("nan")
+        engine = " / ".join(
+            f"{ph.engine_cpu_ms_per_req or float('nan'):.3f}" for ph in (direct, captured, gw)
+        )
         print(f"{gw.clients:>7} {str(gw.stream):>6} {direct.req_per_s:>10,.0f} {gw.req_per_s:>8,.0f} {ratio:>5.2f}× "
               f"{gw.p50_ms - direct.p50_ms:>8.2f} {gw.p99_ms - direct.p99_ms:>8.2f} {gw.p99_ms:>7.1f} "
-              f"{gw.cpu_ms_per_req:>10.3f} {gw.answered:>6} {gw.spans_stored:>6} {gw.errors + direct.errors:>4}")  # fmt: skip
-    print("(sent = requests the gateway answered in the phase, warm-up included; spans = spans stored)")
+              f"{gw.cpu_ms_per_req:>10.3f} {gw.answered:>6} {gw.spans_stored:>6} {gw.errors + direct.errors:>4}"
+              f" {captured.req_per_s:>12,.0f} {ratio_c:>5.2f}× {engine:>42}")  # fmt: skip
+    print(
+        "(sent = requests the gateway answered in the phase, warm-up included; spans = spans stored;"
+        " +capture: direct requests with the gateway's capture options, ids and log-probs, so the engine"
+        " does the gateway phase's work; ratio = gateway r/s ÷ that phase's r/s)"
+    )
     for (clients, stream), ms in sorted(cost.items()):
         if stream and (clients, False) in cost:
             print(

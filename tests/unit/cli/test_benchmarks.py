@@ -30,10 +30,17 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
         capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     phases = json.loads(out.strip().splitlines()[-1])
-    assert len(phases) == 8  # direct and gateway, 1 and 4 clients, plain and streamed
-    for direct, gateway in zip(phases[::2], phases[1::2], strict=True):
-        assert direct["target"] == "direct" and gateway["target"] == "gateway"
-        assert direct["errors"] == gateway["errors"] == 0 and direct["req_per_s"] > 0 < gateway["req_per_s"]
+    assert (
+        len(phases) == 12
+    )  # direct, direct with capture options and gateway; 1 and 4 clients; plain, streamed
+    for direct, captured, gateway in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
+        assert (direct["target"], captured["target"], gateway["target"]) == (
+            "direct",
+            "direct+capture",
+            "gateway",
+        )
+        for ph in (direct, captured, gateway):
+            assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
         assert gateway["cpu_ms_per_req"] > 0
     assert "streaming/non-streaming CPU cost" in out
