@@ -248,8 +248,6 @@ def serve(
     try:
         while not stop.wait(1.0):
             pass
-    except KeyboardInterrupt:
-        why.append("interrupt")
     finally:
         stopped = []
         if supervisor is not None:

@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _spine import ChildServer, free_port, percentile  # noqa: E402
 
+from agentforge.gateway.router import Upstream  # noqa: E402
+from agentforge.gateway.wire import upstream_body  # noqa: E402
 from agentforge.stores.sql import SQLStore  # noqa: E402
 from agentforge.types import Rollout, Task  # noqa: E402
 
@@ -103,22 +105,16 @@ class Phase:
 PII_TEXT = "Hi, order #{n} is late. My card is 4111 1111 1111 1111, mail me at jane.roe{n}@example.com."
 
 
-#: What the gateway adds to each body it sends to the engine (``wire.upstream_body``): the sampled tokens' ids
-#: and log-probs, and the usage chunk of a stream. ``direct+capture`` sends them directly, so the engine does
-#: the same work in both phases and the ratio isolates the gateway's own cost.
-CAPTURE = {"logprobs": True, "return_token_ids": True}
-
-
 def _bodies(model: str, stream: bool, unique: bool, pii: bool, capture: bool = False) -> Iterator[bytes]:
     """The request bodies: one body over and over, or (``unique``) a new user text per request; ``capture``:
-    with the gateway's capture options (:data:`CAPTURE`)."""
-    extra: dict[str, object] = dict(CAPTURE) if capture else {}
-    if capture and stream:
-        extra["stream_options"] = {"include_usage": True}
+    each as the gateway sends it to the engine (``wire.upstream_body``: with the sampled tokens' ids and
+    log-probs, and the usage chunk of a stream), so the engine does the gateway phase's work."""
+    engine = Upstream(base_url="", model=model)  # only its model name and capture options are read
     text = PII_TEXT if pii else BODY["messages"][1]["content"].replace("#1234", "#{n}")
     for n in itertools.count(1000):
         messages = [BODY["messages"][0], {"role": "user", "content": text.format(n=n if unique else 1234)}]
-        yield json.dumps({**BODY, "messages": messages, "model": model, "stream": stream, **extra}).encode()
+        body = {**BODY, "messages": messages, "model": model, "stream": stream}
+        yield json.dumps(upstream_body(body, "chat", engine) if capture else body).encode()
 
 
 async def _load(
@@ -177,14 +173,12 @@ def run_phase(
     capture: bool = False,
 ) -> Phase:
     """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway);
-    ``engine``: the engine, whose CPU per request is reported too; ``capture``: direct requests carry the
-    gateway's capture options (:data:`CAPTURE`)."""
+    ``engine``: the engine, whose CPU per request is reported too; ``capture``: the (direct) requests are
+    sent as the gateway sends them to the engine (see :func:`_bodies`)."""
     cpu0 = cpu.cpu_s() if cpu else 0.0
     engine0 = engine.cpu_s() if engine else 0.0
     model = "base" if cpu is None else "policy"  # the engine's own name directly, the alias via the gateway
-    latencies, errors, answered = asyncio.run(
-        _load(urls, model, stream, seconds, 1.0, unique, pii, capture and cpu is None)
-    )
+    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, 1.0, unique, pii, capture))
     n = len(latencies)
     cpu_ms = engine_ms = None
     if answered:  # each process's CPU over every request it answered in the phase

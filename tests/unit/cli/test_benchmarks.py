@@ -30,15 +30,11 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
         capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     phases = json.loads(out.strip().splitlines()[-1])
-    assert (
-        len(phases) == 12
-    )  # direct, direct with capture options and gateway; 1 and 4 clients; plain, streamed
+    # direct, direct with the gateway's capture options, and gateway; 1 and 4 clients; plain and streamed
+    assert len(phases) == 12
     for direct, captured, gateway in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
-        assert (direct["target"], captured["target"], gateway["target"]) == (
-            "direct",
-            "direct+capture",
-            "gateway",
-        )
+        targets = (direct["target"], captured["target"], gateway["target"])
+        assert targets == ("direct", "direct+capture", "gateway")
         for ph in (direct, captured, gateway):
             assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span

@@ -83,8 +83,9 @@ def _as_a_background_job() -> None:
 
 
 def _stopped(proc: subprocess.Popen[str], timeout_s: float = 90.0) -> int:
-    """The exit status of a ``serve`` that was just interrupted. A stop that hangs (it took over 30 s once in
-    the full suite, never alone) fails with the process's threads' stacks (py-spy) and its stderr."""
+    """The exit status of a ``serve`` that was just interrupted. A stop that hangs (it did in full-suite runs
+    started in the background, whose SIGINT was inherited as ignored, until serve installed its own handler)
+    fails with the process's threads' stacks (py-spy, where installed) and its stderr."""
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
