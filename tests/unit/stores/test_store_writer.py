@@ -121,3 +121,43 @@ def test_submit_many_whole_batch_failure_and_cancel_before_taken() -> None:
     writer.close()
     with pytest.raises(UserError):
         writer.submit_many(["z"])
+
+
+def test_commit_delay_only_after_a_large_batch_and_the_next_batch_fills_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agentforge.stores.writer as writer_module
+
+    delays: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:  # the writer's commit delay: recorded, and long enough to queue behind
+        delays.append(seconds)
+        real_sleep(0.2)
+
+    monkeypatch.setattr(writer_module.time, "sleep", sleep)
+    log = _Log()
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(
+        log, "test-writer", commit_delay_s=0.25, commit_siblings=3
+    )
+    assert [writer.submit(x).result(5) for x in ("a", "b")] == ["A", "B"]
+    assert delays == []  # a lone caller's batches (1 item) never make the next one wait
+    log.gate = hold = threading.Event()
+    held = writer.submit("h")  # the writer waits at the gate with this one
+    real_sleep(0.05)
+    siblings = [writer.submit(x) for x in ("x1", "x2", "x3")]  # queued together: the next batch, 3 items
+    hold.set()
+    assert held.result(5) == "H" and [f.result(5) for f in siblings] == ["X1", "X2", "X3"]
+    late = [writer.submit(x) for x in ("y1", "y2")]  # sent while the writer waits after the 3-item batch
+    assert [f.result(5) for f in late] == ["Y1", "Y2"]
+    assert writer.submit("z").result(5) == "Z"
+    assert delays == [0.25]  # once: after the 3-item batch, not after the 2-item one
+    assert log.batches == [["a"], ["b"], ["h"], ["x1", "x2", "x3"], ["y1", "y2"], ["z"]]
+    writer.close()
+
+
+def test_commit_delay_arguments_are_checked() -> None:
+    with pytest.raises(UserError, match="commit_delay_s"):
+        GroupCommitWriter(_Log(), "w", commit_delay_s=-0.001)
+    with pytest.raises(UserError, match="commit_siblings"):
+        GroupCommitWriter(_Log(), "w", commit_siblings=0)
