@@ -27,6 +27,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agentforge.gateway.server import DISCONNECT_HOOK
 from agentforge.gateway.wire import Endpoint, error_body
 from agentforge.loopback import LoopbackGuard
 from agentforge.types import ROLLOUT_PATH_PREFIX
@@ -104,14 +105,14 @@ class FastPathMiddleware:
             return
         request = Request(scope, _replay(body, receive))
         task = asyncio.current_task()
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task)) if task is not None else None
+        watch = _Watch(scope, receive, task)
         try:
             response = await self._handle(request, endpoint)
-            if watcher is not None and getattr(response, "watch_disconnect", False):
-                await response(scope, receive, _unwatch_at_end(send, watcher))  # a stream: watched throughout
+            if watch.on and getattr(response, "watch_disconnect", False):
+                await response(scope, receive, watch.until_end(send))  # a stream: watched throughout
                 return
         except asyncio.CancelledError:
-            if watcher is None or not watcher.done() or watcher.cancelled() or not watcher.result():
+            if not watch.client_left():
                 raise  # cancelled from outside (server shutdown): not ours to swallow
             task.uncancel()  # type: ignore[union-attr]  # the client left: nothing to answer
             return
@@ -119,9 +120,60 @@ class FastPathMiddleware:
             logger.exception("gateway handler failed on %s", path)
             response = _internal_error(exc)
         finally:
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            watch.stop()
         await response(scope, receive, send)
+
+
+class _Watch:
+    """Cancels the call's task when its client leaves: through the server's :data:`DISCONNECT_HOOK` where
+    it offers one (no task per call), else with a task that waits on ``receive()`` for ``http.disconnect``."""
+
+    __slots__ = ("_scope", "_task", "_watcher", "_left", "on")
+
+    def __init__(self, scope: Scope, receive: Receive, task: asyncio.Task[Any] | None) -> None:
+        self._scope, self._task, self._left = scope, task, False
+        self._watcher: asyncio.Future[bool] | None = None
+        self.on = task is not None
+        if task is None:
+            return
+        if DISCONNECT_HOOK in scope:
+            scope[DISCONNECT_HOOK] = self._client_left  # type: ignore[literal-required]
+        else:
+            self._watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+
+    def _client_left(self) -> None:
+        if self.on:
+            self._left = True
+            self.stop()
+            self._task.cancel()  # type: ignore[union-attr]
+
+    def client_left(self) -> bool:
+        """Whether the task was cancelled because the client left."""
+        watcher = self._watcher
+        if watcher is not None:
+            return watcher.done() and not watcher.cancelled() and watcher.result()
+        return self._left
+
+    def stop(self) -> None:
+        """Stop watching (idempotent)."""
+        if self.on:
+            self.on = False
+            if self._watcher is not None:
+                if not self._watcher.done():
+                    self._watcher.cancel()
+            else:
+                self._scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]
+
+    def until_end(self, send: Send) -> Send:
+        """``send`` that stops watching before the response's last message (after it the server reports
+        the connection as disconnected, which must not cancel the finishing task)."""
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.stop()
+            await send(message)
+
+        return wrapped
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
@@ -170,22 +222,6 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bo
         if message["type"] == "http.disconnect":
             task.cancel()
             return True
-
-
-def _unwatch_at_end(send: Send, watcher: asyncio.Future[Any]) -> Send:
-    """``send`` that stops the connection watcher before the response's last message (after it the
-    server reports the connection as disconnected, which must not cancel the finishing task)."""
-
-    async def wrapped(message: Any) -> None:
-        if (
-            message["type"] == "http.response.body"
-            and not message.get("more_body", False)
-            and not watcher.done()
-        ):
-            watcher.cancel()
-        await send(message)
-
-    return wrapped
 
 
 def _too_large(limit: int) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -158,8 +159,27 @@ def test_rewards_can_be_posted_to_the_gateway_port(served) -> None:
     remote.close()
 
 
-def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk() -> None:
-    """The engine sends one event, then nothing for 30 s: the client that leaves is noticed at once (the
-    gateway's connection watcher, not the next write), the span is recorded and the version released."""
+@pytest.mark.parametrize("server", ["agentforge", "uvicorn"])
+def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine sends one event, then nothing for 30 s: the client that leaves is noticed at once (not at
+    the next write), the span is recorded and the version released. Under the gateway's own server the
+    protocol's disconnect hook tells the fast path (no watcher task per call); under uvicorn's own
+    protocol a watcher task waits on ``receive()``."""
+    from agentforge.gateway import fastpath
+    from agentforge.gateway import server as server_module
+
+    watchers: list[object] = []
+    real = fastpath._cancel_on_disconnect
+
+    def counted(receive: Any, task: Any) -> Any:
+        watchers.append(task)
+        return real(receive, task)
+
+    monkeypatch.setattr(fastpath, "_cancel_on_disconnect", counted)
+    if server == "uvicorn":
+        monkeypatch.setattr(server_module, "_http_protocol", lambda: "httptools")
     span, inflight, waited = _leave_after_first_event(ScriptedTurn("a b c", chunk_delay_s=30))
     assert waited < 5 and span.attributes["client_disconnected"] is True and inflight == 0
+    assert bool(watchers) == (server == "uvicorn")
