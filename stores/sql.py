@@ -53,7 +53,7 @@ from agentforge.types import (
 
 __all__ = ["SQLStore", "DEFAULT_COMMIT_DELAY_S"]
 
-#: The span writer's default group-commit delay, seconds (see :class:`SQLStore`'s ``commit_delay_s``).
+#: The span writer's default group-commit delay on SQLite, seconds (see :class:`SQLStore`'s ``commit_delay_s``).
 DEFAULT_COMMIT_DELAY_S = 0.002
 
 
@@ -76,9 +76,12 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             (:class:`~agentforge.stores.checkpoint.WalCheckpointer`) instead of inside commits, so the span
             writer never copies pages into the database file; ``False``: SQLite's automatic checkpoints.
         commit_delay_s: the span writer's group-commit delay, seconds (:mod:`agentforge.stores.writer`): after
-            a batch of 4 or more spans and rewards, the next batch waits this long to fill. Under concurrent
-            load (a gateway at 32 clients) the batches grow and the store's CPU per span falls; a lone
-            caller never waits for it. ``0``: the next batch is taken at once.
+            a batch of 4 or more spans and rewards, the next batch waits this long to fill unless 4 or more
+            are queued already. Under concurrent load (a gateway at 32 clients) the batches grow and the
+            store's CPU per span falls; a lone caller never waits for it, nor does a backlog (a burst of
+            flushes). ``None``: :data:`DEFAULT_COMMIT_DELAY_S` on SQLite, ``0`` on PostgreSQL (whose commits
+            cost the server, not this process, and where closed-loop writers measured no gain from it).
+            ``0``: the next batch is taken at once.
 
     Raises:
         UserError: unsupported URL scheme.
@@ -96,7 +99,7 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         create_tables: bool = True,
         pool: dict[str, Any] | None = None,
         background_checkpoints: bool = True,
-        commit_delay_s: float = DEFAULT_COMMIT_DELAY_S,
+        commit_delay_s: float | None = None,
     ) -> None:
         self.url = url or default_store_url()
         sa_url = make_url(self.url)
@@ -114,7 +117,9 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             self._write_queued,
             f"agentforge-writer-{make_url(self.url).get_backend_name()}",
             max_batch=1024,
-            commit_delay_s=commit_delay_s,
+            commit_delay_s=(DEFAULT_COMMIT_DELAY_S if self.dialect == "sqlite" else 0.0)
+            if commit_delay_s is None
+            else commit_delay_s,
         )  # a batch's fixed cost (lookups, commit, its sync) shared by up to 1,024 items: ~1.3 MB of span rows
         if create_tables:
             self._tx.run(_create_tables, write=True, integrity_retries=5)

@@ -11,7 +11,8 @@ A batch's fixed cost (its transaction, the lookups, the commit's sync, the threa
 large against an item's own (a durable SQLite commit: ~0.3 ms against ~30 µs a span), so under concurrent
 load the writer may wait ``commit_delay_s`` before taking the next batch, letting it fill: after a batch of
 at least ``commit_siblings`` items (evidence of many concurrent callers), never after a smaller one, so a
-lone caller never waits for it. This is PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's
+lone caller never waits for it, and not when ``commit_siblings`` items or more are queued already (a backlog,
+as in a burst of flushes, fills the next batch by itself). This is PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's
 ``binlog_group_commit_sync_delay``); see :class:`GroupCommitWriter` for the trade.
 
 A caller holding many items at once (a tracer flushing a rollout's spans) uses
@@ -98,10 +99,11 @@ class GroupCommitWriter(Generic[T, R]):
         name: the thread's name (for logs and debuggers).
         max_batch: most items per ``write_batch`` call.
         commit_delay_s: seconds the writer waits before taking the next batch after a batch of at least
-            ``commit_siblings`` items (0: never waits). Under sustained concurrent load the batches grow,
+            ``commit_siblings`` items, unless that many are queued already (0: never waits). Under sustained concurrent load the batches grow,
             and the CPU per item falls, by about the delay times the arrival rate; each item of such a
             load waits up to this much longer for its acknowledgement.
-        commit_siblings: the smallest batch that makes the writer wait ``commit_delay_s`` before the next.
+        commit_siblings: the smallest batch that makes the writer wait ``commit_delay_s`` before the next, and
+            the backlog that makes it not wait.
 
     Attributes:
         on_commit: called on the writer thread with each batch's stored items (those that did not fail), after
@@ -213,7 +215,8 @@ class GroupCommitWriter(Generic[T, R]):
     def _take(self) -> list[tuple[T, _Sink]] | None:
         if self._delay_next:  # concurrent callers: let the next batch fill (see the module docstring)
             self._delay_next = False
-            time.sleep(self.commit_delay_s)
+            if len(self._queue) < self.commit_siblings:  # a backlog is a full batch already: no wait
+                time.sleep(self.commit_delay_s)
         with self._cond:
             while not self._queue:
                 if self._closed:

@@ -123,7 +123,7 @@ def test_submit_many_whole_batch_failure_and_cancel_before_taken() -> None:
         writer.submit_many(["z"])
 
 
-def test_commit_delay_only_after_a_large_batch_and_the_next_batch_fills_meanwhile(
+def test_commit_delay_only_after_a_large_batch_without_a_backlog_and_the_next_batch_fills_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import agentforge.stores.writer as writer_module
@@ -146,13 +146,19 @@ def test_commit_delay_only_after_a_large_batch_and_the_next_batch_fills_meanwhil
     held = writer.submit("h")  # the writer waits at the gate with this one
     real_sleep(0.05)
     siblings = [writer.submit(x) for x in ("x1", "x2", "x3")]  # queued together: the next batch, 3 items
+    log.gate = hold2 = threading.Event()  # ... which waits at a second gate
     hold.set()
-    assert held.result(5) == "H" and [f.result(5) for f in siblings] == ["X1", "X2", "X3"]
-    late = [writer.submit(x) for x in ("y1", "y2")]  # sent while the writer waits after the 3-item batch
+    assert held.result(5) == "H"
+    real_sleep(0.05)
+    backlog = [writer.submit(x) for x in ("w1", "w2", "w3")]  # 3 queued when the 3-item batch commits
+    hold2.set()
+    assert [f.result(5) for f in siblings + backlog] == ["X1", "X2", "X3", "W1", "W2", "W3"]
+    late = [writer.submit(x) for x in ("y1", "y2")]  # sent while the writer waits after the w batch
     assert [f.result(5) for f in late] == ["Y1", "Y2"]
     assert writer.submit("z").result(5) == "Z"
-    assert delays == [0.25]  # once: after the 3-item batch, not after the 2-item one
-    assert log.batches == [["a"], ["b"], ["h"], ["x1", "x2", "x3"], ["y1", "y2"], ["z"]]
+    # once: after the w batch (nothing queued behind it); not after x (a backlog of 3), nor after y (2 items)
+    assert delays == [0.25]
+    assert log.batches == [["a"], ["b"], ["h"], ["x1", "x2", "x3"], ["w1", "w2", "w3"], ["y1", "y2"], ["z"]]
     writer.close()
 
 
@@ -161,3 +167,11 @@ def test_commit_delay_arguments_are_checked() -> None:
         GroupCommitWriter(_Log(), "w", commit_delay_s=-0.001)
     with pytest.raises(UserError, match="commit_siblings"):
         GroupCommitWriter(_Log(), "w", commit_siblings=0)
+
+
+def test_sqlite_store_writer_waits_by_default_and_can_be_told_not_to() -> None:
+    from agentforge.stores.sql import DEFAULT_COMMIT_DELAY_S, SQLStore
+
+    with SQLStore("sqlite://") as store, SQLStore("sqlite://", commit_delay_s=0) as eager:
+        assert store._writer.commit_delay_s == DEFAULT_COMMIT_DELAY_S > 0
+        assert eager._writer.commit_delay_s == 0
