@@ -9,10 +9,11 @@ transaction (group commit, as in database write-ahead logs), and a lone caller w
 
 A batch's fixed cost (its transaction, the lookups, the commit's sync, the thread and loop wake-ups) is
 large against an item's own (a durable SQLite commit: ~0.3 ms against ~30 µs a span), so under concurrent
-load the writer may wait ``commit_delay_s`` before taking the next batch, letting it fill: after a batch of
-at least ``commit_siblings`` items (evidence of many concurrent callers), never after a smaller one, so a
-lone caller never waits for it, and not when ``commit_siblings`` items or more are queued already (a backlog,
-as in a burst of flushes, fills the next batch by itself). This is PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's
+load the writer may wait ``commit_delay_s`` before taking the next batch, letting it fill: after a batch
+that served at least ``commit_siblings`` callers (evidence of many concurrent callers; a ``submit_many`` group
+counts once), never after one that served fewer, so a lone caller never waits for it (however many items it
+hands over at once), and not when ``commit_siblings`` items or more are queued already (a backlog, as in a
+burst of flushes, fills the next batch by itself). A ``close`` may wait for one delay. This is PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's
 ``binlog_group_commit_sync_delay``); see :class:`GroupCommitWriter` for the trade.
 
 A caller holding many items at once (a tracer flushing a rollout's spans) uses
@@ -45,7 +46,7 @@ import asyncio
 import logging
 import os
 import threading
-import time
+from time import sleep as _sleep
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -98,12 +99,12 @@ class GroupCommitWriter(Generic[T, R]):
             exception that item alone failed with. Raising fails the whole batch.
         name: the thread's name (for logs and debuggers).
         max_batch: most items per ``write_batch`` call.
-        commit_delay_s: seconds the writer waits before taking the next batch after a batch of at least
-            ``commit_siblings`` items, unless that many are queued already (0: never waits). Under sustained concurrent load the batches grow,
+        commit_delay_s: seconds the writer waits before taking the next batch after a batch that served at
+            least ``commit_siblings`` callers, unless that many items are queued already (0: never waits). Under sustained concurrent load the batches grow,
             and the CPU per item falls, by about the delay times the arrival rate; each item of such a
             load waits up to this much longer for its acknowledgement.
-        commit_siblings: the smallest batch that makes the writer wait ``commit_delay_s`` before the next, and
-            the backlog that makes it not wait.
+        commit_siblings: the fewest callers in a batch that make the writer wait ``commit_delay_s`` before
+            the next, and the backlog (items) that makes it not wait.
 
     Attributes:
         on_commit: called on the writer thread with each batch's stored items (those that did not fail), after
@@ -215,8 +216,8 @@ class GroupCommitWriter(Generic[T, R]):
     def _take(self) -> list[tuple[T, _Sink]] | None:
         if self._delay_next:  # concurrent callers: let the next batch fill (see the module docstring)
             self._delay_next = False
-            if len(self._queue) < self.commit_siblings:  # a backlog is a full batch already: no wait
-                time.sleep(self.commit_delay_s)
+            if len(self._queue) < self.commit_siblings and not self._closed:  # a backlog: no wait
+                _sleep(self.commit_delay_s)
         with self._cond:
             while not self._queue:
                 if self._closed:
@@ -243,7 +244,7 @@ class GroupCommitWriter(Generic[T, R]):
                 sinks.append(sink)
             if not items:
                 continue
-            self._delay_next = self.commit_delay_s > 0 and len(items) >= self.commit_siblings
+            self._delay_next = self.commit_delay_s > 0 and _callers(sinks) >= self.commit_siblings
             outcomes: list[R | BaseException]
             try:
                 results = self._write_batch(items)
@@ -272,6 +273,14 @@ class GroupCommitWriter(Generic[T, R]):
             if (listener := self.on_commit) is not None:
                 stored = [o for o in outcomes if o is not None and not isinstance(o, BaseException)]
                 _notify(listener, stored, self._name)
+
+
+def _callers(sinks: list[_Sink]) -> int:
+    """How many callers a batch serves: one per future, one per :meth:`GroupCommitWriter.submit_many` group."""
+    groups = [sink[0] for sink in sinks if type(sink) is tuple]
+    if not groups:
+        return len(sinks)
+    return len(sinks) - len(groups) + len({id(group) for group in groups})
 
 
 def _notify(listener: Callable[[Sequence[R]], None], stored: list[R], name: str) -> None:

@@ -135,7 +135,7 @@ def test_commit_delay_only_after_a_large_batch_without_a_backlog_and_the_next_ba
         delays.append(seconds)
         real_sleep(0.2)
 
-    monkeypatch.setattr(writer_module.time, "sleep", sleep)
+    monkeypatch.setattr(writer_module, "_sleep", sleep)
     log = _Log()
     writer: GroupCommitWriter[str, str] = GroupCommitWriter(
         log, "test-writer", commit_delay_s=0.25, commit_siblings=3
@@ -175,3 +175,19 @@ def test_sqlite_store_writer_waits_by_default_and_can_be_told_not_to() -> None:
     with SQLStore("sqlite://") as store, SQLStore("sqlite://", commit_delay_s=0) as eager:
         assert store._writer.commit_delay_s == DEFAULT_COMMIT_DELAY_S > 0
         assert eager._writer.commit_delay_s == 0
+
+
+def test_a_lone_caller_handing_over_many_items_at_once_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tracer flushing 10 spans at a time, one flush after another: each batch serves one caller."""
+    import agentforge.stores.writer as writer_module
+
+    delays: list[float] = []
+    monkeypatch.setattr(writer_module, "_sleep", delays.append)
+    log = _Log()
+    writer: GroupCommitWriter[str, str] = GroupCommitWriter(log, "test-writer", commit_delay_s=0.25)
+    for k in range(5):
+        assert writer.submit_many([f"{k}-{i}" for i in range(10)]).result(5) == [
+            f"{k}-{i}".upper() for i in range(10)
+        ]
+    assert delays == [] and [len(b) for b in log.batches] == [10] * 5
+    writer.close()
