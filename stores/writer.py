@@ -46,10 +46,10 @@ import asyncio
 import logging
 import os
 import threading
-from time import sleep as _sleep
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from time import sleep as _sleep
 from typing import Generic, TypeVar
 
 from agentforge.errors import UserError
