@@ -76,8 +76,8 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             (:class:`~agentforge.stores.checkpoint.WalCheckpointer`) instead of inside commits, so the span
             writer never copies pages into the database file; ``False``: SQLite's automatic checkpoints.
         commit_delay_s: the span writer's group-commit delay, seconds (:mod:`agentforge.stores.writer`): after
-            a batch of 4 or more spans and rewards, the next batch waits this long to fill unless 4 or more
-            are queued already. Under concurrent load (a gateway at 32 clients) the batches grow and the
+            a batch that served 4 or more callers, the next batch waits this long to fill unless 4 or more
+            items are queued already. Under concurrent load (a gateway at 32 clients) the batches grow and the
             store's CPU per span falls; a lone caller never waits for it, nor does a backlog (a burst of
             flushes). ``None``: :data:`DEFAULT_COMMIT_DELAY_S` on SQLite, ``0`` on PostgreSQL (whose commits
             cost the server, not this process, and where closed-loop writers measured no gain from it).
@@ -113,13 +113,13 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         self._tx = Transactor(engine, repr(self), max_retries)
         if self._checkpointer is not None:
             self._tx.after_write = self._checkpointer.committed
+        if commit_delay_s is None:
+            commit_delay_s = DEFAULT_COMMIT_DELAY_S if self.dialect == "sqlite" else 0.0
         self._writer: GroupCommitWriter[Span | Reward | Prepared, Span | Reward] = GroupCommitWriter(
             self._write_queued,
             f"agentforge-writer-{make_url(self.url).get_backend_name()}",
             max_batch=1024,
-            commit_delay_s=(DEFAULT_COMMIT_DELAY_S if self.dialect == "sqlite" else 0.0)
-            if commit_delay_s is None
-            else commit_delay_s,
+            commit_delay_s=commit_delay_s,
         )  # a batch's fixed cost (lookups, commit, its sync) shared by up to 1,024 items: ~1.3 MB of span rows
         if create_tables:
             self._tx.run(_create_tables, write=True, integrity_retries=5)

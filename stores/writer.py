@@ -10,11 +10,12 @@ transaction (group commit, as in database write-ahead logs), and a lone caller w
 A batch's fixed cost (its transaction, the lookups, the commit's sync, the thread and loop wake-ups) is
 large against an item's own (a durable SQLite commit: ~0.3 ms against ~30 µs a span), so under concurrent
 load the writer may wait ``commit_delay_s`` before taking the next batch, letting it fill: after a batch
-that served at least ``commit_siblings`` callers (evidence of many concurrent callers; a ``submit_many`` group
-counts once), never after one that served fewer, so a lone caller never waits for it (however many items it
-hands over at once), and not when ``commit_siblings`` items or more are queued already (a backlog, as in a
-burst of flushes, fills the next batch by itself). A ``close`` may wait for one delay. This is PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's
-``binlog_group_commit_sync_delay``); see :class:`GroupCommitWriter` for the trade.
+that served at least ``commit_siblings`` callers (evidence of many concurrent callers; a ``submit_many``
+group counts once), never after one that served fewer, so a lone caller never waits for it (however many
+items it hands over at once), and not when ``commit_siblings`` items or more are queued already (a backlog,
+as in a burst of flushes, fills the next batch by itself). A ``close`` may wait for one delay. This is
+PostgreSQL's ``commit_delay`` / ``commit_siblings`` (and MySQL's ``binlog_group_commit_sync_delay``); see
+:class:`GroupCommitWriter` for the trade.
 
 A caller holding many items at once (a tracer flushing a rollout's spans) uses
 :meth:`GroupCommitWriter.submit_many`: one future for the lot, resolved once the last of them is committed,
@@ -100,9 +101,10 @@ class GroupCommitWriter(Generic[T, R]):
         name: the thread's name (for logs and debuggers).
         max_batch: most items per ``write_batch`` call.
         commit_delay_s: seconds the writer waits before taking the next batch after a batch that served at
-            least ``commit_siblings`` callers, unless that many items are queued already (0: never waits). Under sustained concurrent load the batches grow,
-            and the CPU per item falls, by about the delay times the arrival rate; each item of such a
-            load waits up to this much longer for its acknowledgement.
+            least ``commit_siblings`` callers, unless that many items are queued already (0: never waits).
+            Under sustained concurrent load the batches grow, and the CPU per item falls, by about the delay
+            times the arrival rate; each item of such a load waits up to this much longer for its
+            acknowledgement.
         commit_siblings: the fewest callers in a batch that make the writer wait ``commit_delay_s`` before
             the next, and the backlog (items) that makes it not wait.
 
