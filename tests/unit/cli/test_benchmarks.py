@@ -26,12 +26,14 @@ def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
 @pytest.mark.slow
 def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "1", "4", "--seconds", "0.5", "--json"],
+        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "1", "4", "--seconds", "0.5", "--rounds", "2",
+         "--json"],
         capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     phases = json.loads(out.strip().splitlines()[-1])
-    # direct, direct with the gateway's capture options, and gateway; 1 and 4 clients; plain and streamed
-    assert len(phases) == 12
+    # direct, direct with the gateway's capture options, and gateway; 1 and 4 clients; 2 rounds of plain and streamed
+    assert len(phases) == 24
+    assert [ph["round"] for ph in phases[:12]] == [1] * 6 + [2] * 6  # rounds alternate within a client count
     for direct, captured, gateway in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
         targets = (direct["target"], captured["target"], gateway["target"])
         assert targets == ("direct", "direct+capture", "gateway")
@@ -39,7 +41,8 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
             assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
         assert gateway["cpu_ms_per_req"] > 0
-    assert "streaming/non-streaming CPU cost" in out
+    assert "median over rounds:" in out
+    assert "streaming/non-streaming CPU cost at 4 clients" in out and "(median; rounds: " in out
 
 
 @pytest.mark.slow
