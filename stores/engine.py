@@ -138,11 +138,12 @@ class Transactor:
         max_retries: retries of a transaction that hit a transient error before ``StoreError``.
 
     Attributes:
-        after_write: called after every committed write transaction (e.g. to wake a WAL checkpointer);
-            ``None``: nothing is called.
+        after_write: called after every committed write transaction with the number of rows it wrote (the
+            ``rows`` given to :meth:`run` or :meth:`run_raw`), e.g. to wake a WAL checkpointer; ``None``:
+            nothing is called.
     """
 
-    after_write: Callable[[], None] | None = None
+    after_write: Callable[[int], None] | None = None
 
     def __init__(self, engine: Engine, label: str, max_retries: int) -> None:
         self.engine, self.label, self.max_retries = engine, label, max_retries
@@ -150,8 +151,9 @@ class Transactor:
         self._lock = threading.RLock() if is_memory_url(engine.url) else None
         self.closed = False
 
-    def run(self, fn: Callable[[Session], T], *, write: bool, integrity_retries: int = 3) -> T:
-        """Run ``fn(session)`` in one transaction (``write``: takes the write lock up front on SQLite).
+    def run(self, fn: Callable[[Session], T], *, write: bool, integrity_retries: int = 3, rows: int = 1) -> T:
+        """Run ``fn(session)`` in one transaction (``write``: takes the write lock up front on SQLite;
+        ``rows``: how many rows it writes, as :attr:`after_write` is told).
 
         Raises:
             AgentForgeError: whatever ``fn`` raised (no retry).
@@ -165,7 +167,7 @@ class Transactor:
 
         result = self._retrying(once, integrity_retries)
         if write and self.after_write is not None:
-            self.after_write()
+            self.after_write(rows)
         return result
 
     def _retrying(self, once: Callable[[], T], integrity_retries: int = 3) -> T:
@@ -193,7 +195,7 @@ class Transactor:
             delay = min(delay * 2, 0.5)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def run_raw(self, fn: Callable[[Any, Any], T], *, integrity_retries: int = 3) -> T:
+    def run_raw(self, fn: Callable[[Any, Any], T], *, integrity_retries: int = 3, rows: int = 1) -> T:
         """Run ``fn(dbapi_connection, dialect)`` in one *write* transaction on a pooled driver connection,
         with :meth:`run`'s retry policy but without an ORM session: the span writer's hot path, where a
         session's begin/commit machinery cost more CPU than the rows themselves.
@@ -202,7 +204,8 @@ class Transactor:
         SQLAlchemy ``DBAPIError`` subclasses (:func:`wrap_driver_error`). SQLite transactions start with
         ``BEGIN IMMEDIATE``; PostgreSQL's driver opens one on the first statement. A connection that broke
         is invalidated (the pool drops it) before the retry. ``integrity_retries``: as in :meth:`run` (a
-        concurrent insert of the same key lost the race; the retry runs ``fn`` again).
+        concurrent insert of the same key lost the race; the retry runs ``fn`` again). ``rows``: how many
+        rows the transaction writes, as :attr:`after_write` is told.
 
         Raises:
             AgentForgeError: whatever ``fn`` raised (no retry).
@@ -235,7 +238,7 @@ class Transactor:
 
         result = self._retrying(once, integrity_retries)
         if self.after_write is not None:
-            self.after_write()
+            self.after_write(rows)
         return result
 
     def close(self) -> None:

@@ -149,8 +149,11 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             StoreError: the transaction failed after the retries (nothing written).
         """
         if all(isinstance(item, Span) for item in items):  # the writer's usual batch: no ORM session
-            return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
-        return self._tx.run(lambda s: write_items(s, items), write=True)
+            return self._tx.run_raw(
+                lambda conn, dialect: write_spans(conn, dialect, items),
+                rows=len(items),  # type: ignore[arg-type]
+            )
+        return self._tx.run(lambda s: write_items(s, items), write=True, rows=len(items))
 
     def _write_queued(
         self, items: Sequence[Span | Reward | Prepared]
@@ -159,7 +162,10 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         if self._checkpointer is not None and self._checkpointer.behind:  # bound the WAL under sustained load
             self._checkpointer.catch_up()
         if all(isinstance(item, Span | Prepared) for item in items):
-            return self._tx.run_raw(lambda conn, dialect: write_spans(conn, dialect, items))  # type: ignore[arg-type]
+            return self._tx.run_raw(
+                lambda conn, dialect: write_spans(conn, dialect, items),
+                rows=len(items),  # type: ignore[arg-type]
+            )
         return self.write_batch([item.span if isinstance(item, Prepared) else item for item in items])
 
     def submit(self, item: Span | Reward) -> Future[Span | Reward]:

@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from agentforge.stores.checkpoint import WalCheckpointer
 from agentforge.stores.sql import SQLStore
 from agentforge.types import Rollout, Span, SpanKind, Task
 
@@ -52,6 +54,31 @@ def test_the_wal_stays_bounded_under_sustained_writes(tmp_path: Path) -> None:
         # Left to background passes alone it grew past 20 MB here; caught up it stays within a few batches.
         assert wal_bytes < 8 * 2**20, f"WAL grew to {wal_bytes / 2**20:.1f} MB"
         assert len(store.list_spans(orphans=True)) == 16000
+
+
+def _passes_after(checkpointer: WalCheckpointer, seconds: float, first: int) -> int:
+    """The passes run within ``seconds`` beyond the ``first`` already run (polled, so no sleep is longer
+    than it must be to see a pass that came)."""
+    deadline = time.monotonic() + seconds
+    while checkpointer.passes <= first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return checkpointer.passes - first
+
+
+def test_passes_wait_the_interval_unless_enough_rows_were_committed(tmp_path: Path) -> None:
+    with SQLStore(f"sqlite:///{tmp_path / 'i.db'}") as store:
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        checkpointer.interval_s, checkpointer.pass_rows = 30.0, 500
+        store.submit_many(_spans(10)).result(30)  # the first commit: a pass at once
+        assert _passes_after(checkpointer, 5.0, 0) == 1
+        time.sleep(0.05)  # the thread is in its pause now
+        store.submit_many(_spans(10)).result(30)  # 10 rows: the pause (30 s) goes on, no pass
+        assert _passes_after(checkpointer, 0.5, 1) == 0
+        store.submit_many(_spans(490)).result(30)  # 500 rows since the last pass: the pause ends
+        assert _passes_after(checkpointer, 5.0, 1) == 1
+    with pytest.raises(ValueError, match="pass_rows"):
+        WalCheckpointer(str(tmp_path / "j.db"), pass_rows=0)
 
 
 _CHILD = """
