@@ -44,8 +44,8 @@ class WalCheckpointer:
         path: the database file.
         busy_timeout_s: the checkpoint connection's ``busy_timeout``, seconds.
         synchronous: its ``PRAGMA synchronous`` (the store's: a checkpoint syncs the database file with FULL).
-        interval_s: the time between two background passes, seconds (commits in between share one), unless
-            ``pass_rows`` rows are committed sooner.
+        interval_s: the pause after a pass, seconds: the next pass follows the first commit after it (commits
+            during it share one pass); ``pass_rows`` rows committed during it end it early.
         max_wal_pages: WAL size (pages) from which the writer catches up itself (:attr:`behind`).
         pass_rows: rows committed since the last pass that start the next one before ``interval_s``.
 
@@ -86,11 +86,11 @@ class WalCheckpointer:
         forked child); end its pause once ``pass_rows`` rows were committed since its last pass."""
         if self._closed:
             return
+        if self._pid != os.getpid():  # first: the parent's events and locks may be held forever here
+            self._forked()
         self._rows += rows
         if self._rows >= self.pass_rows:
             self._soon.set()
-        if self._pid != os.getpid():
-            self._forked()
         if self._thread is None:
             with self._start:
                 if self._thread is None:
@@ -103,7 +103,7 @@ class WalCheckpointer:
         """In a forked child none of the parent's thread, locks (a pass may hold one) or connection is ours."""
         self._pid, self._thread, self._conn = os.getpid(), None, None
         self._lock, self._start, self._wake = threading.Lock(), threading.Lock(), threading.Event()
-        self._soon = threading.Event()
+        self._soon, self._rows = threading.Event(), 0
 
     def catch_up(self) -> None:
         """Checkpoint now, in the calling thread (the span writer, between two transactions), after any
@@ -153,6 +153,8 @@ class WalCheckpointer:
         connection closes). Safe to call twice."""
         if self._closed:
             return
+        if self._pid != os.getpid():
+            self._forked()
         self._closed = True
         self._wake.set()
         self._soon.set()

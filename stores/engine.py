@@ -138,9 +138,9 @@ class Transactor:
         max_retries: retries of a transaction that hit a transient error before ``StoreError``.
 
     Attributes:
-        after_write: called after every committed write transaction with the number of rows it wrote (the
-            ``rows`` given to :meth:`run` or :meth:`run_raw`), e.g. to wake a WAL checkpointer; ``None``:
-            nothing is called.
+        after_write: called after every committed write transaction with the ``rows`` given to :meth:`run`
+            or :meth:`run_raw` (the span writer's batches give their size; other writes count as 1), e.g. to
+            wake a WAL checkpointer; ``None``: nothing is called.
     """
 
     after_write: Callable[[int], None] | None = None

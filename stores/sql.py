@@ -150,8 +150,8 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         """
         if all(isinstance(item, Span) for item in items):  # the writer's usual batch: no ORM session
             return self._tx.run_raw(
-                lambda conn, dialect: write_spans(conn, dialect, items),
-                rows=len(items),  # type: ignore[arg-type]
+                lambda conn, dialect: write_spans(conn, dialect, items),  # type: ignore[arg-type]
+                rows=len(items),
             )
         return self._tx.run(lambda s: write_items(s, items), write=True, rows=len(items))
 
@@ -163,8 +163,8 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             self._checkpointer.catch_up()
         if all(isinstance(item, Span | Prepared) for item in items):
             return self._tx.run_raw(
-                lambda conn, dialect: write_spans(conn, dialect, items),
-                rows=len(items),  # type: ignore[arg-type]
+                lambda conn, dialect: write_spans(conn, dialect, items),  # type: ignore[arg-type]
+                rows=len(items),
             )
         return self.write_batch([item.span if isinstance(item, Prepared) else item for item in items])
 

@@ -5,6 +5,7 @@ killed; and the span writer's batched lookups on every SQL backend (PostgreSQL: 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -66,19 +67,55 @@ def _passes_after(checkpointer: WalCheckpointer, seconds: float, first: int) -> 
 
 
 def test_passes_wait_the_interval_unless_enough_rows_were_committed(tmp_path: Path) -> None:
-    with SQLStore(f"sqlite:///{tmp_path / 'i.db'}") as store:
-        checkpointer = store._checkpointer
-        assert checkpointer is not None
-        checkpointer.interval_s, checkpointer.pass_rows = 30.0, 500
-        store.submit_many(_spans(10)).result(30)  # the first commit: a pass at once
-        assert _passes_after(checkpointer, 5.0, 0) == 1
-        time.sleep(0.05)  # the thread is in its pause now
-        store.submit_many(_spans(10)).result(30)  # 10 rows: the pause (30 s) goes on, no pass
+    path = tmp_path / "i.db"
+    with sqlite3.connect(path) as conn:  # a WAL database with frames to copy
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("x" * 900,)] * 50)
+    checkpointer = WalCheckpointer(str(path), interval_s=30.0, pass_rows=500)
+    try:
+        checkpointer.committed(10)  # the first commit: a pass at once, then a 30 s pause
+        assert _passes_after(checkpointer, 10.0, 0) == 1
+        checkpointer.committed(10)  # 10 rows during the pause: it goes on, no pass
         assert _passes_after(checkpointer, 0.5, 1) == 0
-        store.submit_many(_spans(490)).result(30)  # 500 rows since the last pass: the pause ends
-        assert _passes_after(checkpointer, 5.0, 1) == 1
+        checkpointer.committed(490)  # 500 rows since the last pass: the pause ends, the next pass runs
+        assert _passes_after(checkpointer, 10.0, 1) == 1
+        assert checkpointer.wal_pages > 0
+    finally:
+        checkpointer.close()  # ends the pause at once
     with pytest.raises(ValueError, match="pass_rows"):
-        WalCheckpointer(str(tmp_path / "j.db"), pass_rows=0)
+        WalCheckpointer(str(path), pass_rows=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_checkpoints_with_its_own_thread(tmp_path: Path) -> None:
+    path = tmp_path / "f.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x)")
+    checkpointer = WalCheckpointer(str(path), interval_s=30.0, pass_rows=500)
+    try:
+        checkpointer.committed(400)  # the parent's thread: one pass, then in its 30 s pause
+        assert _passes_after(checkpointer, 10.0, 0) == 1
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's thread, events and counts are not its own
+            code = 1
+            try:
+                checkpointer.committed(200)  # starts a thread of its own, which passes at once
+                code = 0 if _passes_after(checkpointer, 10.0, 1) == 1 and checkpointer._rows == 0 else 2
+                checkpointer.close()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, done
+        assert checkpointer.passes == 1  # the parent's pause goes on
+    finally:
+        checkpointer.close()
 
 
 _CHILD = """
