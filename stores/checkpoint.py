@@ -153,14 +153,14 @@ class WalCheckpointer:
         connection closes). Safe to call twice."""
         if self._closed:
             return
-        if self._pid != os.getpid():
+        if self._pid != os.getpid():  # a forked child: the thread and connection left are the parent's
             self._forked()
         self._closed = True
         self._wake.set()
         self._soon.set()
-        if self._thread is not None and self._pid == os.getpid():
+        if self._thread is not None:
             self._thread.join(10)
         with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
+            if self._conn is not None:
                 self._conn.close()
             self._conn = None
