@@ -9,11 +9,12 @@ Routes (each also under ``/rollouts/{rollout_id}``, which attributes the call to
 Anything else is a 404 with an OpenAI-style body: vLLM's admin routes (``/v1/load_lora_adapter``, ...)
 are never forwarded. Attribution: the URL prefix wins, else the ``X-Rollout-Id`` header; ``X-Attempt-Id``
 is optional. A call without attribution is stored as an *orphan* span (``rollout_id=None``,
-``attributes["orphan"] = True``) and the ``agentforge.gateway`` logger warns once per gateway. The
+``attributes["orphan"] = True``) and the ``agentforge.gateway`` logger warns (at most once a minute). The
 warning is a log record, not a :mod:`warnings` warning, on purpose: a warning raised inside a request
 handler is either swallowed by the once-per-location filter or, under ``-W error``, turns a recorded
 call into an HTTP 500. A span naming a rollout the store does not know is also kept as an orphan, with
-``attributes["claimed_rollout_id"]``.
+``attributes["claimed_rollout_id"]``; one naming an attempt the store does not know (or another rollout's)
+stays in its rollout with ``attributes["claimed_attempt_id"]``, not trainable (flag ``attempt_rejected``).
 
 Errors reach the client as ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or a bad
 body → 400 (no upstream call), unknown model → 404 ``model_not_found``, engine errors → the engine's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["SpanRecorder"]
 
 logger = logging.getLogger("agentforge.gateway")
+
+#: Seconds between two WARNINGs of one kind about how calls were attributed (:meth:`SpanRecorder._log`).
+_WARN_EVERY_S = 60.0
 
 
 def _mode(ctx: CallContext) -> dict[str, str]:
@@ -41,7 +45,7 @@ class SpanRecorder:
         self.store = store
         self.prefix = Continuations()
         self.orphans = 0
-        self._orphan_warned = False
+        self._warned: dict[str, tuple[float, int]] = {}  # kind -> (time of its last WARNING, quiet since)
 
     async def record(
         self,
@@ -70,25 +74,41 @@ class SpanRecorder:
             tenant=ctx.tenant,
         )
         if ctx.rollout_id is None and ctx.attempt_id is None:  # the store finds an attempt's rollout
-            self._orphan(span, "no rollout id in the URL or X-Rollout-Id header")
+            self._orphan(span)
+            self._log(
+                "unattributed",
+                "gateway call stored as an orphan span (no rollout id in the URL or X-Rollout-Id header); point "
+                "the client at <gateway>/rollouts/<rollout_id>/v1 or send the X-Rollout-Id header to attribute it",
+            )
         await self._write(span)
 
-    def _orphan(self, span: Span, why: str) -> None:
+    def _orphan(self, span: Span) -> None:
         span.attributes["orphan"] = True
         self.orphans += 1
-        level = logging.DEBUG if self._orphan_warned else logging.WARNING
-        self._orphan_warned = True
-        logger.log(
-            level,
-            "gateway call stored as an orphan span (%s); point the client at <gateway>/rollouts/<rollout_id>/v1 "
-            "or send the X-Rollout-Id header to attribute it",
-            why,
-        )
+
+    def _log(self, kind: str, message: str, *args: Any) -> None:
+        """Log ``message`` as a WARNING at most once a minute per ``kind`` (``DEBUG`` in between), saying how
+        many more of its kind came since the last WARNING: a misconfigured client calls thousands of times."""
+        last, quiet = self._warned.get(kind, (-_WARN_EVERY_S, 0))
+        clock = time.monotonic()
+        if clock - last < _WARN_EVERY_S:
+            self._warned[kind] = (last, quiet + 1)
+            logger.debug(message, *args)
+            return
+        self._warned[kind] = (clock, 0)
+        if quiet:
+            message += f" ({quiet} more like it in the last minute)"
+        logger.warning(message, *args)
 
     async def _write(self, span: Span) -> None:
         """Hand the span to the store's group-commit writer and wait until it is committed (the event loop
-        is never blocked; concurrent calls share one transaction). A span the store rejects for its
-        rollout is kept as an orphan with ``claimed_rollout_id``."""
+        is never blocked; concurrent calls share one transaction).
+
+        A span the store rejects for its attribution is still kept: with an attempt id the store does not
+        know (or of another rollout), in its rollout without that attempt, ``attributes["claimed_attempt_id"]``
+        and ``llm.trainable = False`` (flag ``attempt_rejected``: which attempt produced it is unknown); with a
+        rollout the store does not know, as an orphan with ``claimed_rollout_id`` (and ``claimed_attempt_id``).
+        Each rejection is logged with the store's reason (rate-limited, see :meth:`_log`)."""
         try:
             try:  # a caller that leaves must not cancel the queued write (submit_async writes regardless)
                 stored = await self._submit(span)
@@ -98,14 +118,41 @@ class SpanRecorder:
                         span.span_id,
                         stored.attributes.get("late_reason"),
                     )
+                return
             except (NotFoundError, UserError) as exc:
-                if span.rollout_id is None:
-                    raise
-                claimed = span.rollout_id
-                span = span.model_copy(update={"rollout_id": None, "attempt_id": None})
+                rejected = exc
+            if span.attempt_id is not None:
+                claimed_attempt = span.attempt_id
+                span = span.model_copy(update={"attempt_id": None})
+                span.attributes = {**span.attributes, "claimed_attempt_id": clean_text(claimed_attempt)}
+                if span.llm is not None:
+                    span.llm = span.llm.model_copy(
+                        update={"trainable": False, "flags": [*span.llm.flags, "attempt_rejected"]}
+                    )
+                if span.rollout_id is not None:
+                    try:
+                        await self._submit(span)
+                        self._log(
+                            "attempt",
+                            "gateway call kept in rollout %r without its attempt (not training data): the store "
+                            "rejected attempt %r: %s",
+                            span.rollout_id, claimed_attempt, rejected,
+                        )  # fmt: skip
+                        return
+                    except (NotFoundError, UserError) as exc:
+                        rejected = exc
+            claimed = span.rollout_id
+            span = span.model_copy(update={"rollout_id": None})
+            if claimed is not None:
                 span.attributes = {**span.attributes, "claimed_rollout_id": clean_text(claimed)}
-                self._orphan(span, f"the store rejected rollout {claimed!r}: {exc}")
-                await self._submit(span)
+            self._orphan(span)
+            await self._submit(span)
+            self._log(
+                "rejected",
+                "gateway call stored as an orphan span: the store rejected its attribution (rollout %r, attempt %r): "
+                "%s; a rollout must be in the store before its calls (POST /api/rollouts, TraceStore.enqueue_rollout)",
+                claimed, span.attributes.get("claimed_attempt_id"), rejected,
+            )  # fmt: skip
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
 

@@ -172,6 +172,59 @@ async def test_unknown_rollout_is_kept_as_orphan_with_the_claimed_id(
     assert only_span(gw_store, orphans=True).attributes["claimed_rollout_id"] == "ro-nope"
 
 
+async def test_unknown_attempt_keeps_the_rollout_and_is_logged(
+    make_gateway, gw_client_for, gw_store, caplog
+) -> None:
+    """An ``X-Attempt-Id`` the store does not know does not cost the call its (valid) rollout: the span stays
+    in the rollout, names the claimed attempt, is not training data, and the reason is logged every time a
+    kind of rejection first shows up, even after an unattributed call's warning."""
+    app, _ = make_gateway(["bare", "kept", "other"])
+    gw_store.enqueue_rollout(Rollout(rollout_id="ro-attempt"))
+    client = gw_client_for(app)
+    with caplog.at_level(logging.WARNING, logger="agentforge.gateway"):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # unattributed
+        headers = {"X-Rollout-Id": "ro-attempt", "X-Attempt-Id": "at-nope"}
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=headers)).status_code == 200
+        headers = {"X-Attempt-Id": "at-nope-too"}  # an attempt alone: nothing left to attribute it to
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=headers)).status_code == 200
+    kept = only_span(gw_store, rollout_id="ro-attempt")
+    assert kept.llm.response_text == "kept" and "orphan" not in kept.attributes
+    assert kept.attributes["claimed_attempt_id"] == "at-nope"
+    assert kept.llm.trainable is False and "attempt_rejected" in kept.llm.flags
+    orphans = {span.llm.response_text: span for span in gw_store.list_spans(orphans=True)}
+    assert set(orphans) == {"bare", "other"}  # nothing lost
+    assert orphans["other"].attributes["claimed_attempt_id"] == "at-nope-too"
+    assert "claimed_rollout_id" not in orphans["other"].attributes
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert "no rollout id" in messages[0]
+    assert "'ro-attempt'" in messages[1] and "'at-nope'" in messages[1] and "does not exist" in messages[1]
+    assert "orphan" in messages[2] and "'at-nope-too'" in messages[2]
+    assert app.state.gateway.orphans == 2
+
+
+async def test_attribution_warnings_are_rate_limited_per_kind(
+    make_gateway, gw_client_for, caplog, monkeypatch
+) -> None:
+    """A misconfigured client calling many times gets one WARNING a minute per kind, which then says how many
+    calls came in between (``DEBUG`` for each of those)."""
+    import agentforge.gateway.record as record
+
+    clock = [1000.0]
+    monkeypatch.setattr(record.time, "monotonic", lambda: clock[0])
+    app, _ = make_gateway(["a"] * 5)
+    client = gw_client_for(app)
+    with caplog.at_level(logging.WARNING, logger="agentforge.gateway"):
+        for step in (0.0, 10.0, 20.0, 45.0):  # seconds after the first call
+            clock[0] = 1000.0 + step
+            assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        clock[0] = 1000.0 + 61.0
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "more like it" not in warnings[0] and "(3 more like it in the last minute)" in warnings[1]
+
+
 # --- handed case 8 ---------------------------------------------------------------------------------
 async def test_streamed_no_argument_tool_is_normalised_and_noted(
     make_gateway, gw_client_for, gw_store
