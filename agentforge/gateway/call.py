@@ -73,8 +73,11 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] |
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return "messages", "'messages' must be a non-empty list of messages"
-        if not all(isinstance(m, dict) for m in messages):
-            return "messages", "every item of 'messages' must be an object"
+        for message in messages:
+            if not isinstance(message, dict):
+                return "messages", "every item of 'messages' must be an object"
+            if not isinstance(message.get("role"), str):
+                return "messages", "every message needs a 'role' string (system, user, assistant, tool, ...)"
     elif "prompt" not in body:
         return "prompt", "'prompt' is required"
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):

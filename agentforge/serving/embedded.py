@@ -38,6 +38,17 @@ from agentforge.types import LOGPROBS_MODES
 __all__ = ["EmbeddedServer"]
 
 
+def _render_errors() -> tuple[type[BaseException], ...]:
+    """What rendering a body's prompt raises for a body it cannot render: the chat template's own errors
+    (jinja2's ``TemplateError``, e.g. ``UndefinedError`` for a message without ``role``) and the tokenizer's."""
+    errors: tuple[type[BaseException], ...] = (TypeError, ValueError, KeyError, AttributeError)
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - transformers' chat templates need jinja2
+        return errors
+    return (*errors, TemplateError)
+
+
 class _RequestError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
         super().__init__(message)
@@ -374,6 +385,8 @@ class EmbeddedServer:
             ]
             return {"object": "list", "data": cards}
 
+        render_errors = _render_errors()
+
         def respond(body: dict[str, Any], chat: bool) -> Any:
             problem = sampling_problem(body, chat)
             if problem is not None:
@@ -383,7 +396,7 @@ class EmbeddedServer:
                 self._select(body["model"])  # raises the 404
             try:
                 prompt_ids = self._prompt_ids(body, chat)
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:  # the chat template's complaint
+            except render_errors as exc:  # the chat template's complaint
                 what = "messages" if chat else "prompt"
                 raise _RequestError(400, f"cannot render the {what}: {type(exc).__name__}: {exc}") from None
             limit = self._limit(body, prompt_ids)
@@ -419,7 +432,7 @@ class EmbeddedServer:
             chat = "messages" in body
             try:
                 ids = self._prompt_ids(body, chat)
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            except render_errors as exc:
                 raise _RequestError(400, f"cannot render: {type(exc).__name__}: {exc}") from None
             return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
 

@@ -240,6 +240,18 @@ async def test_wrongly_typed_stream_fields_are_a_recorded_400(
     assert span.status == "error" and span.llm is not None and span.llm.flags == ["invalid_request"]
 
 
+@pytest.mark.parametrize("message", [{"content": "hi"}, {"role": None, "content": "hi"}, {"role": 3}])
+async def test_a_message_without_a_role_is_a_recorded_400(
+    make_gateway, gw_client_for, gw_store, message
+) -> None:
+    app, _ = make_gateway(["hi"])
+    body = {**CHAT, "messages": [{"role": "user", "content": "hello"}, message]}
+    r = await gw_client_for(app).post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages" and "role" in r.text, r.text
+    (span,) = gw_store.list_spans()
+    assert span.status == "error" and span.llm is not None and span.llm.flags == ["invalid_request"]
+
+
 def _engine_answering(body: bytes) -> ModelRouter:
     """A router whose ``policy`` is an in-process engine answering every call with 200 and ``body`` as SSE."""
 

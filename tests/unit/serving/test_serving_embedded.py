@@ -73,6 +73,19 @@ def test_protocol_and_two_adapters(embedded: EmbeddedServer) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
 
 
+def test_messages_the_chat_template_cannot_render_are_a_400(embedded: EmbeddedServer) -> None:
+    """A message without ``role`` makes the chat template raise jinja2's ``UndefinedError``: the engine
+    answers 400 with the reason, as vLLM does, not a 500 (the gateway refuses such a body itself; a client
+    may call the engine directly)."""
+    root = embedded.base_url.removesuffix("/v1")
+    for path, body in (
+        ("/v1/chat/completions", {"model": "base", "messages": [{"content": "hi"}], "max_tokens": 2}),
+        ("/tokenize", {"messages": [{"content": "hi"}]}),
+    ):
+        r = httpx.post(f"{root}{path}", json=body, headers=embedded.auth_headers(), timeout=60)
+        assert r.status_code == 400 and "cannot render" in r.text and "role" in r.text, (path, r.text)
+
+
 def test_token_ids_and_logprobs_consistent(embedded: EmbeddedServer) -> None:
     from transformers import AutoTokenizer
 
