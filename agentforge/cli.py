@@ -151,12 +151,13 @@ def serve(
     SIGTERM or Ctrl-C stops it cleanly (exit status 0) and it says what it stopped.
     """
     from agentforge.config import serving_gc
-    from agentforge.errors import AgentForgeError
+    from agentforge.errors import AgentForgeError, UserError
     from agentforge.gateway.router import ModelRouter
-    from agentforge.gateway.server import GatewayServer
+    from agentforge.gateway.server import GatewayServer, check_port
     from agentforge.loopback import check_bind
     from agentforge.model import prepare_default_model
     from agentforge.open import open_store
+    from agentforge.serving.adapters import read_adapter
     from agentforge.serving.hotswap import HotSwapper
     from agentforge.types import LOGPROBS_MODES
 
@@ -166,6 +167,14 @@ def serve(
         raise typer.BadParameter(f"choose {' or '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
     try:
         check_bind(host, api_key, "gateway")  # before the engine's slow start, not after it
+        check_port(host, port)
+        if model is not None and not (model / "config.json").is_file():
+            raise UserError(
+                f"--model {model}: not a model checkpoint directory (no config.json); pass a local Hugging Face "
+                "checkpoint folder (nothing is downloaded), or leave --model out for the default model"
+            )
+        if adapter is not None:
+            read_adapter(adapter)  # a folder that is not a PEFT adapter: say so now
         from agentforge.privacy import PrivacyConfig
 
         policy = PrivacyConfig.from_options(privacy, privacy_pattern, privacy_allow)

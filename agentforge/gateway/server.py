@@ -25,7 +25,16 @@ if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
     from agentforge.ports import TraceStore
 
-__all__ = ["is_loopback", "AppServer", "GatewayServer", "HeadWithBody", "serve_gateway", "DISCONNECT_HOOK"]
+__all__ = [
+    "is_loopback",
+    "AppServer",
+    "GatewayServer",
+    "HeadWithBody",
+    "serve_gateway",
+    "DISCONNECT_HOOK",
+    "bind_socket",
+    "check_port",
+]
 
 #: A scope key that :class:`AppServer`'s HTTP protocol sets to ``None`` on every request: an app may put a
 #: callable there, which the protocol calls (on the event loop's thread) when the client's connection is lost
@@ -113,6 +122,32 @@ def _http_protocol() -> Any:
     return HeadWithBodyProtocol
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``SO_REUSEADDR``, as uvicorn binds; not listening yet).
+
+    Raises:
+        ServingError: the address cannot be bound (the port is taken, the host is not this machine's).
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ServingError(f"cannot bind {host}:{port}: {exc}") from exc
+    return sock
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail now, not after a slow start, when ``host:port`` cannot be bound (see :func:`bind_socket`); the
+    port is free again on return (another process may still take it before the server binds it).
+
+    Raises:
+        ServingError: as :func:`bind_socket`.
+    """
+    bind_socket(host, port).close()
+
+
 class AppServer:
     """An ASGI app served by uvicorn in a daemon thread; ``port=0`` picks a free port.
 
@@ -148,14 +183,7 @@ class AppServer:
         """
         if self._thread is not None:
             return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host.strip("[]"), self.port))
-        except OSError as exc:
-            sock.close()
-            raise ServingError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
             self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False,

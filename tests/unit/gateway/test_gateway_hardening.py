@@ -314,6 +314,43 @@ def test_the_mounted_store_api_publishes_versions_only_with_the_admin_key(tmp_pa
     store.close()
 
 
+@pytest.mark.parametrize("backend", ["vllm", "embedded"])
+@pytest.mark.parametrize("case", ["port taken", "no model", "no adapter"])
+def test_serve_refuses_a_taken_port_or_a_missing_model_or_adapter_before_starting_any_engine(
+    tmp_path, monkeypatch, backend, case
+) -> None:
+    """A taken port, a ``--model`` that is not a checkpoint folder and an ``--adapter`` that is not a PEFT
+    adapter are each a one-line error (exit 2) before the engine's slow start, not a traceback or a minute
+    later."""
+    from typer.testing import CliRunner
+
+    from agentforge.cli import app
+    from agentforge.serving.embedded import EmbeddedServer
+    from agentforge.serving.vllm import VLLMServer
+
+    def no_start(self: object) -> None:
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr(VLLMServer, "start", no_start)
+    monkeypatch.setattr(EmbeddedServer, "start", no_start)
+    args = ["serve", "--backend", backend, "--store-url", f"sqlite:///{tmp_path}/t.db"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if case == "port taken":
+            args += ["--port", str(taken.getsockname()[1])]
+            expected = "cannot bind 127.0.0.1:"
+        elif case == "no model":
+            args += ["--port", "0", "--model", str(tmp_path / "nope")]
+            expected = "not a model checkpoint directory"
+        else:
+            args += ["--port", "0", "--adapter", str(tmp_path)]
+            expected = "not a PEFT adapter directory"
+        result = CliRunner().invoke(app, args, env={})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and expected in text and "Traceback" not in text, result.output
+
+
 def test_serve_refuses_a_public_bind_without_a_key_before_starting_any_engine() -> None:
     from typer.testing import CliRunner
 
