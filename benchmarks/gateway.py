@@ -10,7 +10,8 @@ this process; everything binds 127.0.0.1 and stops by itself.
 Phases, each for ``--seconds`` after a warm-up, at 1 and 32 clients, non-streamed and streamed:
 direct, direct with the gateway's capture options (the sampled ids and log-probs the gateway asks the engine
 for, so the engine does the same work as behind the gateway; the issue's anchor engine returned them to every
-call), then through the gateway; all of it ``--rounds`` times over, alternating, because this machine's speed
+call), then through the gateway, then through a relay that only copies bytes (the floor: what is left of direct
+throughput once any Python process sits in the path); all of it ``--rounds`` times over, alternating, because this machine's speed
 drifts by up to 2× within minutes. Printed per round: req/s, the ratio gateway/direct (and gateway/direct
 with capture), the latency the gateway adds at p50 and p99 (gateway percentile minus direct percentile), the
 gateway's and the engine's CPU milliseconds per request (``/proc/<pid>/stat``), and whether requests sent ==
@@ -72,6 +73,43 @@ router.set_alias("policy", "policy@v1")
 GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1]), privacy=privacy).start()
 serving_gc()  # as `agentforge serve` does after start-up
 threading.Event().wait()
+"""
+
+#: The floor: the thinnest relay a Python process can be, on the gateway's event loop (uvloop). Each client
+#: connection gets its own engine connection and the bytes are copied both ways as they arrive: no HTTP
+#: parsing, no JSON, no capture, no span. Whatever it costs, every gateway written in Python pays too.
+_RELAY = """
+import asyncio, sys
+try:
+    import uvloop
+    run = uvloop.run
+except ImportError:
+    run = asyncio.run
+class Engine(asyncio.Protocol):
+    def __init__(self, client): self.client = client
+    def data_received(self, data): self.client.write(data)
+    def connection_lost(self, exc): self.client.close()
+class Client(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.engine, self.early = transport, None, []
+        asyncio.ensure_future(self.connect())
+    async def connect(self):
+        loop = asyncio.get_running_loop()
+        self.engine, _ = await loop.create_connection(lambda: Engine(self.transport), "127.0.0.1", {port})
+        for data in self.early:
+            self.engine.write(data)
+    def data_received(self, data):
+        if self.engine is None:
+            self.early.append(data)
+        else:
+            self.engine.write(data)
+    def connection_lost(self, exc):
+        if self.engine is not None:
+            self.engine.close()
+async def main():
+    server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", int(sys.argv[1]))
+    await server.serve_forever()
+run(main())
 """
 
 #: The engine's answer to every call: 20 tokens of 4 characters, so a stream carries 23 events (the
@@ -179,13 +217,15 @@ def run_phase(
     pii: bool = False,
     engine: ChildServer | None = None,
     capture: bool = False,
+    model: str | None = None,
 ) -> Phase:
-    """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway);
-    ``engine``: the engine, whose CPU per request is reported too; ``capture``: the (direct) requests are
-    sent as the gateway sends them to the engine (see :func:`_bodies`)."""
+    """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway, or the
+    relay); ``engine``: the engine, whose CPU per request is reported too; ``capture``: the requests are sent
+    as the gateway sends them to the engine (see :func:`_bodies`); ``model``: the model named in them (by
+    default the engine's own name directly, the gateway's alias through a gateway)."""
     cpu0 = cpu.cpu_s() if cpu else 0.0
     engine0 = engine.cpu_s() if engine else 0.0
-    model = "base" if cpu is None else "policy"  # the engine's own name directly, the alias via the gateway
+    model = model or ("base" if cpu is None else "policy")
     latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, 1.0, unique, pii, capture))
     n = len(latencies)
     cpu_ms = engine_ms = None
@@ -234,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         upstream = ChildServer(_UPSTREAM.format(answer=args.answer), free_port(), health="/v1/models")
         script = _GATEWAY.format(upstream=f"{upstream.url}/v1", db=db, privacy=args.privacy)
         gateway = ChildServer(script, free_port(), timeout_s=120.0)  # Presidio's import: seconds
+        relay = ChildServer(_RELAY.format(port=upstream.port), free_port(), health="/v1/models")
         try:
             for clients in args.clients:
                 direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
+                relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
                 gw_urls = [
                     f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
                 ]
@@ -252,10 +294,13 @@ def main(argv: list[str] | None = None) -> int:
                             "gateway", gw_urls, stream, args.seconds, gateway, engine=upstream, **load
                         )
                         ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
-                        for phase in (direct, captured, ph):
+                        floor = run_phase("relay", relay_urls, stream, args.seconds, relay, engine=upstream,
+                                          capture=True, model="base", **load)  # fmt: skip
+                        for phase in (direct, captured, ph, floor):
                             phase.round = round_
                             phases.append(phase)
         finally:
+            relay.stop()
             gateway.stop()
             upstream.stop()
             store.close()
@@ -272,12 +317,14 @@ def _count(store: SQLStore, rollout_ids: list[str]) -> int:
 def _report(phases: list[Phase]) -> None:
     """Print one row per round and configuration, then the medians over rounds: the ratios and the
     streamed ÷ non-streamed CPU are taken within each round (phases measured minutes apart on a noisy
-    machine are not compared) and their median is the figure against the target."""
+    machine are not compared) and their median is the figure against the target. The relay's columns are the
+    floor: the share of direct throughput left once any Python process sits in the path."""
     rows: dict[tuple[int, bool], list[dict[str, float]]] = {}
     print(f"\n{'round':>5} {'clients':>7} {'stream':>6} {'direct r/s':>10} {'gw r/s':>8} {'ratio':>6} {'+p50 ms':>8} "
           f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}"
-          f" {'+capture r/s':>12} {'ratio':>6} {'engine ms/req: direct / +capture / via gw':>42}")  # fmt: skip
-    for direct, captured, gw in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
+          f" {'+capture r/s':>12} {'ratio':>6} {'relay r/s':>9} {'ratio':>6} {'relay CPU':>9}"
+          f" {'engine ms/req: direct / +capture / via gw':>42}")  # fmt: skip
+    for direct, captured, gw, relay in zip(*(phases[i::4] for i in range(4)), strict=True):
         row = {
             "direct": direct.req_per_s,
             "gw": gw.req_per_s,
@@ -291,6 +338,9 @@ def _report(phases: list[Phase]) -> None:
             "err": gw.errors + direct.errors + captured.errors,
             "captured": captured.req_per_s,
             "ratio_c": gw.req_per_s / captured.req_per_s if captured.req_per_s else float("nan"),
+            "relay": relay.req_per_s,
+            "ratio_r": relay.req_per_s / direct.req_per_s if direct.req_per_s else float("nan"),
+            "relay_cpu": relay.cpu_ms_per_req or float("nan"),
         }
         rows.setdefault((gw.clients, gw.stream), []).append(row)
         engine = " / ".join(
@@ -305,8 +355,18 @@ def _report(phases: list[Phase]) -> None:
     print(
         "(sent = requests the gateway answered in the phase, warm-up included; spans = spans stored;"
         " +capture: direct requests with the gateway's capture options, ids and log-probs, so the engine"
-        " does the gateway phase's work; ratio = gateway r/s ÷ that phase's r/s)"
+        " does the gateway phase's work; ratio = gateway r/s ÷ that phase's r/s; relay: the same requests"
+        " through a process that only copies bytes (no parsing, capture or span), its ratio = relay r/s ÷"
+        " direct r/s)"
     )
+    for (clients, stream), runs in sorted(rows.items()):
+        floor = statistics.median(run["ratio_r"] for run in runs)
+        reached = statistics.median(run["gw"] / run["relay"] for run in runs if run["relay"])
+        print(
+            f"floor at {clients} clients, {'streamed' if stream else 'plain'}: a byte-copying relay reaches "
+            f"{floor:.2f}× of direct at {statistics.median(run['relay_cpu'] for run in runs):.3f} ms CPU a call;"
+            f" the gateway reaches {reached:.2f}× of the relay's throughput"
+        )
     for (clients, stream), runs in sorted(rows.items()):
         plain = rows.get((clients, False))
         if stream and plain:
@@ -320,7 +380,8 @@ def _report(phases: list[Phase]) -> None:
 def _row(clients: int, stream: bool, row: dict[str, float]) -> str:
     return (f"{clients:>7} {str(stream):>6} {row['direct']:>10,.0f} {row['gw']:>8,.0f} {row['ratio']:>5.2f}× "
             f"{row['p50']:>8.2f} {row['p99']:>8.2f} {row['gw_p99']:>7.1f} {row['cpu']:>10.3f} {row['sent']:>6.0f} "
-            f"{row['spans']:>6.0f} {row['err']:>4.0f} {row['captured']:>12,.0f} {row['ratio_c']:>5.2f}×")  # fmt: skip
+            f"{row['spans']:>6.0f} {row['err']:>4.0f} {row['captured']:>12,.0f} {row['ratio_c']:>5.2f}× "
+            f"{row['relay']:>9,.0f} {row['ratio_r']:>5.2f}× {row['relay_cpu']:>9.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -31,17 +31,19 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
         capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     phases = json.loads(out.strip().splitlines()[-1])
-    # direct, direct with the gateway's capture options, and gateway; 1 and 4 clients; 2 rounds of plain and streamed
-    assert len(phases) == 24
-    assert [ph["round"] for ph in phases[:12]] == [1] * 6 + [2] * 6  # rounds alternate within a client count
-    for direct, captured, gateway in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
-        targets = (direct["target"], captured["target"], gateway["target"])
-        assert targets == ("direct", "direct+capture", "gateway")
-        for ph in (direct, captured, gateway):
+    # direct, direct with the gateway's capture options, gateway, and the byte-copying relay (the floor);
+    # 1 and 4 clients; 2 rounds of plain and streamed
+    assert len(phases) == 32
+    assert [ph["round"] for ph in phases[:16]] == [1] * 8 + [2] * 8  # rounds alternate within a client count
+    for direct, captured, gateway, relay in zip(*(phases[i::4] for i in range(4)), strict=True):
+        targets = (direct["target"], captured["target"], gateway["target"], relay["target"])
+        assert targets == ("direct", "direct+capture", "gateway", "relay")
+        for ph in (direct, captured, gateway, relay):
             assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
-        assert gateway["cpu_ms_per_req"] > 0
+        assert gateway["cpu_ms_per_req"] > 0 and relay["cpu_ms_per_req"] > 0
     assert "median over rounds:" in out
+    assert "floor at 4 clients, plain: a byte-copying relay reaches " in out
     assert "streaming/non-streaming CPU cost at 4 clients" in out and "(median; rounds: " in out
 
 
