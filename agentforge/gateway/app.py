@@ -46,6 +46,7 @@ from agentforge.gateway.call import (
     CallContext,
     health_response,
     http_error,
+    lone_surrogate,
     not_found,
     validate_body,
 )
@@ -69,6 +70,7 @@ from agentforge.gateway.wire import (
     Endpoint,
     client_ask,
     decode_json,
+    decode_json_finite,
     encode_json,
     error_body,
     shape_response,
@@ -137,7 +139,7 @@ class _Gateway(SpanRecorder):
         rollout_id = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_ID_HEADER) or None
         attempt_id = request.headers.get(ATTEMPT_ID_HEADER) or None
         try:
-            body = decode_json(await request.body())
+            body, exact = decode_json_finite(await request.body())  # exact: orjson read it
         except (ValueError, UnicodeDecodeError) as exc:
             logger.warning("rejected a request with a malformed JSON body: %s", exc)
             return JSONResponse(
@@ -152,6 +154,8 @@ class _Gateway(SpanRecorder):
         if self.privacy is not None:  # personal data masked before anything sees or stores it
             ctx.body, ctx.privacy = self.privacy.begin(rollout_id, endpoint, body)
         problem = validate_body(body, endpoint)
+        if problem is None and not exact:  # only orjson's refusals can hold lone surrogates
+            problem = lone_surrogate(body)
         if problem is not None:
             return await self.fail(
                 ctx,

@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from agentforge.gateway.router import ModelRouter
     from agentforge.privacy.flight import CallPrivacy
 
-__all__ = ["CallContext", "clean_text", "validate_body", "health_response", "not_found", "http_error"]
+__all__ = [
+    "CallContext",
+    "clean_text",
+    "validate_body",
+    "lone_surrogate",
+    "health_response",
+    "not_found",
+    "http_error",
+]
 
 
 class CallContext:
@@ -85,6 +93,40 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] |
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         return "stream_options", "'stream_options' must be an object"
+    return None
+
+
+def lone_surrogate(body: dict[str, Any]) -> tuple[str, str] | None:
+    """``(param, message)`` when a string of ``body`` (a key or a value, at any depth) holds a lone UTF-16
+    surrogate (a ``\\ud800``–``\\udfff`` escape without its pair), else ``None``.
+
+    Such a string is not text: UTF-8 cannot encode it and no tokenizer takes it (vLLM answers with its
+    tokenizer's internals). Only JSON that orjson refused can hold one, so the gateway runs this only then.
+    ``param`` is where the first one sits, e.g. ``messages[1].content``. The walk is iterative (no recursion
+    limit on a deeply nested body).
+    """
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body", (
+                    f"'{where or 'body'}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): it "
+                    "is not text, no tokenizer can encode it; send the character's full surrogate pair or UTF-8"
+                )
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return where or "body", (
+                        f"a key in '{where or 'body'}' holds a lone UTF-16 surrogate: it is not text"
+                    )
+                todo.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            todo.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value))))
     return None
 
 

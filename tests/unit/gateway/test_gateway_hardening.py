@@ -252,6 +252,50 @@ async def test_a_message_without_a_role_is_a_recorded_400(
     assert span.status == "error" and span.llm is not None and span.llm.flags == ["invalid_request"]
 
 
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b'{"role": "user", "content": "lone \\ud800 high"}', "messages[1].content"),
+        (
+            b'{"role": "user", "content": [{"type": "text", "text": "x\\udc00"}]}',
+            "messages[1].content[0].text",
+        ),
+        (b'{"role": "user", "content": "ok", "name": "\\udbff"}', "messages[1].name"),
+        (b'{"role": "user", "content": "ok", "\\ud800": 1}', "messages[1]"),
+    ],
+)
+async def test_a_lone_surrogate_is_a_recorded_400_naming_where_it_is(
+    make_gateway, gw_client_for, gw_store, raw, param
+) -> None:
+    """An unpaired surrogate escape is not text: no tokenizer encodes it (vLLM answered with its tokenizer's
+    internals). The gateway says where it is, records the call, and never sends it to the engine."""
+    app, upstream = make_gateway(["hi"])
+    body = b'{"model": "policy", "messages": [{"role": "system", "content": "s"}, ' + raw + b"]}"
+    r = await gw_client_for(app).post("/v1/chat/completions", content=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "lone UTF-16 surrogate" in error["message"], error
+    assert upstream.requests == []
+    (span,) = gw_store.list_spans()
+    assert span.status == "error" and span.llm is not None and span.llm.flags == ["invalid_request"]
+
+
+async def test_json_only_the_exact_decoder_reads_is_served_when_it_holds_no_lone_surrogate(
+    make_gateway, gw_client_for, gw_store
+) -> None:
+    """A paired surrogate escape (🚀) and a ``NaN`` (orjson refuses the NaN, so the body takes the exact
+    decoder and the surrogate walk) are served as before."""
+    app, upstream = make_gateway(["hi"])
+    body = (
+        b'{"model": "policy", "temperature": NaN, "messages": '
+        b'[{"role": "user", "content": "go \\ud83d\\ude80"}]}'
+    )
+    r = await gw_client_for(app).post("/v1/chat/completions", content=body)
+    assert r.status_code == 200, r.text
+    (sent,) = upstream.requests
+    assert sent.body["messages"][0]["content"] == "go 🚀"
+
+
 def _engine_answering(body: bytes) -> ModelRouter:
     """A router whose ``policy`` is an in-process engine answering every call with 200 and ``body`` as SSE."""
 
