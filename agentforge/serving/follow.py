@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Self
 
-from agentforge.errors import AgentForgeError, ConfigError, NotFoundError
+from agentforge.errors import AgentForgeError, ConfigError, NotFoundError, UserError
 from agentforge.serving.polling import PollingThread
 from agentforge.types import ResourceVersion
 
@@ -82,6 +82,11 @@ class StoreFollower(PollingThread):
             return None
         pid = getattr(self.swapper.server, "pid", None)
         try:
+            if active.kind != "adapter":  # e.g. kind "other" with an "adapter_path": nothing serving can load
+                raise UserError(
+                    f"{active.ref} is a resource of kind {active.kind!r}; serving follows adapter versions only "
+                    "(kind 'adapter' with payload.path, or base: true)"
+                )
             if active.payload.get("base"):
                 served = self.swapper.reset_to_base()
             elif self.swapper.router.alias(alias) == active.ref:

@@ -61,3 +61,20 @@ def test_versions_never_shows_active_a_version_serving_refused(tmp_path: Path) -
     assert [v["version"] for v in listed if v["active"]] == [2]  # the base model that serves, not v1
     assert store.get_resource("policy").payload == {"base": True, "refused": 1}
     store.close()
+
+
+def test_a_resource_that_is_not_an_adapter_is_refused_by_name_of_its_kind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An admin may store any kind under the alias (``other`` with an ``adapter_path`` of its own, say):
+    serving refuses it saying why, keeps serving what it served, and the store does not name it active."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    store.publish_resource(
+        ResourceVersion(name="policy", kind="other", payload={"adapter_path": str(rank_adapter(8))})
+    )
+    follower = StoreFollower(_swapper(), store)
+    with caplog.at_level("ERROR", logger="agentforge.serving.follow"):
+        assert follower.sync() is None and follower.failed == {1}
+    assert "policy@v1 is a resource of kind 'other'; serving follows adapter versions only" in caplog.text
+    assert store.get_resource("policy").payload == {"base": True, "refused": 1}
+    store.close()
