@@ -341,6 +341,7 @@ def _report(phases: list[Phase]) -> None:
             "relay": relay.req_per_s,
             "ratio_r": relay.req_per_s / direct.req_per_s if direct.req_per_s else float("nan"),
             "relay_cpu": relay.cpu_ms_per_req or float("nan"),
+            "relay_p50": relay.p50_ms - direct.p50_ms,
         }
         rows.setdefault((gw.clients, gw.stream), []).append(row)
         engine = " / ".join(
@@ -364,8 +365,9 @@ def _report(phases: list[Phase]) -> None:
         reached = statistics.median(run["gw"] / run["relay"] for run in runs if run["relay"])
         print(
             f"floor at {clients} clients, {'streamed' if stream else 'plain'}: a byte-copying relay reaches "
-            f"{floor:.2f}× of direct at {statistics.median(run['relay_cpu'] for run in runs):.3f} ms CPU a call;"
-            f" the gateway reaches {reached:.2f}× of the relay's throughput"
+            f"{floor:.2f}× of direct at {statistics.median(run['relay_cpu'] for run in runs):.3f} ms CPU a call,"
+            f" +{statistics.median(run['relay_p50'] for run in runs):.2f} ms at p50; the gateway reaches"
+            f" {reached:.2f}× of the relay's throughput"
         )
     for (clients, stream), runs in sorted(rows.items()):
         plain = rows.get((clients, False))
