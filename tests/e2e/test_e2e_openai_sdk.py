@@ -95,7 +95,10 @@ def test_three_turn_tool_conversation_is_recorded_token_exactly(
         assert streamed.llm.stream and not llm.stream
         assert streamed.llm.prompt_token_ids == llm.prompt_token_ids
         assert streamed.llm.completion_token_ids == llm.completion_token_ids
-        assert streamed.llm.logprobs == pytest.approx(llm.logprobs, abs=1e-4)
+        # Same ids, but the logprobs come from another run of the prompt: vLLM reads its prefix cache (blocks
+        # computed during an earlier call's decode, in bfloat16), so they agree to a few hundredths (0.035 seen
+        # on one CPU, 1e-4 on another), not bit for bit; a shifted or lost logprob is off by far more.
+        assert streamed.llm.logprobs == pytest.approx(llm.logprobs, abs=0.1)
         assert streamed.llm.usage == llm.usage
 
     # Consecutive calls continue each other token-exactly, so the whole conversation is one trajectory.
