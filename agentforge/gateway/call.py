@@ -102,8 +102,8 @@ def lone_surrogate(body: dict[str, Any]) -> tuple[str, str] | None:
 
     Such a string is not text: UTF-8 cannot encode it and no tokenizer takes it (vLLM answers with its
     tokenizer's internals). Only JSON that orjson refused can hold one, so the gateway runs this only then.
-    ``param`` is where the first one sits, e.g. ``messages[1].content``. The walk is iterative (no recursion
-    limit on a deeply nested body).
+    ``param`` is where the first one sits, e.g. ``messages[1].content`` (for a key: the object holding it).
+    The walk is iterative (no recursion limit on a deeply nested body).
     """
     todo: list[tuple[str, Any]] = [("", body)]
     while todo:
@@ -112,19 +112,15 @@ def lone_surrogate(body: dict[str, Any]) -> tuple[str, str] | None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
-                return where or "body", (
-                    f"'{where or 'body'}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): it "
-                    "is not text, no tokenizer can encode it; send the character's full surrogate pair or UTF-8"
+                where = where or "body"
+                return where, (
+                    f"'{where}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): it is not "
+                    "text, no tokenizer can encode it; send the character's full surrogate pair or UTF-8"
                 )
         elif isinstance(value, dict):
             for key, item in reversed(value.items()):
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    return where or "body", (
-                        f"a key in '{where or 'body'}' holds a lone UTF-16 surrogate: it is not text"
-                    )
                 todo.append((f"{where}.{key}" if where else key, item))
+                todo.append((where, key))  # a key sits in its object: checked before its value
         elif isinstance(value, list):
             todo.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value))))
     return None
