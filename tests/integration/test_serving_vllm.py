@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from adapters import LETTER_MESSAGES, foreign_adapter, rank_adapter
+from gateway_helpers import calls_idle_apart
 from serving_helpers import ask_letter, llm_spans, new_rollout
 
 from agentforge.errors import AdapterIncompatibleError, NotFoundError, ServingError, UserError
@@ -206,24 +207,11 @@ def test_the_started_vllm_keeps_an_idle_connection_past_the_clients_expiry(vllm_
     """vLLM's uvicorn closed idle connections after 5 s, the OpenAI SDK's own expiry: a call sent on one at
     that moment (a simulated customer's, straight to the engine, ``max_retries=0``) failed with a connection
     error. The server agentforge starts keeps them for ``HTTP_KEEP_ALIVE_S``."""
-    import http.client
-    from urllib.parse import urlsplit
-
     if vllm_server.log_path is None:
         pytest.skip(
             "the session's vLLM was started elsewhere (AGENTFORGE_TEST_VLLM_URL): its settings are its own"
         )
-    url = urlsplit(vllm_server.base_url)
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    try:
-        statuses, sockets = [], []
-        for pause in (0.0, 6.0):
-            time.sleep(pause)
-            conn.request("GET", "/v1/models", headers=vllm_server.auth_headers())
-            sockets.append(conn.sock)
-            response = conn.getresponse()  # RemoteDisconnected when vLLM had closed it at 5 s
-            response.read()
-            statuses.append(response.status)
-    finally:
-        conn.close()
-    assert statuses == [200, 200] and sockets[0] is sockets[1]  # the second call on the same connection
+    answers = calls_idle_apart(  # RemoteDisconnected when vLLM had closed it at 5 s
+        vllm_server.base_url, "GET", "/v1/models", 6.0, headers=vllm_server.auth_headers()
+    )
+    assert [status for status, _ in answers] == [200, 200]

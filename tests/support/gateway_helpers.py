@@ -2,10 +2,47 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "What time is it?"}]}
+
+
+def calls_idle_apart(
+    url: str,
+    method: str,
+    path: str,
+    idle_s: float,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[tuple[int, bytes]]:
+    """Send the same request twice on one HTTP/1.1 keep-alive connection to ``url``, ``idle_s`` seconds apart.
+
+    Returns:
+        ``(status, body)`` of each answer.
+
+    Raises:
+        http.client.RemoteDisconnected: the server closed the idle connection before the second call.
+        AssertionError: an answer did not keep the connection alive, or the second call used another one.
+    """
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    answers, sockets = [], []
+    try:
+        for pause in (0.0, idle_s):
+            time.sleep(pause)
+            conn.request(method, path, body, headers or {})
+            sockets.append(conn.sock)
+            response = conn.getresponse()
+            answers.append((response.status, response.read()))
+            assert not response.will_close, response.getheaders()
+    finally:
+        conn.close()
+    assert sockets[0] is sockets[1]  # the second call travelled on the first one's connection
+    return answers
 
 
 def parse_sse(text: str) -> list[dict[str, Any]]:

@@ -8,12 +8,10 @@ sending a response" — a rollout lost to an ``openai.APIConnectionError`` (an a
 
 from __future__ import annotations
 
-import http.client
 import json
-import time
 
 import pytest
-from gateway_helpers import CHAT
+from gateway_helpers import CHAT, calls_idle_apart
 
 from agentforge.config import HTTP_KEEP_ALIVE_S
 from agentforge.gateway import GatewayServer
@@ -22,30 +20,18 @@ from agentforge.types import SpanKind
 
 pytestmark = pytest.mark.slow
 
-IDLE_S = 6.0  # past the 5 s after which httpx, aiohttp's default 15 s aside, and uvicorn's default give up
+IDLE_S = 6.0  # past the 5 s idle expiry of httpx and of uvicorn's default keep-alive
 
 
 def test_a_connection_idle_past_the_clients_expiry_still_carries_the_next_call() -> None:
     assert HTTP_KEEP_ALIVE_S > 15  # longer than httpx's (5 s) and aiohttp's (15 s) idle expiry
     store, upstream = memory_store(), ScriptedUpstream(["first", "second"])
     with upstream.serve() as engine, GatewayServer(store, upstream.router(base_url=f"{engine.url}/v1")) as gw:
-        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
-        answers = []
-        try:
-            for pause in (0.0, IDLE_S):
-                time.sleep(pause)
-                body = json.dumps(CHAT).encode()
-                conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-                if pause == 0.0:
-                    sock = conn.sock  # the second call must travel on this same socket
-                else:
-                    assert conn.sock is sock
-                response = conn.getresponse()  # RemoteDisconnected when the server had closed it at 5 s
-                answers.append((response.status, json.loads(response.read())))
-                assert not response.will_close
-        finally:
-            conn.close()
+        answers = calls_idle_apart(  # RemoteDisconnected when the server had closed it at 5 s
+            gw.url, "POST", "/v1/chat/completions", IDLE_S, json.dumps(CHAT).encode(),
+            {"content-type": "application/json"},
+        )  # fmt: skip
     assert [status for status, _ in answers] == [200, 200]
-    assert [a["choices"][0]["message"]["content"] for _, a in answers] == ["first", "second"]
+    assert [json.loads(a)["choices"][0]["message"]["content"] for _, a in answers] == ["first", "second"]
     assert len(store.list_spans(kind=SpanKind.llm)) == 2
     store.close()
