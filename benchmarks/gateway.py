@@ -24,6 +24,7 @@ within 1.5× of non-streaming cost (the CPU per streamed call ÷ per plain call,
     python benchmarks/gateway.py --clients 32 --answer Thanks!   # a 2-token answer: 5 stream events
     python benchmarks/gateway.py --privacy mask --unique   # masking on, each request's text new (no cache)
     python benchmarks/gateway.py --privacy mask --unique --pii   # and each carrying a card and an email
+    python benchmarks/gateway.py --clients 32 --prompt-tokens 2000   # an agent's prompt: 2,000 ids, ~16 kB of text
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ from agentforge.types import Rollout, Task  # noqa: E402
 _UPSTREAM = """
 import sys, uvicorn
 from agentforge.testing import ScriptedTurn, ScriptedUpstream
-turn = ScriptedTurn({answer!r})
+turn = ScriptedTurn({answer!r}, prompt_token_ids={prompt_ids})
 up = ScriptedUpstream([turn], cycle=True)
 uvicorn.run(up.app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
-_GATEWAY = """
+_GATEWAY = r"""
 import sys, threading
 from agentforge.config import serving_gc
 from agentforge.gateway.router import ModelRouter, Upstream
@@ -151,14 +152,37 @@ class Phase:
 PII_TEXT = "Hi, order #{n} is late. My card is 4111 1111 1111 1111, mail me at jane.roe{n}@example.com."
 
 
-def _bodies(model: str, stream: bool, unique: bool, pii: bool, capture: bool = False) -> Iterator[bytes]:
+def system_prompt(prompt_tokens: int) -> str:
+    """The system message of every request: :data:`BODY`'s, or with ``prompt_tokens`` > 0 that many more words
+    of rules (about 8 characters each), as long as an agent's instructions and tool descriptions get."""
+    text = BODY["messages"][0]["content"]
+    return text + "".join(f" rule{i}." for i in range(prompt_tokens)) if prompt_tokens > 0 else text
+
+
+def engine_prompt_ids(prompt_tokens: int) -> list[int] | None:
+    """The prompt ids the fake engine returns with every answer for ``--prompt-tokens`` (``None``: its own
+    fake ids of the request's text, a few dozen)."""
+    return list(range(1000, 1000 + prompt_tokens)) if prompt_tokens > 0 else None
+
+
+def engine_script(answer: str = ANSWER, prompt_tokens: int = 0) -> str:
+    """The fake engine's child-process script (:data:`_UPSTREAM`): ``answer`` to every call, with
+    :func:`engine_prompt_ids` ``(prompt_tokens)`` as its prompt ids."""
+    return _UPSTREAM.format(answer=answer, prompt_ids=engine_prompt_ids(prompt_tokens))
+
+
+def _bodies(
+    model: str, stream: bool, unique: bool, pii: bool, capture: bool = False, prompt_tokens: int = 0
+) -> Iterator[bytes]:
     """The request bodies: one body over and over, or (``unique``) a new user text per request; ``capture``:
     each as the gateway sends it to the engine (``wire.upstream_body``: with the sampled tokens' ids and
-    log-probs, and the usage chunk of a stream), so the engine does the gateway phase's work."""
+    log-probs, and the usage chunk of a stream), so the engine does the gateway phase's work;
+    ``prompt_tokens``: the system message's length (:func:`system_prompt`)."""
     engine = Upstream(base_url="", model=model)  # only its model name and capture options are read
     text = PII_TEXT if pii else BODY["messages"][1]["content"].replace("#1234", "#{n}")
+    system = {"role": "system", "content": system_prompt(prompt_tokens)}
     for n in itertools.count(1000):
-        messages = [BODY["messages"][0], {"role": "user", "content": text.format(n=n if unique else 1234)}]
+        messages = [system, {"role": "user", "content": text.format(n=n if unique else 1234)}]
         body = {**BODY, "messages": messages, "model": model, "stream": stream}
         yield json.dumps(upstream_body(body, "chat", engine) if capture else body).encode()
 
@@ -172,12 +196,13 @@ async def _load(
     unique: bool = False,
     pii: bool = False,
     capture: bool = False,
+    prompt_tokens: int = 0,
 ) -> tuple[list[float], int, int]:
     """Closed-loop clients, one per URL: latencies (s) of the requests started after the warm-up, errors,
     and all requests answered (warm-up included)."""
     latencies: list[float] = []
     errors = answered = 0
-    bodies = _bodies(model, stream, unique, pii, capture)
+    bodies = _bodies(model, stream, unique, pii, capture, prompt_tokens)
     body = next(bodies)
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=len(urls))  # aiohttp: a load generator cheaper than the server
@@ -218,6 +243,7 @@ def run_phase(
     engine: ChildServer | None = None,
     capture: bool = False,
     model: str | None = None,
+    prompt_tokens: int = 0,
 ) -> Phase:
     """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway, or the
     relay); ``engine``: the engine, whose CPU per request is reported too; ``capture``: the requests are sent
@@ -226,7 +252,9 @@ def run_phase(
     cpu0 = cpu.cpu_s() if cpu else 0.0
     engine0 = engine.cpu_s() if engine else 0.0
     model = model or ("base" if cpu is None else "policy")
-    latencies, errors, answered = asyncio.run(_load(urls, model, stream, seconds, 1.0, unique, pii, capture))
+    latencies, errors, answered = asyncio.run(
+        _load(urls, model, stream, seconds, 1.0, unique, pii, capture, prompt_tokens)
+    )
     n = len(latencies)
     cpu_ms = engine_ms = None
     if answered:  # each process's CPU over every request it answered in the phase
@@ -262,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the engine's answer to every call (one token per 4 characters; a stream has one event per token)",
     )
     p.add_argument("--pii", action="store_true", help="every user text carries a card number and an email")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="the prompt's length in ids, which the engine returns with every answer, and about 8 characters of "
+        "system message each (default 0: the short body, a few dozen ids)",
+    )
     args = p.parse_args(argv)
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(n):
             store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
         rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
-        upstream = ChildServer(_UPSTREAM.format(answer=args.answer), free_port(), health="/v1/models")
+        engine = engine_script(args.answer, args.prompt_tokens)
+        upstream = ChildServer(engine, free_port(), health="/v1/models")
         script = _GATEWAY.format(upstream=f"{upstream.url}/v1", db=db, privacy=args.privacy)
         gateway = ChildServer(script, free_port(), timeout_s=120.0)  # Presidio's import: seconds
         relay = ChildServer(_RELAY.format(port=upstream.port), free_port(), health="/v1/models")
@@ -282,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 gw_urls = [
                     f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
                 ]
-                load = {"unique": args.unique, "pii": args.pii}
+                load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
                 for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
                     for stream in (False, True):
                         direct = run_phase("direct", direct_urls, stream, args.seconds, None, engine=upstream,

@@ -26,7 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _spine import ChildServer, free_port  # noqa: E402
-from gateway import _UPSTREAM, run_phase  # noqa: E402
+from gateway import engine_script, run_phase  # noqa: E402
 
 from agentforge.stores.sql import SQLStore  # noqa: E402
 from agentforge.types import Rollout, Task  # noqa: E402
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="off/on pairs per client count")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        upstream = ChildServer(_UPSTREAM, free_port(), health="/v1/models")
+        upstream = ChildServer(engine_script(), free_port(), health="/v1/models")
         receiver = ChildServer(_RECEIVER, free_port(), health="/count")
         gateways, rollouts = {}, {}
         try:

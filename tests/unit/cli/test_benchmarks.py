@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,3 +62,51 @@ def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
     for r in rows:
         assert r["spans"] == 12 and r["lost"] == r["duplicates"] == r["errors"] == 0, r
         assert r["spans_per_s"] > 0
+
+
+def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--prompt-tokens N``: every request carries an N-rule system message and the fake engine returns
+    N prompt ids with every answer, as an engine does for an agent's long prompt."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("gateway", "_spine"):  # the benchmark's own modules, imported fresh and dropped after
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bench = importlib.import_module("gateway")
+    spine = importlib.import_module("_spine")
+
+    asks_ids = {"capture": True}  # the gateway's capture options: the engine returns the prompt's ids
+    body = json.loads(next(bench._bodies("base", False, False, False, prompt_tokens=300, **asks_ids)))
+    system = body["messages"][0]["content"]
+    assert system.count(" rule") == 300 and system.endswith(" rule299.")
+    short = json.loads(next(bench._bodies("base", False, False, False, **asks_ids)))
+    assert " rule" not in short["messages"][0]["content"]
+    for prompt_tokens in (300, 0):
+        engine = spine.ChildServer(
+            bench.engine_script(prompt_tokens=prompt_tokens), spine.free_port(), "/v1/models"
+        )
+        try:
+            answer = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=30).json()
+        finally:
+            engine.stop()
+        if prompt_tokens:
+            assert answer["prompt_token_ids"] == list(range(1000, 1300))
+        else:  # the engine's own fake ids of the request's text
+            assert answer["prompt_token_ids"] and len(answer["prompt_token_ids"]) != 300
+    for name in ("gateway", "_spine"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.slow
+def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "otlp_export.py"), "--clients", "1", "--seconds", "0.5",
+         "--rounds", "1"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    assert "CPU ms/req off" in out
+    got = [line for line in out.splitlines() if line.startswith("receiver got ")]
+    assert len(got) == 1, out
+    spans, answered = (int(w) for w in got[0].split() if w.isdigit())
+    assert spans == answered > 0, got
+    assert 'agentforge_otlp_dropped_total{reason="export_failed"} 0' in out

@@ -112,6 +112,37 @@ def test_missing_token_ids_are_flagged_not_rebuilt() -> None:
     assert not call.trainable and "no_token_ids" in call.flags
 
 
+class _Id(int):
+    """An int subclass: not a plain id."""
+
+
+@pytest.mark.parametrize(
+    "bad", [[5, True], [5, 1.0], [5, "6"], [5, None], [5, [6]], [5, _Id(6)], [5, float("nan")], (5, 6), "5"]
+)
+def test_ids_that_are_not_all_plain_ints_are_not_taken(bad: object) -> None:
+    """A bool, float, string, null, nested list or int subclass among the ids (or ids that are no list):
+    the ids are missing, never coerced (the model's lax ``list[int]`` would read True and 1.0 as 1)."""
+    data = _chat_response([5], [-0.1])
+    data["prompt_token_ids"], data["choices"][0]["token_ids"] = bad, bad
+    call = llm_call_from_response(data, endpoint="chat", request={}, model="m", version="m")
+    assert call.prompt_token_ids is None and call.completion_token_ids is None
+    assert not call.trainable and "no_token_ids" in call.flags
+
+
+def test_ids_are_taken_exactly_at_any_size_and_length() -> None:
+    """Ints beyond 64 bits and negative ones are ids as they are; a 4,000-id prompt is kept whole, as a copy
+    the engine's answer does not share, and the record validates as its own model."""
+    prompt = [*range(4000), 2**64, -(2**70), -1, 0]
+    data = _chat_response([2**63, 7], [-0.1, -0.2])
+    data["prompt_token_ids"] = prompt
+    call = llm_call_from_response(data, endpoint="chat", request={}, model="m", version="m")
+    assert call.prompt_token_ids == prompt and call.prompt_token_ids is not prompt
+    assert call.completion_token_ids == [2**63, 7]
+    assert all(type(i) is int for i in call.prompt_token_ids + call.completion_token_ids)
+    assert {"prompt_token_ids", "completion_token_ids"} <= call.model_fields_set
+    assert type(call).model_validate(call.model_dump()) == call
+
+
 def test_stream_capture_folds_chunks_like_the_unary_answer() -> None:
     unary = {
         "prompt_token_ids": [1, 2],
