@@ -47,6 +47,10 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     assert "median over rounds:" in out
     assert "floor at 4 clients, plain: a byte-copying relay reaches " in out
     assert "streaming/non-streaming CPU cost at 4 clients" in out and "(median; rounds: " in out
+    assert (
+        "the same ratio of the byte-copying relay: " in out
+        and ", of the engine answering direct+capture: " in out
+    )
 
 
 @pytest.mark.slow
