@@ -338,7 +338,7 @@ class StreamCapture:
             if len(ids) == 1 and type(ids[0]) is int:
                 ids = [ids[0]]
             else:
-                ids = list(ids) if not ids or set(map(type, ids)) == _INT_ONLY else None
+                ids = _int_list(ids)
         else:
             ids = None
         self._append_tokens(ids, lps)

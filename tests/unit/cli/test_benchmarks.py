@@ -6,7 +6,9 @@ import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import pytest
@@ -68,16 +70,24 @@ def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
         assert r["spans_per_s"] > 0
 
 
+@pytest.fixture
+def gateway_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """``benchmarks/gateway.py`` and ``benchmarks/_spine.py`` imported fresh, and dropped after the test."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    names = ("gateway", "_spine")
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield importlib.import_module("gateway"), importlib.import_module("_spine")
+    for name in names:  # not left behind for other tests, pass or fail
+        sys.modules.pop(name, None)
+
+
 def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with(
-    monkeypatch: pytest.MonkeyPatch,
+    gateway_bench: tuple[ModuleType, ModuleType],
 ) -> None:
     """``--prompt-tokens N``: every request carries an N-rule system message and the fake engine returns
     N prompt ids with every answer, as an engine does for an agent's long prompt."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    for name in ("gateway", "_spine"):  # the benchmark's own modules, imported fresh and dropped after
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    bench = importlib.import_module("gateway")
-    spine = importlib.import_module("_spine")
+    bench, spine = gateway_bench
 
     asks_ids = {"capture": True}  # the gateway's capture options: the engine returns the prompt's ids
     body = json.loads(next(bench._bodies("base", False, False, False, prompt_tokens=300, **asks_ids)))
@@ -97,8 +107,6 @@ def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with
             assert answer["prompt_token_ids"] == list(range(1000, 1300))
         else:  # the engine's own fake ids of the request's text
             assert answer["prompt_token_ids"] and len(answer["prompt_token_ids"]) != 300
-    for name in ("gateway", "_spine"):
-        sys.modules.pop(name, None)
 
 
 @pytest.mark.slow
