@@ -26,6 +26,13 @@ the same ratio of the byte-copying relay and of the engine, whose per-event cost
     python benchmarks/gateway.py --privacy mask --unique   # masking on, each request's text new (no cache)
     python benchmarks/gateway.py --privacy mask --unique --pii   # and each carrying a card and an email
     python benchmarks/gateway.py --clients 32 --prompt-tokens 2000   # an agent's prompt: 2,000 ids, ~16 kB of text
+    python benchmarks/gateway.py --clients 32 --lean   # and the leanest capture proxy (benchmarks/lean_capture.py)
+
+``--lean`` adds a fifth phase after the relay: the same requests through :mod:`lean_capture`, the least work
+any gateway with durable token-exact capture must do (one decode and one encode of each body or event, one
+committed row per call; no keys, routing, attribution, validation or privacy). It is the floor *with
+capture*: the share of direct throughput, and the streamed ÷ plain CPU, that a Python gateway keeps when
+every product feature is taken away.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _spine import ChildServer, free_port, percentile  # noqa: E402
+from lean_capture import stored_rows  # noqa: E402
 
 from agentforge.gateway.router import Upstream  # noqa: E402
 from agentforge.gateway.wire import upstream_body  # noqa: E402
@@ -112,6 +120,14 @@ async def main():
     server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", int(sys.argv[1]))
     await server.serve_forever()
 run(main())
+"""
+
+#: ``--lean``: :mod:`lean_capture` in a child process (``{engine}``: the engine's port, ``{db}``: its SQLite file).
+_LEAN = """
+import sys
+sys.path.insert(0, {bench!r})
+from lean_capture import main
+main([sys.argv[1], {engine!r}, {db!r}])
 """
 
 #: The engine's answer to every call: 20 tokens of 4 characters, so a stream carries 23 events (the
@@ -298,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the prompt's length in ids, which the engine returns with every answer, and about 8 characters of "
         "system message each (default 0: the short body, a few dozen ids)",
     )
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="also measure the leanest capture proxy (benchmarks/lean_capture.py): the floor with capture",
+    )
     args = p.parse_args(argv)
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,13 +333,23 @@ def main(argv: list[str] | None = None) -> int:
         script = _GATEWAY.format(upstream=f"{upstream.url}/v1", db=db, privacy=args.privacy)
         gateway = ChildServer(script, free_port(), timeout_s=120.0)  # Presidio's import: seconds
         relay = ChildServer(_RELAY.format(port=upstream.port), free_port(), health="/v1/models")
+        lean_db = str(Path(tmp) / "lean.db")
+        lean = (
+            ChildServer(
+                _LEAN.format(
+                    bench=str(Path(__file__).resolve().parent), engine=str(upstream.port), db=lean_db
+                ),
+                free_port(),
+                health="/v1/models",
+            )  # fmt: skip
+            if args.lean
+            else None
+        )
         try:
             for clients in args.clients:
                 direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
                 relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
-                gw_urls = [
-                    f"{gateway.url}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids[:clients]
-                ]
+                gw_urls = gw_urls_for(gateway.url, rollout_ids[:clients])
                 load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
                 for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
                     for stream in (False, True):
@@ -333,10 +364,18 @@ def main(argv: list[str] | None = None) -> int:
                         ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
                         floor = run_phase("relay", relay_urls, stream, args.seconds, relay, engine=upstream,
                                           capture=True, model="base", **load)  # fmt: skip
-                        for phase in (direct, captured, ph, floor):
+                        measured = [direct, captured, ph, floor]
+                        if lean is not None:
+                            before = stored_rows(lean_db)
+                            measured.append(run_phase("lean", gw_urls_for(lean.url, rollout_ids[:clients]),
+                                                      stream, args.seconds, lean, engine=upstream, **load))  # fmt: skip
+                            measured[-1].spans_stored = stored_rows(lean_db) - before
+                        for phase in measured:
                             phase.round = round_
                             phases.append(phase)
         finally:
+            if lean is not None:
+                lean.stop()
             relay.stop()
             gateway.stop()
             upstream.stop()
@@ -345,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([asdict(ph) for ph in phases]))
     return 0
+
+
+def gw_urls_for(base: str, rollout_ids: list[str]) -> list[str]:
+    """One chat URL per client, each under its rollout's ``/rollouts/<id>/v1`` prefix on ``base``."""
+    return [f"{base}/rollouts/{rid}/v1/chat/completions" for rid in rollout_ids]
 
 
 def _count(store: SQLStore, rollout_ids: list[str]) -> int:
@@ -361,7 +405,8 @@ def _report(phases: list[Phase]) -> None:
           f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}"
           f" {'+capture r/s':>12} {'ratio':>6} {'relay r/s':>9} {'ratio':>6} {'relay CPU':>9}"
           f" {'engine ms/req: direct / +capture / via gw':>42}")  # fmt: skip
-    for direct, captured, gw, relay in zip(*(phases[i::4] for i in range(4)), strict=True):
+    width = 5 if any(ph.target == "lean" for ph in phases) else 4  # --lean: a fifth phase per group
+    for direct, captured, gw, relay, *lean in (phases[i : i + width] for i in range(0, len(phases), width)):
         row = {
             "direct": direct.req_per_s,
             "gw": gw.req_per_s,
@@ -381,6 +426,16 @@ def _report(phases: list[Phase]) -> None:
             "engine_cpu": captured.engine_cpu_ms_per_req or float("nan"),
             "relay_p50": relay.p50_ms - direct.p50_ms,
         }
+        if lean:
+            row.update({
+                "lean": lean[0].req_per_s,
+                "ratio_l": lean[0].req_per_s / direct.req_per_s if direct.req_per_s else float("nan"),
+                "ratio_lc": lean[0].req_per_s / captured.req_per_s if captured.req_per_s else float("nan"),
+                "lean_cpu": lean[0].cpu_ms_per_req or float("nan"),
+                "lean_sent": lean[0].answered,
+                "lean_rows": lean[0].spans_stored if lean[0].spans_stored is not None else -1,
+                "err": row["err"] + lean[0].errors,
+            })  # fmt: skip
         rows.setdefault((gw.clients, gw.stream), []).append(row)
         engine = " / ".join(
             f"{ph.engine_cpu_ms_per_req or float('nan'):.3f}" for ph in (direct, captured, gw)
@@ -389,7 +444,8 @@ def _report(phases: list[Phase]) -> None:
     print("\nmedian over rounds:")
     for (clients, stream), runs in sorted(rows.items()):
         median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        median.update({key: sum(run[key] for run in runs) for key in ("sent", "spans", "err")})
+        totals = ("sent", "spans", "err", "lean_sent", "lean_rows")
+        median.update({key: sum(run[key] for run in runs) for key in totals if key in runs[0]})
         print(f"{'':>5} {_row(clients, stream, median)}")
     print(
         "(sent = requests the gateway answered in the phase, warm-up included; spans = spans stored;"
@@ -408,6 +464,19 @@ def _report(phases: list[Phase]) -> None:
             f" {reached:.2f}× of the relay's throughput"
         )
     for (clients, stream), runs in sorted(rows.items()):
+        if "lean" not in runs[0]:
+            break
+        per_round = " ".join(f"{run['ratio_l']:.2f}" for run in runs)
+        print(
+            f"lean capture at {clients} clients, {'streamed' if stream else 'plain'}: the leanest capture proxy "
+            f"reaches {statistics.median(run['ratio_l'] for run in runs):.2f}× of direct (rounds: {per_round}), "
+            f"{statistics.median(run['ratio_lc'] for run in runs):.2f}× of direct+capture, at "
+            f"{statistics.median(run['lean_cpu'] for run in runs):.3f} ms CPU a call; sent "
+            f"{sum(run['lean_sent'] for run in runs):.0f} = stored {sum(run['lean_rows'] for run in runs):.0f}; "
+            f"the gateway reaches {statistics.median(run['gw'] / run['lean'] for run in runs if run['lean']):.2f}×"
+            " of its throughput"
+        )
+    for (clients, stream), runs in sorted(rows.items()):
         plain = rows.get((clients, False))
         if stream and plain:
             per_round = [s["cpu"] / p["cpu"] for s, p in zip(runs, plain, strict=True)]
@@ -415,10 +484,16 @@ def _report(phases: list[Phase]) -> None:
                 statistics.median(s[key] / p[key] for s, p in zip(runs, plain, strict=True))
                 for key in ("relay_cpu", "engine_cpu")
             )
+            lean = (
+                f", of the leanest capture proxy: "
+                f"{statistics.median(s['lean_cpu'] / p['lean_cpu'] for s, p in zip(runs, plain, strict=True)):.2f}×"
+                if "lean_cpu" in runs[0]
+                else ""
+            )
             print(
                 f"streaming/non-streaming CPU cost at {clients} clients: {statistics.median(per_round):.2f}× "
                 f"(median; rounds: {' '.join(f'{r:.2f}' for r in per_round)}); the same ratio of the byte-copying "
-                f"relay: {relay:.2f}×, of the engine answering direct+capture: {engine:.2f}×"
+                f"relay: {relay:.2f}×, of the engine answering direct+capture: {engine:.2f}×{lean}"
             )
 
 

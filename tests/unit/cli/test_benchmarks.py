@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -74,7 +75,7 @@ def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
 def gateway_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, ModuleType]]:
     """``benchmarks/gateway.py`` and ``benchmarks/_spine.py`` imported fresh, and dropped after the test."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    names = ("gateway", "_spine")
+    names = ("gateway", "_spine", "lean_capture")
     for name in names:
         monkeypatch.delitem(sys.modules, name, raising=False)
     yield importlib.import_module("gateway"), importlib.import_module("_spine")
@@ -122,3 +123,68 @@ def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
     spans, answered = (int(w) for w in got[0].split() if w.isdigit())
     assert spans == answered > 0, got
     assert 'agentforge_otlp_dropped_total{reason="export_failed"} 0' in out
+
+
+@pytest.mark.slow
+def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "2", "--seconds", "0.5", "--rounds", "1",
+         "--lean", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    phases = json.loads(out.strip().splitlines()[-1])
+    assert [ph["target"] for ph in phases] == ["direct", "direct+capture", "gateway", "relay", "lean"] * 2
+    for lean in phases[4::5]:
+        assert lean["errors"] == 0 and lean["req_per_s"] > 0 and lean["cpu_ms_per_req"] > 0, lean
+        assert lean["answered"] == lean["spans_stored"] > 0  # every answered call left its row
+    for mode in ("plain", "streamed"):
+        assert f"lean capture at 2 clients, {mode}: the leanest capture proxy reaches " in out
+    assert ", of the leanest capture proxy: " in out
+
+
+def test_lean_capture_proxy_captures_strips_and_commits_each_call(
+    gateway_bench: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    """The leanest capture proxy does the work it stands for: the engine is asked for ids and log-probs, the
+    client gets the answer without them (stream events too, ending with ``[DONE]``), and every call's ids,
+    log-probs and text are committed before it is answered."""
+    bench, spine = gateway_bench
+    lean_mod = importlib.import_module("lean_capture")
+    db = str(tmp_path / "lean.db")
+    engine = spine.ChildServer(bench.engine_script(answer="Thanks!"), spine.free_port(), "/v1/models")
+    try:
+        proxy = spine.ChildServer(
+            bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
+            spine.free_port(), "/v1/models",
+        )  # fmt: skip
+        try:
+            url = f"{proxy.url}/rollouts/r1/v1/chat/completions"
+            body = {**bench.BODY, "stream": False}
+            plain = httpx.post(url, json=body, timeout=30).json()
+            assert lean_mod.stored_rows(db) == 1  # committed before the answer
+            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+                assert r.headers["content-type"] == "text/event-stream"
+                events = [line for line in r.iter_lines() if line]
+            rows = [
+                json.loads(row)
+                for (row,) in sqlite3.connect(db).execute("select record from calls order by seq")
+            ]
+        finally:
+            proxy.stop()
+    finally:
+        engine.stop()
+    choice = plain["choices"][0]
+    assert plain["model"] == "policy@v1" and choice["message"]["content"] == "Thanks!"
+    assert "token_ids" not in choice and choice["logprobs"] is None and "prompt_token_ids" not in plain
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Thanks!"
+    for c in chunks:  # no capture field, and no usage chunk the client did not ask for
+        assert c["choices"] and "token_ids" not in c["choices"][0] and c["choices"][0]["logprobs"] is None
+        assert "prompt_token_ids" not in c and c["model"] == "policy@v1"
+    assert len(rows) == 2
+    for row in rows:
+        assert row["text"] == "Thanks!" and len(row["ids"]) == len(row["logprobs"]) == 2
+        assert row["prompt_ids"] and row["request"]["return_token_ids"] is True
+        assert row["usage"]["completion_tokens"] == 2
+    assert rows[1]["request"]["stream_options"] == {"include_usage": True}
