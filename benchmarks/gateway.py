@@ -46,8 +46,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -122,7 +124,8 @@ async def main():
 run(main())
 """
 
-#: ``--lean``: :mod:`lean_capture` in a child process (``{engine}``: the engine's port, ``{db}``: its SQLite file).
+#: ``--lean``: :mod:`lean_capture` in a child process (``{bench}``: this folder, ``{engine}``: the engine's port,
+#: ``{db}``: its SQLite file).
 _LEAN = """
 import sys
 sys.path.insert(0, {bench!r})
@@ -321,65 +324,59 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     phases: list[Phase] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ExitStack() as children,
+    ):  # every child stopped, even on a failed start
         db = f"sqlite:///{Path(tmp) / 'gateway.db'}"
         store = SQLStore(db)
+        children.callback(store.close)
         n = max(args.clients)
         for i in range(n):
             store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
         rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
-        engine = engine_script(args.answer, args.prompt_tokens)
-        upstream = ChildServer(engine, free_port(), health="/v1/models")
+
+        def child(code: str, **kwargs: Any) -> ChildServer:
+            server = ChildServer(code, free_port(), **kwargs)
+            children.callback(server.stop)
+            return server
+
+        upstream = child(engine_script(args.answer, args.prompt_tokens), health="/v1/models")
         script = _GATEWAY.format(upstream=f"{upstream.url}/v1", db=db, privacy=args.privacy)
-        gateway = ChildServer(script, free_port(), timeout_s=120.0)  # Presidio's import: seconds
-        relay = ChildServer(_RELAY.format(port=upstream.port), free_port(), health="/v1/models")
+        gateway = child(script, timeout_s=120.0)  # Presidio's import: seconds
+        relay = child(_RELAY.format(port=upstream.port), health="/v1/models")
         lean_db = str(Path(tmp) / "lean.db")
+        bench = str(Path(__file__).resolve().parent)
         lean = (
-            ChildServer(
-                _LEAN.format(
-                    bench=str(Path(__file__).resolve().parent), engine=str(upstream.port), db=lean_db
-                ),
-                free_port(),
-                health="/v1/models",
-            )  # fmt: skip
+            child(_LEAN.format(bench=bench, engine=str(upstream.port), db=lean_db), health="/v1/models")
             if args.lean
             else None
         )
-        try:
-            for clients in args.clients:
-                direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
-                relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
-                gw_urls = gw_urls_for(gateway.url, rollout_ids[:clients])
-                load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
-                for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
-                    for stream in (False, True):
-                        direct = run_phase("direct", direct_urls, stream, args.seconds, None, engine=upstream,
-                                           **load)  # fmt: skip
-                        captured = run_phase("direct+capture", direct_urls, stream, args.seconds, None,
-                                             engine=upstream, capture=True, **load)  # fmt: skip
-                        before = _count(store, rollout_ids)
-                        ph = run_phase(
-                            "gateway", gw_urls, stream, args.seconds, gateway, engine=upstream, **load
-                        )
-                        ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
-                        floor = run_phase("relay", relay_urls, stream, args.seconds, relay, engine=upstream,
-                                          capture=True, model="base", **load)  # fmt: skip
-                        measured = [direct, captured, ph, floor]
-                        if lean is not None:
-                            before = stored_rows(lean_db)
-                            measured.append(run_phase("lean", gw_urls_for(lean.url, rollout_ids[:clients]),
-                                                      stream, args.seconds, lean, engine=upstream, **load))  # fmt: skip
-                            measured[-1].spans_stored = stored_rows(lean_db) - before
-                        for phase in measured:
-                            phase.round = round_
-                            phases.append(phase)
-        finally:
-            if lean is not None:
-                lean.stop()
-            relay.stop()
-            gateway.stop()
-            upstream.stop()
-            store.close()
+        for clients in args.clients:
+            direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
+            relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
+            gw_urls = gw_urls_for(gateway.url, rollout_ids[:clients])
+            load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
+            for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
+                for stream in (False, True):
+                    direct = run_phase("direct", direct_urls, stream, args.seconds, None, engine=upstream,
+                                       **load)  # fmt: skip
+                    captured = run_phase("direct+capture", direct_urls, stream, args.seconds, None,
+                                         engine=upstream, capture=True, **load)  # fmt: skip
+                    before = _count(store, rollout_ids)
+                    ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway, engine=upstream, **load)
+                    ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
+                    floor = run_phase("relay", relay_urls, stream, args.seconds, relay, engine=upstream,
+                                      capture=True, model="base", **load)  # fmt: skip
+                    measured = [direct, captured, ph, floor]
+                    if lean is not None:
+                        before = stored_rows(lean_db)
+                        measured.append(run_phase("lean", gw_urls_for(lean.url, rollout_ids[:clients]),
+                                                  stream, args.seconds, lean, engine=upstream, **load))  # fmt: skip
+                        measured[-1].spans_stored = stored_rows(lean_db) - before
+                    for phase in measured:
+                        phase.round = round_
+                        phases.append(phase)
     _report(phases)
     if args.json:
         print(json.dumps([asdict(ph) for ph in phases]))
@@ -434,6 +431,7 @@ def _report(phases: list[Phase]) -> None:
                 "lean_cpu": lean[0].cpu_ms_per_req or float("nan"),
                 "lean_sent": lean[0].answered,
                 "lean_rows": lean[0].spans_stored if lean[0].spans_stored is not None else -1,
+                "lean_err": lean[0].errors,
                 "err": row["err"] + lean[0].errors,
             })  # fmt: skip
         rows.setdefault((gw.clients, gw.stream), []).append(row)
@@ -444,7 +442,7 @@ def _report(phases: list[Phase]) -> None:
     print("\nmedian over rounds:")
     for (clients, stream), runs in sorted(rows.items()):
         median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        totals = ("sent", "spans", "err", "lean_sent", "lean_rows")
+        totals = ("sent", "spans", "err", "lean_sent", "lean_rows", "lean_err")
         median.update({key: sum(run[key] for run in runs) for key in totals if key in runs[0]})
         print(f"{'':>5} {_row(clients, stream, median)}")
     print(
@@ -472,7 +470,8 @@ def _report(phases: list[Phase]) -> None:
             f"reaches {statistics.median(run['ratio_l'] for run in runs):.2f}× of direct (rounds: {per_round}), "
             f"{statistics.median(run['ratio_lc'] for run in runs):.2f}× of direct+capture, at "
             f"{statistics.median(run['lean_cpu'] for run in runs):.3f} ms CPU a call; sent "
-            f"{sum(run['lean_sent'] for run in runs):.0f} = stored {sum(run['lean_rows'] for run in runs):.0f}; "
+            f"{sum(run['lean_sent'] for run in runs):.0f} = stored {sum(run['lean_rows'] for run in runs):.0f}, "
+            f"{sum(run['lean_err'] for run in runs):.0f} errors; "
             f"the gateway reaches {statistics.median(run['gw'] / run['lean'] for run in runs if run['lean']):.2f}×"
             " of its throughput"
         )

@@ -13,8 +13,9 @@ Everything a product needs beyond that is left out on purpose: keys, routing and
 attribution, validation of the client's body and of the ids, privacy, error answers, tool calls, other
 endpoints, telemetry. So its figures bound from above what any Python gateway with durable capture can
 reach on a machine, and the gap to the gateway is what those features cost. It handles the well-formed
-chat calls of the benchmark's clients only; its answer to anything else (a malformed body, an engine error)
-is to close the connection. Binds 127.0.0.1.
+chat calls of the benchmark's clients only; its answer to anything else (a malformed body, an engine error or
+an engine stream without events) is to close the client's connection and store nothing, so a failure shows
+in the benchmark's error count instead of as a stored call. Binds 127.0.0.1.
 
     python benchmarks/lean_capture.py PORT ENGINE_PORT DB_PATH
 """
@@ -27,6 +28,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import httptools
@@ -69,23 +72,36 @@ class _Writer:
                 while not self.queue:
                     self.ready.wait()
                 batch, self.queue = self.queue, []
-            self.db.execute("begin")
-            self.db.executemany("insert into calls(path, record) values (?, ?)", [row[:2] for row in batch])
-            self.db.execute("commit")
-            self.loop.call_soon_threadsafe(_resolve, [row[2] for row in batch])
+            error: Exception | None = None
+            try:
+                self.db.execute("begin")
+                self.db.executemany(
+                    "insert into calls(path, record) values (?, ?)", [row[:2] for row in batch]
+                )
+                self.db.execute("commit")
+            except sqlite3.Error as exc:  # the batch's callers fail; the writer keeps serving later ones
+                error = exc
+                if self.db.in_transaction:
+                    self.db.execute("rollback")
+            self.loop.call_soon_threadsafe(_resolve, [row[2] for row in batch], error)
 
 
-def _resolve(futures: list[asyncio.Future[None]]) -> None:
+def _resolve(futures: list[asyncio.Future[None]], error: Exception | None) -> None:
     for future in futures:
         if not future.done():
-            future.set_result(None)
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 class _Engine(asyncio.Protocol):
-    """One keep-alive connection to the engine; each piece of an answer's body goes to ``on_piece`` as it
-    arrives (chunked transfer decoded by httptools), its end to ``on_end``."""
+    """One keep-alive connection to the engine; each piece of a ``200`` answer's body goes to ``on_piece`` as
+    it arrives (chunked transfer decoded by httptools), its end to ``on_end``; ``status`` is the last
+    answer's HTTP status (the body of any other is dropped)."""
 
     def __init__(self) -> None:
+        self.status = 0
         self.on_piece: Callable[[bytes], None] = _ignore
         self.on_end: Callable[[], None] = _nothing
         self.on_lost: Callable[[], None] = _nothing
@@ -97,8 +113,12 @@ class _Engine(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)
 
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
     def on_body(self, body: bytes) -> None:
-        self.on_piece(body)
+        if self.status == 200:
+            self.on_piece(body)
 
     def on_message_complete(self) -> None:
         self.on_end()
@@ -154,6 +174,9 @@ class _Proxy:
             return
         conn.on_piece, conn.on_end, conn.on_lost = _ignore, _nothing, _nothing
         self.idle.append(conn)
+        if conn.status != 200 or (capture is not None and not capture.started):  # nothing to store
+            client.close()
+            return
         if capture is not None:
             await self.writer.submit(path, capture.record(request))
             client.write(_chunk(_DONE) + b"0\r\n\r\n")
@@ -193,6 +216,7 @@ class _StreamCapture:
         self.started = False
 
     def feed(self, piece: bytes) -> None:
+        # events end with a blank line written as "\n\n", as vLLM writes them ("\r\n\r\n" is not read)
         *events, self.buffer = (self.buffer + piece).split(b"\n\n")
         out = []
         for event in events:
@@ -221,9 +245,6 @@ class _StreamCapture:
             self.started = True
 
     def record(self, request: dict[str, Any]) -> bytes:
-        if not self.started:  # no event came: the head still has to go before [DONE]
-            self.client.write(_SSE_HEAD)
-            self.started = True
         return orjson.dumps({
             "request": request, "text": "".join(self.text), "prompt_ids": self.prompt_ids, "ids": self.ids,
             "logprobs": self.logprobs, "usage": self.usage, "time": time.time(),
@@ -278,11 +299,13 @@ async def serve(port: int, engine_port: int, db_path: str) -> None:
 
 
 def stored_rows(db_path: str) -> int:
-    """How many calls ``db_path`` holds (0 before the proxy created it)."""
-    with sqlite3.connect(db_path) as db:
+    """How many calls ``db_path`` holds (0 before the proxy created it; the file is not created)."""
+    if not Path(db_path).exists():
+        return 0
+    with closing(sqlite3.connect(db_path)) as db:
         try:
             return int(db.execute("select count(*) from calls").fetchone()[0])
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError:  # the proxy has not created its table yet
             return 0
 
 

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from types import ModuleType
 
@@ -139,7 +140,7 @@ def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase(
         assert lean["answered"] == lean["spans_stored"] > 0  # every answered call left its row
     for mode in ("plain", "streamed"):
         assert f"lean capture at 2 clients, {mode}: the leanest capture proxy reaches " in out
-    assert ", of the leanest capture proxy: " in out
+    assert ", of the leanest capture proxy: " in out and " errors; the gateway reaches " in out
 
 
 def test_lean_capture_proxy_captures_strips_and_commits_each_call(
@@ -165,10 +166,8 @@ def test_lean_capture_proxy_captures_strips_and_commits_each_call(
             with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
                 assert r.headers["content-type"] == "text/event-stream"
                 events = [line for line in r.iter_lines() if line]
-            rows = [
-                json.loads(row)
-                for (row,) in sqlite3.connect(db).execute("select record from calls order by seq")
-            ]
+            with closing(sqlite3.connect(db)) as conn:
+                rows = [json.loads(row) for (row,) in conn.execute("select record from calls order by seq")]
         finally:
             proxy.stop()
     finally:
@@ -188,3 +187,38 @@ def test_lean_capture_proxy_captures_strips_and_commits_each_call(
         assert row["prompt_ids"] and row["request"]["return_token_ids"] is True
         assert row["usage"]["completion_tokens"] == 2
     assert rows[1]["request"]["stream_options"] == {"include_usage": True}
+
+
+_FAILING_ENGINE = """
+import sys, uvicorn
+from agentforge.testing import ScriptedError, ScriptedTurn, ScriptedUpstream
+up = ScriptedUpstream([ScriptedTurn("x", error=ScriptedError(status=400))], cycle=True)
+uvicorn.run(up.app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_lean_capture_proxy_stores_nothing_for_an_engine_error(
+    gateway_bench: tuple[ModuleType, ModuleType], tmp_path: Path, stream: bool
+) -> None:
+    """An engine's error answer is no captured call: the proxy closes the client's connection (an error in the
+    benchmark's count) and stores no row, plain or streamed."""
+    bench, spine = gateway_bench
+    lean_mod = importlib.import_module("lean_capture")
+    db = str(tmp_path / "lean.db")
+    engine = spine.ChildServer(_FAILING_ENGINE, spine.free_port(), "/v1/models")
+    try:
+        proxy = spine.ChildServer(
+            bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
+            spine.free_port(), "/v1/models",
+        )  # fmt: skip
+        try:
+            url = f"{proxy.url}/rollouts/r1/v1/chat/completions"
+            for _ in range(2):  # the engine's connection is kept and reused after an error
+                with pytest.raises(httpx.RemoteProtocolError):
+                    httpx.post(url, json={**bench.BODY, "stream": stream}, timeout=30).read()
+        finally:
+            proxy.stop()
+    finally:
+        engine.stop()
+    assert lean_mod.stored_rows(db) == 0
