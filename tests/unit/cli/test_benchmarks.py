@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -143,6 +143,24 @@ def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase(
     assert ", of the leanest capture proxy: " in out and " errors; the gateway reaches " in out
 
 
+@contextmanager
+def _lean_proxy(bench: ModuleType, spine: ModuleType, engine_code: str, db: str) -> Iterator[str]:
+    """A fake engine running ``engine_code`` and the leanest capture proxy in front of it, storing into
+    ``db``: yields the proxy's chat URL; both are stopped after."""
+    engine = spine.ChildServer(engine_code, spine.free_port(), "/v1/models")
+    try:
+        proxy = spine.ChildServer(
+            bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
+            spine.free_port(), "/v1/models",
+        )  # fmt: skip
+        try:
+            yield f"{proxy.url}/rollouts/r1/v1/chat/completions"
+        finally:
+            proxy.stop()
+    finally:
+        engine.stop()
+
+
 def test_lean_capture_proxy_captures_strips_and_commits_each_call(
     gateway_bench: tuple[ModuleType, ModuleType], tmp_path: Path
 ) -> None:
@@ -152,26 +170,15 @@ def test_lean_capture_proxy_captures_strips_and_commits_each_call(
     bench, spine = gateway_bench
     lean_mod = importlib.import_module("lean_capture")
     db = str(tmp_path / "lean.db")
-    engine = spine.ChildServer(bench.engine_script(answer="Thanks!"), spine.free_port(), "/v1/models")
-    try:
-        proxy = spine.ChildServer(
-            bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
-            spine.free_port(), "/v1/models",
-        )  # fmt: skip
-        try:
-            url = f"{proxy.url}/rollouts/r1/v1/chat/completions"
-            body = {**bench.BODY, "stream": False}
-            plain = httpx.post(url, json=body, timeout=30).json()
-            assert lean_mod.stored_rows(db) == 1  # committed before the answer
-            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
-                assert r.headers["content-type"] == "text/event-stream"
-                events = [line for line in r.iter_lines() if line]
-            with closing(sqlite3.connect(db)) as conn:
-                rows = [json.loads(row) for (row,) in conn.execute("select record from calls order by seq")]
-        finally:
-            proxy.stop()
-    finally:
-        engine.stop()
+    with _lean_proxy(bench, spine, bench.engine_script(answer="Thanks!"), db) as url:
+        body = {**bench.BODY, "stream": False}
+        plain = httpx.post(url, json=body, timeout=30).json()
+        assert lean_mod.stored_rows(db) == 1  # committed before the answer
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+            assert r.headers["content-type"] == "text/event-stream"
+            events = [line for line in r.iter_lines() if line]
+        with closing(sqlite3.connect(db)) as conn:
+            rows = [json.loads(row) for (row,) in conn.execute("select record from calls order by seq")]
     choice = plain["choices"][0]
     assert plain["model"] == "policy@v1" and choice["message"]["content"] == "Thanks!"
     assert "token_ids" not in choice and choice["logprobs"] is None and "prompt_token_ids" not in plain
@@ -206,19 +213,8 @@ def test_lean_capture_proxy_stores_nothing_for_an_engine_error(
     bench, spine = gateway_bench
     lean_mod = importlib.import_module("lean_capture")
     db = str(tmp_path / "lean.db")
-    engine = spine.ChildServer(_FAILING_ENGINE, spine.free_port(), "/v1/models")
-    try:
-        proxy = spine.ChildServer(
-            bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
-            spine.free_port(), "/v1/models",
-        )  # fmt: skip
-        try:
-            url = f"{proxy.url}/rollouts/r1/v1/chat/completions"
-            for _ in range(2):  # the engine's connection is kept and reused after an error
-                with pytest.raises(httpx.RemoteProtocolError):
-                    httpx.post(url, json={**bench.BODY, "stream": stream}, timeout=30).read()
-        finally:
-            proxy.stop()
-    finally:
-        engine.stop()
+    with _lean_proxy(bench, spine, _FAILING_ENGINE, db) as url:
+        for _ in range(2):  # the engine's connection is kept and reused after an error
+            with pytest.raises(httpx.RemoteProtocolError):
+                httpx.post(url, json={**bench.BODY, "stream": stream}, timeout=30).read()
     assert lean_mod.stored_rows(db) == 0
