@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
             relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
             gw_urls = gw_urls_for(gateway.url, rollout_ids[:clients])
+            lean_urls = gw_urls_for(lean.url, rollout_ids[:clients]) if lean is not None else []
             load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
             for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
                 for stream in (False, True):
@@ -371,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                     measured = [direct, captured, ph, floor]
                     if lean is not None:
                         before = stored_rows(lean_db)
-                        measured.append(run_phase("lean", gw_urls_for(lean.url, rollout_ids[:clients]),
-                                                  stream, args.seconds, lean, engine=upstream, **load))  # fmt: skip
+                        measured.append(run_phase("lean", lean_urls, stream, args.seconds, lean, engine=upstream,
+                                                  **load))  # fmt: skip
                         measured[-1].spans_stored = stored_rows(lean_db) - before
                     for phase in measured:
                         phase.round = round_
@@ -483,7 +484,7 @@ def _report(phases: list[Phase]) -> None:
                 statistics.median(s[key] / p[key] for s, p in zip(runs, plain, strict=True))
                 for key in ("relay_cpu", "engine_cpu")
             )
-            lean = (
+            lean_ratio = (
                 f", of the leanest capture proxy: "
                 f"{statistics.median(s['lean_cpu'] / p['lean_cpu'] for s, p in zip(runs, plain, strict=True)):.2f}×"
                 if "lean_cpu" in runs[0]
@@ -492,7 +493,7 @@ def _report(phases: list[Phase]) -> None:
             print(
                 f"streaming/non-streaming CPU cost at {clients} clients: {statistics.median(per_round):.2f}× "
                 f"(median; rounds: {' '.join(f'{r:.2f}' for r in per_round)}); the same ratio of the byte-copying "
-                f"relay: {relay:.2f}×, of the engine answering direct+capture: {engine:.2f}×{lean}"
+                f"relay: {relay:.2f}×, of the engine answering direct+capture: {engine:.2f}×{lean_ratio}"
             )
 
 

@@ -188,14 +188,22 @@ class _Proxy:
         logprobs = choice.get("logprobs")
         choice["logprobs"] = None
         answer["model"] = _VERSION
-        record = {
-            "request": request, "text": choice["message"].get("content"), "prompt_ids": prompt_ids, "ids": ids,
-            "logprobs": [entry["logprob"] for entry in logprobs["content"]] if logprobs else None,
-            "usage": answer.get("usage"), "time": time.time(),
-        }  # fmt: skip
-        await self.writer.submit(path, orjson.dumps(record))
+        lps = [entry["logprob"] for entry in logprobs["content"]] if logprobs else None
+        record = _record(request, choice["message"].get("content"), prompt_ids, ids, lps, answer.get("usage"))
+        await self.writer.submit(path, record)
         out = orjson.dumps(answer)
         client.write(_JSON_HEAD % len(out) + out)
+
+
+def _record(
+    request: dict[str, Any], text: str | None, prompt_ids: list[int] | None, ids: list[int] | None,
+    logprobs: list[float] | None, usage: dict[str, Any] | None,
+) -> bytes:  # fmt: skip
+    """One call's row: what the engine was asked, and the text, ids, log-probs and usage it answered."""
+    return orjson.dumps({
+        "request": request, "text": text, "prompt_ids": prompt_ids, "ids": ids, "logprobs": logprobs,
+        "usage": usage, "time": time.time(),
+    })  # fmt: skip
 
 
 def _chunk(data: bytes) -> bytes:
@@ -245,10 +253,7 @@ class _StreamCapture:
             self.started = True
 
     def record(self, request: dict[str, Any]) -> bytes:
-        return orjson.dumps({
-            "request": request, "text": "".join(self.text), "prompt_ids": self.prompt_ids, "ids": self.ids,
-            "logprobs": self.logprobs, "usage": self.usage, "time": time.time(),
-        })  # fmt: skip
+        return _record(request, "".join(self.text), self.prompt_ids, self.ids, self.logprobs, self.usage)
 
 
 class _Client(asyncio.Protocol):
