@@ -6,9 +6,11 @@ same way, and the prompt optimiser, whose held-out check is :meth:`EvalGate.judg
 small value object that only computes; who runs the evaluations and moves the alias is serving's business
 (:mod:`agentforge.serving.promoter`):
 
-* :class:`EvalGate` — a paired test on a fixed held-out slice, candidate against the live version on the
-  same examples in the same order: the candidate passes only when its mean gain is ``> min_gain`` and the
-  one-sided :func:`paired_test` gives ``p <= max_p``.
+* :class:`EvalGate` — a paired comparison on a fixed held-out slice, candidate against the live version on the
+  same examples in the same order: the candidate passes only when its mean gain is ``> min_gain`` and, with
+  ``max_p``, the one-sided :func:`paired_test` gives ``p <= max_p``; with ``margin`` (the non-inferiority
+  gate sized by :func:`agentforge.gate_power.plan_gate`), the lower one-sided ``1 - alpha`` bound of the gain
+  lies above ``-margin``.
 * :class:`CanaryRule` — live traffic: after ``rollouts`` live rollouts served by the candidate, its mean
   reward must not be below the live version's (over the same period) by more than ``margin``.
 * :class:`RollbackRule` — after promotion: once ``window`` live rollouts were served by the new version, it is
@@ -26,6 +28,7 @@ import math
 import random
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any, Literal
 
 from agentforge.errors import ConfigError
@@ -153,25 +156,56 @@ class EvalResult:
 
 @dataclass(frozen=True)
 class EvalGate:
-    """A paired test on a fixed held-out slice, candidate against the live version.
+    """A paired comparison on a fixed held-out slice, candidate against the live version.
+
+    Two rules, alone or together:
+
+    * **significance** (``max_p``): the one-sided :func:`paired_test` must give ``p <= max_p``. On a small
+      slice this cannot say yes to a good candidate with a single loss (DESIGN fact 11);
+    * **non-inferiority** (``margin``): the lower one-sided ``1 - alpha`` normal bound of the mean gain,
+      ``gain - z_{1-alpha} * std_err``, must lie above ``-margin``. Sized with
+      :func:`agentforge.gate_power.plan_gate`, a ``+margin`` candidate passes with the planned power and a
+      ``-margin`` one is refused with ``1 - alpha`` (:meth:`sized` builds it).
 
     Args:
-        max_p: the one-sided :func:`paired_test` must give ``p <= max_p``; ``None``: no test is required
-            (it is still computed and stored).
+        max_p: bound on the one-sided p-value; ``None``: no significance test is required (it is still
+            computed and stored).
         min_gain: the candidate's mean must exceed the live version's by more than this (reward units).
         resamples: sign flips of the permutation test for graded (non 0/1) scores.
+        margin: the non-inferiority margin (reward units, e.g. 0.05); ``None``: no bound is required.
+        alpha: one-sided level of the non-inferiority bound, in (0, 0.5).
 
     Raises:
-        ConfigError: ``max_p`` outside (0, 1].
+        ConfigError: ``max_p`` outside (0, 1], ``margin`` outside (0, 1) or ``alpha`` outside (0, 0.5).
     """
 
     max_p: float | None = 0.05
     min_gain: float = 0.0
     resamples: int = 20_000
+    margin: float | None = None
+    alpha: float = 0.05
 
     def __post_init__(self) -> None:
         if self.max_p is not None and not 0.0 < self.max_p <= 1.0:
             raise ConfigError(f"EvalGate: max_p={self.max_p} must be in (0, 1] (or None for no test)")
+        if self.margin is not None and not (0.0 < self.margin < 1.0 and 0.0 < self.alpha < 0.5):
+            raise ConfigError(
+                f"EvalGate: margin={self.margin} must be in (0, 1) (or None) and alpha={self.alpha} in (0, 0.5)"
+            )
+
+    @classmethod
+    def sized(cls, effect: float = 0.05, *, alpha: float = 0.05, min_gain: float = 0.0) -> EvalGate:
+        """The non-inferiority gate for ``effect`` (no significance test): score it on
+        ``plan_gate(effect, alpha=alpha, ...).n`` tasks for the planned power.
+
+        Raises:
+            ConfigError: ``effect`` outside (0, 1) or ``alpha`` outside (0, 0.5).
+        """
+        return cls(max_p=None, min_gain=min_gain, margin=effect, alpha=alpha)
+
+    def lower_bound(self, test: PairedTest) -> float:
+        """The lower one-sided ``1 - alpha`` normal bound of the mean gain (reward units)."""
+        return test.mean_diff - NormalDist().inv_cdf(1 - self.alpha) * test.std_err
 
     def judge(self, live: Sequence[float], candidate: Sequence[float], *, seed: int = 0) -> EvalResult:
         """Decide on per-example scores of the live version and the candidate (same examples, same order).
@@ -192,12 +226,20 @@ class EvalGate:
         live_mean, cand_mean = sum(live) / len(live), sum(candidate) / len(candidate)
         gain = cand_mean - live_mean
         significant = self.max_p is None or test.p_value <= self.max_p
-        passed = gain > self.min_gain and significant
-        p_rule = "no test required" if self.max_p is None else f"max_p {self.max_p:g}"
+        bound = self.lower_bound(test)
+        not_worse = self.margin is None or bound > -self.margin
+        passed = gain > self.min_gain and significant and not_worse
+        rules = [f"gain > {self.min_gain:g}"]
+        if self.max_p is not None:
+            rules.append(f"max_p {self.max_p:g}")
+        if self.margin is not None:
+            rules.append(f"lower {1 - self.alpha:.0%} bound {bound:+.3f} > -{self.margin:g}")
+        elif self.max_p is None:
+            rules.append("no test required")
         reason = (
             f"gain {gain:+.3f} ({live_mean:.3f} -> {cand_mean:.3f}) on {test.n} gate examples (a fixed slice nothing trains on), "
             f"{test.wins} wins / {test.losses} losses, p = {test.p_value:.3g} ({test.method}); "
-            f"needs gain > {self.min_gain:g} and {p_rule}"
+            f"needs " + " and ".join(rules)
         )
         return EvalResult(passed, live_mean, cand_mean, gain, test, reason)
 
@@ -230,7 +272,8 @@ def judge_versions(
     scores.update({live: live_scores, candidate: cand_scores})
     result = gate.judge(live_scores, cand_scores)
     evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
-                "max_p": gate.max_p, "min_gain": gate.min_gain}  # fmt: skip
+                "max_p": gate.max_p, "min_gain": gate.min_gain, "margin": gate.margin, "alpha": gate.alpha,
+                "lower_bound": gate.lower_bound(result.test)}  # fmt: skip
     return result, evidence
 
 

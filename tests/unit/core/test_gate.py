@@ -89,3 +89,62 @@ def test_decisions_are_store_records_in_every_backend(store: TraceStore) -> None
     assert {d.name for d in list_decisions(store)} == {"policy", "prompt:triage"}
     assert store.get_resource("policy").version == 1  # decisions never touch what is active
     assert not any(r.active for r in store.list_resources("promotion:policy"))
+
+
+def test_non_inferiority_gate_passes_a_gain_with_one_loss() -> None:
+    """The case the n=20 sign test refused (5 wins, 1 loss: p = 0.109) passes the margin rule on a sized slice,
+    and a candidate as much worse is refused."""
+    live = [0.0] * 5 + [1.0] + [1.0] * 14
+    better = [1.0] * 5 + [0.0] + [1.0] * 14  # +0.20, one loss
+    assert not EvalGate(max_p=0.1).judge(live, better).passed
+    gate = EvalGate.sized(0.05)
+    result = gate.judge(live, better)
+    assert result.passed and result.test.p_value == pytest.approx(0.109375)
+    assert "lower 95% bound" in result.reason and gate.lower_bound(result.test) > -0.05
+    assert not gate.judge(better, live).passed  # the same numbers the other way round
+    tied = gate.judge(live, list(live))
+    assert not tied.passed  # no gain: refused however sure the bound is
+    with pytest.raises(ConfigError, match="margin=1.5"):
+        EvalGate(margin=1.5)
+
+
+def test_gate_plan_sizes_from_the_effect() -> None:
+    from agentforge.gate_power import pass_probability, plan_gate
+
+    plan = plan_gate(0.05, alpha=0.05, power=0.8, discordance=0.2)
+    assert plan.n == 124 and "124 paired tasks" in plan.describe()
+    assert plan_gate(0.05, discordance=0.3).n == 186  # more disagreement, more tasks
+    assert plan_gate(0.10, discordance=0.2).n == 31  # four times fewer for twice the effect
+    kw = {"effect": 0.05, "alpha": 0.05, "discordance": 0.2}
+    assert pass_probability(0.05, plan.n, **kw) >= 0.8
+    assert pass_probability(-0.05, plan.n, **kw) == pytest.approx(0.05, abs=0.002)
+    assert pass_probability(0.05, 20, **kw) < 0.5  # the old 20-task slice: a coin flip at best
+    with pytest.raises(ConfigError, match="power=0.4"):
+        plan_gate(0.05, power=0.4)
+
+
+def test_sized_gate_meets_its_error_rates_by_simulation() -> None:
+    """Draw paired 0/1 outcomes with a known true gain and discordance: the measured pass rates of the sized
+    gate meet the plan (within simulation error), where the old sign test at p <= 0.1 on 20 tasks does not."""
+    import random
+
+    from agentforge.gate_power import plan_gate
+
+    plan, rng = plan_gate(0.05, discordance=0.2), random.Random(7)
+
+    def pass_rate(gate: EvalGate, gain: float, n: int, trials: int = 400) -> float:
+        win, loss = (0.2 + gain) / 2, (0.2 - gain) / 2
+        hits = 0
+        for _ in range(trials):
+            live, cand = [], []
+            for _ in range(n):
+                u = rng.random()
+                live.append(0.0 if u < win else 1.0 if u < win + loss else 0.5 < rng.random())
+                cand.append(1.0 if u < win else 0.0 if u < win + loss else live[-1])
+            hits += gate.judge([float(x) for x in live], cand).passed
+        return hits / trials
+
+    sized = EvalGate.sized(0.05)
+    assert pass_rate(sized, 0.05, plan.n) >= 0.74  # planned 0.80; 400 trials: ±0.04 at 2 sd
+    assert pass_rate(sized, -0.05, plan.n) <= 0.08  # planned 0.05
+    assert pass_rate(EvalGate(max_p=0.1), 0.05, 20) < 0.2  # the old gate: a +5 candidate rarely passes
