@@ -307,6 +307,8 @@ class BatchReport:
             ``no_trainable_tokens``, ``unmatched_logprobs``: stored logprobs the trainer cannot recompute).
         rewards: the valid rewards of every sampled rollout (trained or in a dropped group), in batch order.
         sampled_tokens: tokens the policy sampled across trained samples.
+        forced_tokens: of those, tokens a grammar forced (guided calls; trained with loss mask 0, see
+            :mod:`agentforge.trainers.samples`); logged as ``batch/forced_token_share`` (÷ ``sampled_tokens``).
         wait_s: seconds spent waiting for runners.
         parts: the named reward parts of the sampled rollouts (``Reward.metadata["parts"]``, e.g. the tool turn's
             ``tool``, ``arguments``, ``reply``, ``success``), part → values in batch order; logged as
@@ -323,6 +325,7 @@ class BatchReport:
     skipped: Counter[str] = field(default_factory=Counter)
     rewards: list[float] = field(default_factory=list)
     sampled_tokens: int = 0
+    forced_tokens: int = 0
     wait_s: float = 0.0
     parts: dict[str, list[float]] = field(default_factory=dict)
 
@@ -340,6 +343,7 @@ class BatchReport:
             "batch/dropped_groups": float(self.dropped_groups),
             "batch/truncated_share": self.truncated / n,
             "batch/sampled_tokens": float(self.sampled_tokens),
+            "batch/forced_token_share": self.forced_tokens / max(self.sampled_tokens, 1),
             "batch/wait_s": self.wait_s,
         }
         reasons = (

@@ -12,6 +12,8 @@ by the rules below. Every rule that drops signal is *counted* in :class:`BatchRe
 * produced by a version more than ``max_staleness`` versions behind → masked, ``stale``;
 * a span whose stored logprobs the trainer cannot recompute (its engine's log-prob mode or its sampling
   settings, :mod:`.logprob_match`) → masked, ``unmatched_logprobs`` (each reason is logged);
+* tokens a grammar forced in a guided call (:mod:`.samples`) stay in the sample with loss mask 0, counted
+  as ``batch/forced_token_share``;
 * a rollout whose calls split into several trajectories (see :mod:`.samples`) trains on its **last**
   trajectory (the one that produced the final answer); the others are counted as ``extra_trajectories``.
 
@@ -55,8 +57,8 @@ from agentforge.trainers.samples import (
     SampleValidationError,
     Trajectory,
     build_trajectories,
+    grpo_sample,
     masked_sample,
-    trajectory_sample,
     with_temperatures,
 )
 from agentforge.types import Rollout, RolloutState, SpanKind, Task, check_tenant, new_id, parse_version_number
@@ -308,10 +310,11 @@ class RolloutSource:
             return {}, "missing_reward"
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
+        report.forced_tokens += traj.forced_tokens
         for name, value in (reward.metadata.get("parts") or {}).items():
             if isinstance(value, int | float) and math.isfinite(value):
                 report.parts.setdefault(str(name), []).append(float(value))
-        return with_temperatures(trajectory_sample(traj, float(reward.value), rollout.rollout_id), traj), None
+        return grpo_sample(traj, float(reward.value), rollout.rollout_id), None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)

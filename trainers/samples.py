@@ -11,13 +11,25 @@ then the sampled ids with ``env_mask`` 1 and the engine's logprobs. A call that 
 (the chat template rewrote history, e.g. stripped earlier reasoning) **starts a new trajectory**; it is
 never re-wrapped. Every trajectory of a rollout carries that rollout's reward.
 
+**Grammar-forced tokens.** A guided call (a forced tool call, a JSON ``response_format``; see
+:mod:`agentforge.gateway.guided`) whose logprobs the gateway recomputed (flag ``guided_logprobs_recomputed``)
+keeps the grammar-masked logprobs in ``span.attributes["guided_logprobs"]`` (:data:`GUIDED_LOGPROBS_ATTRIBUTE`).
+A token whose masked logprob is exactly 0.0 had probability 1 under the grammar: the grammar chose it, the
+policy made no decision there, so GRPO must not credit or blame the policy's unconstrained log-probability of
+it. Such tokens are marked in :attr:`Trajectory.forced`; they stay in the sequence (the following tokens are
+conditioned on them, and ``env_mask`` still says the engine sampled them) but the GRPO samples
+(:func:`grpo_sample`) give them loss mask 0, so they add nothing to the loss, its token count, the importance
+ratio or the entropy. (A free token the model gives probability 1 up to float32 rounding is caught too; its
+gradient ``∇ log p`` is 0 up to the same rounding, so nothing is lost.) Replay SFT and the dataset export keep
+``env_mask`` as it is: there, learning the structure the grammar imposed is the point.
+
 One sample is one trajectory laid out as the :data:`SAMPLE_COLUMNS` of TRL's ``rollout_func`` dict
 (``trl.GRPOTrainer``): :func:`trajectory_sample` builds it, :func:`masked_sample` builds the slot-keeping
 sample that trains nothing, and :func:`to_rollout_func_output` lays out a batch. Every sample source (live
 rollouts, stored groups) and the dataset export use these, so the columns are written once. The GRPO sources
-add :data:`TEMPERATURE_COLUMN` (:func:`with_temperatures`): per completion token, the temperature at which
-the trainer recomputes the token's log-probability so that it matches the stored one
-(:mod:`agentforge.trainers.logprob_match`).
+use :func:`grpo_sample`: forced tokens masked, plus :data:`TEMPERATURE_COLUMN` (:func:`with_temperatures`):
+per completion token, the temperature at which the trainer recomputes the token's log-probability so that it
+matches the stored one (:mod:`agentforge.trainers.logprob_match`).
 """
 
 from __future__ import annotations
@@ -27,11 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import UserError
-from agentforge.trainers.logprob_match import stored_logprob_temperature
+from agentforge.trainers.logprob_match import GUIDED_RECOMPUTED, stored_logprob_temperature
 from agentforge.types import Span, SpanKind
 
 __all__ = [
     "GRPO_COLUMNS",
+    "GUIDED_LOGPROBS_ATTRIBUTE",
     "SAMPLE_COLUMNS",
     "TEMPERATURE_COLUMN",
     "DoubledStartTokenError",
@@ -39,6 +52,8 @@ __all__ = [
     "Trajectory",
     "build_trajectories",
     "check_single_start",
+    "grammar_forced",
+    "grpo_sample",
     "masked_sample",
     "to_rollout_func_output",
     "trajectory_sample",
@@ -54,6 +69,8 @@ SAMPLE_COLUMNS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rewar
 TEMPERATURE_COLUMN = "temperature"
 #: The columns the GRPO sample sources return: :data:`SAMPLE_COLUMNS` + :data:`TEMPERATURE_COLUMN`.
 GRPO_COLUMNS = (*SAMPLE_COLUMNS, TEMPERATURE_COLUMN)
+#: Span attribute holding a recomputed guided call's grammar-masked logprobs, one per completion token.
+GUIDED_LOGPROBS_ATTRIBUTE = "guided_logprobs"
 
 
 class SampleValidationError(UserError):
@@ -87,6 +104,8 @@ class Trajectory:
         unmatched: one line per merged span whose stored log-probabilities the trainer cannot recompute
             (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`); GRPO excludes the
             trajectory when any.
+        forced: per completion token, whether a grammar forced it (module docstring), shape ``(C,)``; may be
+            empty (a trajectory built by hand): nothing forced.
     """
 
     rollout_id: str | None
@@ -99,6 +118,7 @@ class Trajectory:
     span_ids: list[str] = field(default_factory=list)
     temperatures: list[float | None] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
 
     @property
     def ids(self) -> list[int]:
@@ -107,8 +127,20 @@ class Trajectory:
 
     @property
     def sampled_tokens(self) -> int:
-        """Number of tokens the policy sampled (``sum(env_mask)``)."""
+        """Number of tokens the engine sampled (``sum(env_mask)``), grammar-forced ones included."""
         return sum(self.env_mask)
+
+    @property
+    def forced_tokens(self) -> int:
+        """Number of sampled tokens a grammar forced (``sum(forced)``)."""
+        return sum(self.forced)
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """GRPO's loss mask, shape ``(C,)``: ``env_mask`` with the grammar-forced tokens set to 0."""
+        if not any(self.forced):
+            return self.env_mask
+        return [0 if f else m for m, f in zip(self.env_mask, self.forced, strict=True)]
 
 
 def _checked(span: Span) -> tuple[list[int], list[int], list[float]]:
@@ -149,6 +181,37 @@ def check_single_start(ids: Sequence[int], what: str = "the sample") -> None:
         )
 
 
+def grammar_forced(span: Span) -> list[bool]:
+    """Which of ``span``'s completion tokens a grammar forced (masked logprob exactly 0.0; module docstring).
+
+    Args:
+        span: an LLM span with engine ids; only a span flagged ``guided_logprobs_recomputed`` that carries
+            ``attributes["guided_logprobs"]`` can have forced tokens.
+
+    Returns:
+        One flag per completion token, shape ``(C,)`` (all ``False`` for any other span).
+
+    Raises:
+        SampleValidationError: the attribute is not a list of ``C`` numbers.
+    """
+    llm = span.llm
+    completion = (llm.completion_token_ids or []) if llm is not None else []
+    masked = span.attributes.get(GUIDED_LOGPROBS_ATTRIBUTE)
+    if llm is None or GUIDED_RECOMPUTED not in llm.flags or masked is None:
+        return [False] * len(completion)
+    if not isinstance(masked, list) or len(masked) != len(completion):
+        got = len(masked) if isinstance(masked, list) else type(masked).__name__
+        raise SampleValidationError(
+            f"span {span.span_id} has {got} {GUIDED_LOGPROBS_ATTRIBUTE} for {len(completion)} completion tokens"
+        )
+    try:
+        return [float(v) == 0.0 for v in masked]
+    except (TypeError, ValueError):
+        raise SampleValidationError(
+            f"span {span.span_id}'s {GUIDED_LOGPROBS_ATTRIBUTE} are not all numbers"
+        ) from None
+
+
 def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
     """Merge a rollout's LLM spans into trajectories by the module's merge rule.
 
@@ -160,8 +223,9 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
         Trajectories in order; one per run of continuing calls.
 
     Raises:
-        SampleValidationError: an LLM span lacks engine token ids or logprobs, or is flagged not trainable;
-            :class:`DoubledStartTokenError` when its prompt starts with the same token twice.
+        SampleValidationError: an LLM span lacks engine token ids or logprobs, is flagged not trainable, or
+            has malformed ``guided_logprobs``; :class:`DoubledStartTokenError` when its prompt starts with the
+            same token twice.
     """
     calls = sorted(
         (s for s in spans if s.kind == SpanKind.llm and s.status == "ok"),
@@ -178,12 +242,14 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
             current.logprobs += [0.0] * len(gap)
             current.env_mask += [0] * len(gap)
             current.temperatures += [None] * len(gap)
+            current.forced += [False] * len(gap)
         else:
             current = Trajectory(rollout_id=span.rollout_id, prompt_ids=list(prompt))
             out.append(current)
         current.completion_ids += completion
         current.logprobs += logprobs
         current.env_mask += [1] * len(completion)
+        current.forced += grammar_forced(span)
         temperature, unmatched = stored_logprob_temperature(span)
         current.temperatures += [temperature] * len(completion)
         if unmatched:
@@ -215,6 +281,14 @@ def trajectory_sample(traj: Trajectory, reward: float | None, rollout_id: str | 
         "rollout_id": rollout_id,
         "version": traj.versions[-1] if traj.versions else "",
     }
+
+
+def grpo_sample(traj: Trajectory, reward: float | None, rollout_id: str | None) -> dict[str, Any]:
+    """The GRPO sample of a trajectory (keys :data:`GRPO_COLUMNS`): :func:`trajectory_sample` with
+    ``env_mask`` replaced by :attr:`Trajectory.loss_mask` (grammar-forced tokens 0) and its temperatures."""
+    return with_temperatures(
+        {**trajectory_sample(traj, reward, rollout_id), "env_mask": traj.loss_mask}, traj
+    )
 
 
 def with_temperatures(sample: dict[str, Any], traj: Trajectory | None) -> dict[str, Any]:

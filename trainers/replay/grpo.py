@@ -37,7 +37,7 @@ from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
 from agentforge.trainers.rollouts import unmatched_logprobs
-from agentforge.trainers.samples import GRPO_COLUMNS, masked_sample, trajectory_sample, with_temperatures
+from agentforge.trainers.samples import GRPO_COLUMNS, grpo_sample, masked_sample, with_temperatures
 from agentforge.types import new_id
 
 __all__ = ["StoredGroupSource", "run_offline_grpo"]
@@ -132,7 +132,8 @@ class StoredGroupSource:
         report.split_rollouts += int(len(record.trajectories) > 1)
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
-        return with_temperatures(trajectory_sample(traj, float(record.reward), record.rollout_id), traj), None
+        report.forced_tokens += traj.forced_tokens
+        return grpo_sample(traj, float(record.reward), record.rollout_id), None
 
 
 def run_offline_grpo(

@@ -6,45 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_model import scored_rollout, tiny_model
+from stored_groups import stored_group_trainer
+from tiny_model import scored_rollout
 
 from agentforge.errors import ConfigError
 from agentforge.testing import memory_store
-from agentforge.trainers.replay.select import TraceFilter, select_traces
 
 AGENT = "init-adapter"
 
 
-class _Publisher:
-    def __init__(self) -> None:
-        self.dirs: list[Path] = []
-
-    def current(self) -> str:
-        return f"policy@v{len(self.dirs)}"
-
-    def publish(self, adapter_dir: Path, step: int) -> str:
-        self.dirs.append(Path(adapter_dir))
-        return self.current()
-
-
 def _trainer(tmp_path: Path, name: str, **config_kw: object):  # type: ignore[no-untyped-def]
-    from agentforge.trainers.grpo_config import TrainConfig
-    from agentforge.trainers.grpo_trainer import LightningTrainer
-    from agentforge.trainers.replay.grpo import StoredGroupSource
-
     store = memory_store()
     for completion, reward in (([57, 1431, 2], 1.0), ([36, 2], 0.0)):
         scored_rollout(store, AGENT, "g", completion, reward)
-    groups = select_traces(store, TraceFilter(agent=AGENT, require_reward=False)).groups()
-    config = TrainConfig(
-        output_dir=str(tmp_path / name), num_generations=2, tasks_per_step=1, max_steps=1, swap_every=1,
-        learning_rate=1e-2, lora_r=4, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=0, gradient_checkpointing=False, **config_kw,
-    )  # fmt: skip
-    publisher = _Publisher()
-    return LightningTrainer(
-        tiny_model(), store, None, config, publisher, source=StoredGroupSource(groups, 2)
-    ), publisher
+    return stored_group_trainer(tmp_path / name, store, AGENT, **config_kw)
 
 
 def _lora(trainer) -> dict[str, object]:  # type: ignore[no-untyped-def]
