@@ -18,7 +18,9 @@ gradients alike (a forward hook on the backbone, active only during these passes
 
 **Metrics.** Before any cap, the raw per-token ratio ``exp(old − stored)`` over the tokens the policy sampled:
 ``sampling/raw_importance_ratio/mean``, ``/min``, ``/max``, ``/p01`` and ``/p99`` (its 1st and 99th
-percentiles), logged with TRL's metrics each step (computed on the main process's share of the batch).
+percentiles) and ``/outside_share`` (the share of those tokens whose ratio is outside :data:`RATIO_BAND`,
+``[0.5, 2]``: the trainer and the engine disagree on them by more than a factor of 2), logged with TRL's
+metrics each step (computed on the main process's share of the batch).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ import torch
 
 from agentforge.errors import UserError
 
-__all__ = ["RAW_RATIO_PREFIX", "SpanTemperatures", "raw_ratio_metrics"]
+__all__ = ["RATIO_BAND", "RAW_RATIO_PREFIX", "SpanTemperatures", "raw_ratio_metrics"]
 
 #: The metric name prefix of the raw (uncapped) importance-sampling ratio statistics.
 RAW_RATIO_PREFIX = "sampling/raw_importance_ratio"
+#: ``(low, high)``: a raw ratio outside it counts in ``/outside_share``.
+RATIO_BAND = (0.5, 2.0)
 
 
 def raw_ratio_metrics(old: torch.Tensor, stored: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -46,7 +50,8 @@ def raw_ratio_metrics(old: torch.Tensor, stored: torch.Tensor, mask: torch.Tenso
         mask: 1 on tokens the policy sampled, ``(B, C)``.
 
     Returns:
-        ``{"<prefix>/mean", "/min", "/max", "/p01", "/p99"}``; empty when no token counts.
+        ``{"<prefix>/mean", "/min", "/max", "/p01", "/p99", "/outside_share"}`` (``outside_share``: the
+        fraction of the counted tokens whose ratio is outside :data:`RATIO_BAND`); empty when no token counts.
     """
     keep = mask.bool() & ~torch.isnan(stored)
     if not bool(keep.any()):
@@ -59,6 +64,9 @@ def raw_ratio_metrics(old: torch.Tensor, stored: torch.Tensor, mask: torch.Tenso
         f"{RAW_RATIO_PREFIX}/max": float(ratio.max()),
         f"{RAW_RATIO_PREFIX}/p01": float(q[0]),
         f"{RAW_RATIO_PREFIX}/p99": float(q[1]),
+        f"{RAW_RATIO_PREFIX}/outside_share": float(
+            ((ratio < RATIO_BAND[0]) | (ratio > RATIO_BAND[1])).double().mean()
+        ),
     }
 
 

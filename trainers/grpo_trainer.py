@@ -10,12 +10,12 @@ Loop (one optimizer step):
    takes one step on the LoRA adapter (``peft``). The engine's stored logprobs feed TRL's importance
    sampling correction for the train/serve mismatch (TRL ``vllm_importance_sampling_correction``); each
    span is recomputed at the temperature its stored logprobs were computed at (:mod:`.engine_logps`).
-4. Every ``swap_every`` steps the adapter is saved, published as a new version in the store and
-   hot-swapped into serving (canary first) by the :class:`AdapterPublisher`.
+4. Every ``swap_every`` steps the adapter is saved (with the optimizer state, :mod:`.lineage`), published as a
+   new version in the store and hot-swapped into serving (canary first) by the :class:`AdapterPublisher`.
 
-Publishing goes through TRL's documented hook, a ``transformers.TrainerCallback``: at the beginning of
-every optimizer step that samples fresh rollouts (every step unless ``num_iterations`` > 1), after the
-previous step's update, which is where TRL would sync its own vLLM. The step's logged row therefore names
+Publishing goes through TRL's documented hook, a ``transformers.TrainerCallback`` (:mod:`.step_callbacks`):
+at the beginning of every optimizer step that samples fresh rollouts (every step unless
+``num_iterations`` > 1), after the previous step's update, which is where TRL would sync its own vLLM. The step's logged row therefore names
 the version that produced its samples. The one piece TRL offers no public way to do, importance
 sampling against an engine TRL did not start, is in :mod:`agentforge.trainers.trl_private`, guarded by
 the tested TRL version.
@@ -29,14 +29,22 @@ and in TRL's logs, so any ``report_to`` integration, e.g. TensorBoard, records t
 line per step, :mod:`agentforge.trainers.progress`):
 
 * TRL's own: ``loss``, ``reward`` / ``reward_std``, ``frac_reward_zero_std``, ``completions/clipped_ratio``
-  (completions cut at the length limit), ``clip_ratio/*`` (PPO-clipped token share), ``entropy``,
-  ``sampling/importance_sampling_ratio/*`` (capped; ``sampling/raw_importance_ratio/*``: before any cap),
-  and ``kl`` — TRL computes the KL to the reference policy only
+  (completions cut at the length limit), ``clip_ratio/*`` (PPO-clipped token share), ``entropy`` (the policy's
+  mean per-token entropy over the trained tokens, nats), ``sampling/importance_sampling_ratio/{min,mean,max}``
+  (the train/serve ratio after TRL's cap), and ``kl`` — TRL computes the KL to the reference policy only
   when ``beta > 0`` (its default is 0, no reference pass), so ``kl`` is present exactly then;
-* the batch report: ``batch/reward_mean``, ``batch/reward_std``, ``batch/zero_variance_share``,
-  ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/wait_s``, ``batch/skipped_<reason>``,
-  ``batch/extra_trajectories`` and ``batch/split_share`` (conversations that split: only their last piece
-  trains; the step line warns);
+* the raw train/serve ratio ``exp(trainer − engine)`` per sampled token, before any cap
+  (:mod:`.engine_logps`): ``sampling/raw_importance_ratio/{mean,min,p01,p99,max}`` and ``/outside_share``
+  (the share of tokens whose ratio is outside [0.5, 2]);
+* the step's size (:mod:`.diagnostics`): ``train/update_norm`` (``‖Δθ‖₂`` over the LoRA parameters) and
+  ``train/update_ratio`` (``‖Δθ‖₂ / ‖θ‖₂``, θ before the step; 0 when nothing moved);
+* ``batch/signal_group_share``: groups with some non-zero advantage ÷ groups trained (from TRL's advantages,
+  :class:`~agentforge.trainers.lightning_grpo.LearningSignal`);
+* the batch report: ``batch/reward_mean``, ``batch/reward_std``, ``batch/zero_variance_share`` (groups whose
+  rewards are all equal), ``batch/truncated_share``, ``batch/sampled_tokens``, ``batch/forced_token_share``
+  (sampled tokens a grammar forced, trained with loss mask 0: :mod:`.samples`), ``batch/wait_s``,
+  ``batch/skipped_<reason>``, ``batch/extra_trajectories`` and ``batch/split_share`` (conversations that
+  split: only their last piece trains; the step line warns);
 * ``train/step_s`` (wall time of the optimizer step, rollout wait and publish included, seconds),
   ``train/tokens_per_s`` (sampled tokens trained in the step ÷ ``train/step_s``), ``policy/version`` (the
   served version's number; the history row and the span also carry the name, ``version``),
@@ -54,7 +62,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,71 +69,19 @@ from typing import Any
 from agentforge.errors import ConfigError, MissingExtraError, NotFoundError, RunError, UserError
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.checkpoints import ResumeReport, resume_checkpoint
+from agentforge.trainers.diagnostics import UpdateSize
 from agentforge.trainers.grpo_config import TrainConfig
+from agentforge.trainers.lineage import save_optimizer_state
 from agentforge.trainers.progress import quiet, show_progress, write_metrics_row
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
 from agentforge.trainers.samples import TEMPERATURE_COLUMN
+from agentforge.trainers.step_callbacks import MetricsCallback, PublishCallback
 from agentforge.trainers.trl_private import log_step_metrics, use_engine_logprobs
 from agentforge.types import Span, SpanKind, Task, parse_version_number
-
-try:
-    from transformers import TrainerCallback
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise MissingExtraError("transformers", "train", "the lightning trainer") from exc
 
 __all__ = ["LightningTrainer"]
 
 logger = logging.getLogger("agentforge.trainer")
-
-
-class _PublishCallback(TrainerCallback):
-    """Publishes the adapter after optimizer steps (:meth:`LightningTrainer.maybe_publish` decides whether).
-
-    Runs at the beginning of each optimizer step that generates (TRL generates every
-    ``steps_per_generation × num_iterations`` micro-batches, i.e. every ``num_iterations`` optimizer steps,
-    since :class:`TrainConfig` sets ``steps_per_generation`` to ``gradient_accumulation_steps``), so the
-    previous step's update serves before the new rollouts are enqueued, the first step after a resume
-    serves the checkpoint's adapter, and the last step's adapter is published by :meth:`train` itself.
-    """
-
-    def __init__(self, owner: LightningTrainer) -> None:
-        self.owner = owner
-        self.first_step = 0  # global step at which this ``train()`` call began (non-zero after a resume)
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.first_step = int(state.global_step)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if (int(state.global_step) - self.first_step) % max(1, int(args.num_iterations)) == 0:
-            self.owner.maybe_publish()
-            self.owner.maybe_stage()
-
-
-class _MetricsCallback(TrainerCallback):
-    """Times each optimizer step, adds agentforge's metrics to TRL's, and records every logged step."""
-
-    def __init__(self, owner: LightningTrainer) -> None:
-        self.owner = owner
-        self.t0 = time.monotonic()
-        self.seen = 0  # reports already accounted to a step
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.t0 = time.monotonic()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        mark_trained = getattr(self.owner.source, "mark_trained", None)
-        if mark_trained is not None and self.owner.is_main_process:  # the update is done: record it
-            mark_trained(int(state.global_step) - 1)
-        reports = self.owner.source.reports[self.seen :]
-        self.seen = len(self.owner.source.reports)
-        self.owner.step_metrics(time.monotonic() - self.t0, reports)
-
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
-    ) -> None:
-        if not logs or "loss" not in logs and "reward" not in logs:
-            return
-        self.owner.record_metrics(int(state.global_step), logs)
 
 
 class LightningTrainer:
@@ -224,15 +179,22 @@ class LightningTrainer:
             processing_class=tokenizer,
             peft_config=peft_config,
             rollout_func=self._rollouts,
-            callbacks=[_MetricsCallback(self), _PublishCallback(self)],  # metrics first: step_s has publish
+            callbacks=[MetricsCallback(self), PublishCallback(self), UpdateSize(self)],  # step_s has publish
         )
         self.source.run_id = self._stable_run_id()
         use_engine_logprobs(self.trainer)  # TRL's importance-sampling correction against the served engine
         show_progress(self.trainer, version=publisher.current)  # one console line per step, not TRL's dicts
 
     def _policy(self, config: TrainConfig) -> tuple[Any, Any]:
-        """TRL's ``model`` and ``peft_config``: the base path and a fresh LoRA, or a PEFT model that continues
-        ``config.init_adapter`` (trainable; TRL then uses it as is and takes the base, adapter off, as reference).
+        """TRL's ``model`` and ``peft_config``: the base path and a fresh LoRA, or a trainable PEFT model that
+        continues ``config.init_adapter`` (its optimizer state too, :mod:`~agentforge.trainers.lineage`).
+
+        The KL reference (``beta > 0`` only) differs: for a fresh LoRA TRL disables the adapter (the base
+        model); for a continued one TRL 1.16 (``GRPOTrainer.__init__``, branch ``elif is_peft_model(model) and
+        args.beta != 0.0``) adds a frozen copy of it as the adapter ``"ref"`` and computes the reference
+        log-probs under ``use_adapter(model, "ref")`` (``_generate_and_score_completions``): the anchor is the
+        continued adapter as this run loaded it, not the base. (``save_pretrained`` then also writes that copy,
+        in the published folder's ``ref/``.)
         """
         if not config.init_adapter:
             return self.model_path, config.lora_config()
@@ -418,6 +380,8 @@ class LightningTrainer:
             return None
         path = self.adapter_dir / f"step-{step}"
         self.trainer.model.save_pretrained(path)
+        lineage_steps = self.trainer.lineage_steps + step  # the next round continues from here (lineage.py)
+        save_optimizer_state(self.trainer.optimizer, self.trainer.model, path, lineage_steps)
         version = self.publisher.publish(path, step)
         self._published_step, self._signal_at_publish = step, signal
         self.versions.append(version)

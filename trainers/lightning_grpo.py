@@ -15,9 +15,13 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   (``num_iterations == 1``), the engine correction's importance ratio comes from the training forward instead
   of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
-  the lightning trainer can refuse to publish an adapter that received no gradient.
+  the lightning trainer can refuse to publish an adapter that received no gradient, and logs the share of
+  groups with signal (``batch/signal_group_share``).
+* :class:`~agentforge.trainers.lineage.LineageOptimizer` — the optimizer starts from the state saved
+  beside ``init_adapter`` (Adam's moments of the lineage), through ``transformers``' documented override point
+  ``Trainer.create_optimizer``.
 
-All four override private TRL / ``transformers`` methods, so each checks the tested TRL release first
+The first four override private TRL / ``transformers`` methods, so each checks the tested TRL release first
 (:func:`~agentforge.trainers.trl_private.check_trl_version`).
 """
 
@@ -28,9 +32,12 @@ from typing import Any
 
 import torch
 
-from agentforge.trainers.trl_private import check_trl_version
+from agentforge.trainers.trl_private import check_trl_version, log_step_metrics
 
-__all__ = ["EpochSeededSampling", "LearningSignal", "lightning_trainer_class"]
+__all__ = ["SIGNAL_GROUP_SHARE", "EpochSeededSampling", "LearningSignal", "lightning_trainer_class"]
+
+#: Metric: the share of a step's groups whose rewards differ (some advantage is not 0).
+SIGNAL_GROUP_SHARE = "batch/signal_group_share"
 
 
 class EpochSeededSampling:
@@ -52,6 +59,11 @@ class LearningSignal:
     al. 2024, "DeepSeekMath"), so a batch whose every group scored equally has all advantages 0 and, with
     ``beta == 0`` (TRL's default), a zero policy gradient. Each rank sees only its slice of the batch, so the
     flag is summed over the processes (every rank generates together, so the collective cannot hang).
+
+    It also logs ``batch/signal_group_share``: the groups with some non-zero advantage ÷ the groups trained
+    (over all ranks; a rank's slice holds whole groups of ``num_generations`` consecutive samples). It is
+    ``1 − batch/zero_variance_share`` minus the share of groups with fewer than two valid rewards (those have
+    no advantage either).
     """
 
     signal_batches: int = 0
@@ -67,7 +79,16 @@ class LearningSignal:
                 flag = accelerator.reduce(flag, reduction="sum")
             self.batches_scored += 1
             self.signal_batches += int(float(flag.item()) > 0)
+            self._log_signal_groups(advantages)
         return out
+
+    def _log_signal_groups(self, advantages: torch.Tensor) -> None:
+        size = int(self.num_generations)  # type: ignore[attr-defined]
+        if advantages.numel() == 0 or advantages.numel() % size:
+            return
+        groups = (advantages.reshape(-1, size) != 0).any(dim=1).to(torch.float32)
+        groups = self.accelerator.gather(groups)  # type: ignore[attr-defined]
+        log_step_metrics(self, {SIGNAL_GROUP_SHARE: float(groups.mean())})
 
 
 def _epoch_seeded(base: type) -> type:
@@ -102,6 +123,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
 
     Returns:
         A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`LearningSignal`,
+        :class:`~agentforge.trainers.lineage.LineageOptimizer`,
         :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` and
         :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
 
@@ -114,8 +136,9 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     else:
         from trl import GRPOTrainer as base
     from agentforge.trainers.engine_logps import SpanTemperatures
+    from agentforge.trainers.lineage import LineageOptimizer
     from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio
 
     # TrainingForwardRatio before SpanTemperatures: its log-prob hook sees the whole (temperature-scaled) pass
-    mixins = (EpochSeededSampling, LearningSignal, TrainingForwardRatio, SpanTemperatures)
+    mixins = (EpochSeededSampling, LearningSignal, LineageOptimizer, TrainingForwardRatio, SpanTemperatures)
     return type(f"Lightning{base.__name__}", (*mixins, base), {})

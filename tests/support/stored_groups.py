@@ -7,12 +7,48 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tiny_model import tiny_model
+from tiny_model import PROMPT, tiny_model
 
 from agentforge.ports import TraceStore
 from agentforge.trainers.replay.select import TraceFilter, select_traces
+from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
-__all__ = ["RecordingPublisher", "stored_group_trainer"]
+__all__ = ["RecordingPublisher", "own_logprobs", "store_rollout", "stored_group_trainer"]
+
+
+def store_rollout(
+    store: TraceStore,
+    agent: str,
+    group: str,
+    completion: list[int],
+    reward: float,
+    logprobs: list[float],
+    **span_kw: Any,
+) -> None:
+    """Store one finished rollout of ``agent`` in group ``group``: one LLM span ``PROMPT`` → ``completion`` with
+    the stored ``logprobs`` (served by ``policy@v0``; ``flags`` and ``attributes`` in ``span_kw``) and its final
+    ``reward``."""
+    rollout = store.enqueue_rollout(Rollout(agent=agent, group_id=group, task=Task(task_id=group, input={})))
+    store.update_rollout(rollout.rollout_id, state=RolloutState.running)
+    call = LLMCall(
+        version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion, logprobs=logprobs,
+        finish_reason="stop", flags=list(span_kw.pop("flags", [])),
+    )  # fmt: skip
+    store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call, **span_kw))
+    store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
+    store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
+
+
+def own_logprobs(completion: list[int]) -> list[float]:
+    """The tiny model's log-probabilities of ``completion`` after :data:`tiny_model.PROMPT`, shape ``(C,)`` (what
+    a fresh LoRA recomputes, so stored ones equal to these give importance ratios of 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model())
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + completion])).logits[0, len(PROMPT) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
 class RecordingPublisher:

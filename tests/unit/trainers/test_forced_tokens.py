@@ -10,11 +10,11 @@ ids of the trailing ones): they add nothing to the loss or the gradient.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from stored_groups import stored_group_trainer
-from tiny_model import PROMPT, tiny_model
+from stored_groups import own_logprobs, store_rollout, stored_group_trainer
 
 from agentforge.testing import memory_store
 from agentforge.trainers.samples import (
@@ -24,13 +24,13 @@ from agentforge.trainers.samples import (
     grpo_sample,
     trajectory_sample,
 )
-from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
+from agentforge.types import LLMCall, Span, SpanKind
 
 RECOMPUTED = "guided_logprobs_recomputed"
 AGENT = "forced"
 
 
-def _guided(seq: int, prompt: list[int], completion: list[int], masked: list[float] | None, **kw) -> Span:  # type: ignore[no-untyped-def]
+def _guided(seq: int, prompt: list[int], completion: list[int], masked: object, **kw: Any) -> Span:
     logprobs = kw.pop("logprobs", [-0.5] * len(completion))
     flags = kw.pop("flags", [RECOMPUTED])
     call = LLMCall(
@@ -81,7 +81,7 @@ def test_only_recomputed_guided_spans_with_masked_logprobs_force_anything() -> N
 @pytest.mark.parametrize("masked", [[0.0], [0.0, "x"], "0.0,0.0"])
 def test_malformed_masked_logprobs_are_a_validation_error(masked: object) -> None:
     with pytest.raises(SampleValidationError, match=GUIDED_LOGPROBS_ATTRIBUTE):
-        build_trajectories([_guided(1, [1, 2, 3], [10, 11], masked)])  # type: ignore[arg-type]
+        build_trajectories([_guided(1, [1, 2, 3], [10, 11], masked)])
 
 
 # --- a real step on the tiny model ------------------------------------------------------------------------------
@@ -89,35 +89,17 @@ def test_malformed_masked_logprobs_are_a_validation_error(masked: object) -> Non
 GROUP = [([57, 1431, 30, 44, 2], [1, 2, 4], 1.0), ([36, 88, 90, 2], [1, 3], 0.0)]
 
 
-def _own_logprobs(completion: list[int]) -> list[float]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model())
-    with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + completion])).logits[0, len(PROMPT) - 1 : -1]
-    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
-
-
 def _store(shift: float, trailing: int):  # type: ignore[no-untyped-def]
-    """The group with the forced tokens' stored logprobs moved by ``shift`` and each trailing forced id ``trailing``."""
+    """The group, the forced tokens' stored logprobs moved by ``shift``, each trailing forced id ``trailing``."""
     store = memory_store()
-    for i, (completion, forced, reward) in enumerate(GROUP):
+    for completion, forced, reward in GROUP:
         completion = completion[:-1] + [trailing]  # the last token is forced in both
-        logprobs = [lp + (shift if k in forced else 0.0) for k, lp in enumerate(_own_logprobs(completion))]
+        logprobs = [lp + (shift if k in forced else 0.0) for k, lp in enumerate(own_logprobs(completion))]
         masked = [0.0 if k in forced else lp - 0.1 for k, lp in enumerate(logprobs)]
-        rollout = store.enqueue_rollout(Rollout(agent=AGENT, group_id="g", task=Task(task_id="g", input={})))
-        store.update_rollout(rollout.rollout_id, state=RolloutState.running)
-        call = LLMCall(
-            version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion, logprobs=logprobs,
-            finish_reason="stop", flags=[RECOMPUTED],
-        )  # fmt: skip
-        span = Span(
-            kind=SpanKind.llm, rollout_id=rollout.rollout_id, name=f"llm-{i}", llm=call,
-            attributes={GUIDED_LOGPROBS_ATTRIBUTE: masked},
-        )  # fmt: skip
-        store.add_span(span)
-        store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
-        store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
+        attributes = {GUIDED_LOGPROBS_ATTRIBUTE: masked}
+        store_rollout(
+            store, AGENT, "g", completion, reward, logprobs, flags=[RECOMPUTED], attributes=attributes
+        )
     return store
 
 

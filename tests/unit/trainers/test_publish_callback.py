@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from agentforge.trainers.grpo_trainer import _PublishCallback
+from agentforge.trainers.step_callbacks import PublishCallback
 
 
 class _Owner:
@@ -39,7 +39,7 @@ def test_publish_is_asked_for_at_the_steps_that_generate(
     state, control = TrainerState(global_step=first_step), TrainerControl()
     args = SimpleNamespace(num_iterations=num_iterations)
     owner = _Owner(state)
-    callback = _PublishCallback(owner)  # type: ignore[arg-type]
+    callback = PublishCallback(owner)  # type: ignore[arg-type]
     callback.on_train_begin(args, state, control)  # a resume starts counting at the checkpoint's step
     for step in range(first_step, first_step + 6):
         state.global_step = step
