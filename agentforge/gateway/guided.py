@@ -9,13 +9,20 @@ the default model: ``Σ Δ = -7.1`` over a 31-token forced tool call, a sequence
 sequence-level correction masks the sample: a rollout whose first call used ``tool_choice="required"`` (what
 makes the 135M model call tools at all) would never train.
 
-So after a guided call of a rollout, the gateway asks the same engine and version for the prompt
+So after a guided call of a rollout (plain or streamed; on engines with ``Upstream.token_in``, the path of
+:mod:`agentforge.gateway.prefix`), the gateway asks the same engine and version for the prompt
 log-probabilities of ``prompt + completion`` (``/v1/completions`` with ``prompt_logprobs: 0``, one prefill;
 with agentforge's vLLM plugin the prompt part comes from the engine's prefix cache, so only the completion
-is prefilled) and records those for the sampled tokens: the ids are the engine's, untouched; the logprobs are the engine's
-own numbers for the distribution the trainer recomputes. The span gets the flag :data:`GUIDED_RECOMPUTED` and
-keeps the masked values in ``attributes["guided_logprobs"]``. When the recomputation fails the span keeps the
-masked values and the flag :data:`GUIDED_NOT_RECOMPUTED` (so the trainer's ratio shows it).
+is prefilled) and records those for the sampled tokens: the ids are the engine's, untouched; the logprobs are the
+engine's own numbers for the distribution the trainer recomputes (:func:`recompute_logprobs`). The span gets the
+flag :data:`GUIDED_RECOMPUTED` in ``llm.flags`` and keeps the masked values the engine answered with in
+``attributes["guided_logprobs"]`` (:data:`GUIDED_LOGPROBS`): a list of floats, one per completion token id, in
+order; 0.0 where the grammar forced the token (the trainer masks those out of GRPO's loss:
+:mod:`agentforge.trainers.samples`). When the recomputation fails the span keeps the masked values in
+``llm.logprobs``, gets the flag :data:`GUIDED_NOT_RECOMPUTED` (so the trainer's ratio shows it) and no
+``guided_logprobs``. A call whose ids and logprobs privacy redaction withholds keeps no ``guided_logprobs`` either.
+Guided calls outside a rollout, or on engines without ``token_in``, are recorded as the engine answered them,
+with neither flag.
 """
 
 from __future__ import annotations
@@ -32,7 +39,14 @@ if TYPE_CHECKING:
     from agentforge.gateway.upstream import UpstreamClient
     from agentforge.types import LLMCall
 
-__all__ = ["GUIDED_RECOMPUTED", "GUIDED_NOT_RECOMPUTED", "is_guided", "policy_logprobs"]
+__all__ = [
+    "GUIDED_LOGPROBS",
+    "GUIDED_RECOMPUTED",
+    "GUIDED_NOT_RECOMPUTED",
+    "is_guided",
+    "policy_logprobs",
+    "recompute_logprobs",
+]
 
 logger = logging.getLogger("agentforge.gateway")
 
@@ -40,6 +54,8 @@ logger = logging.getLogger("agentforge.gateway")
 GUIDED_RECOMPUTED = "guided_logprobs_recomputed"
 #: Flag of a guided call whose unconstrained logprobs could not be had (the masked ones are kept).
 GUIDED_NOT_RECOMPUTED = "guided_logprobs_not_recomputed"
+#: Span attribute of a :data:`GUIDED_RECOMPUTED` call: the engine's grammar-masked logprobs, one per completion id.
+GUIDED_LOGPROBS = "guided_logprobs"
 _GUIDED_KEYS = frozenset(
     {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 )
@@ -110,3 +126,27 @@ async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCa
     except (UpstreamTimeout, UpstreamUnreachable, ValueError, KeyError, TypeError, IndexError) as exc:
         logger.warning("could not recompute the logprobs of a guided call on %s: %s", upstream.base_url, exc)
         return None
+
+
+async def recompute_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCall) -> dict[str, Any]:
+    """Replace a trainable guided call's masked logprobs by the policy's own (module docstring).
+
+    Args:
+        client: the gateway's pooled engine client.
+        upstream: the engine and model (LoRA name) that served the call.
+        llm: the call about to be recorded; its ``logprobs`` and ``flags`` are amended in place (a call that
+            is not trainable is left as it is).
+
+    Returns:
+        The span attributes to record with it: ``{GUIDED_LOGPROBS: masked}`` (the engine's masked logprobs,
+        one per completion id) when the logprobs were replaced, else ``{}``.
+    """
+    if not llm.trainable:
+        return {}
+    values = await policy_logprobs(client, upstream, llm)
+    if values is None:
+        llm.flags.append(GUIDED_NOT_RECOMPUTED)
+        return {}
+    masked, llm.logprobs = llm.logprobs, values
+    llm.flags.append(GUIDED_RECOMPUTED)
+    return {GUIDED_LOGPROBS: masked}

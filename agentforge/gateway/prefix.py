@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
-from agentforge.gateway.guided import GUIDED_NOT_RECOMPUTED, GUIDED_RECOMPUTED, is_guided, policy_logprobs
+from agentforge.gateway.guided import GUIDED_RECOMPUTED, is_guided, recompute_logprobs
 from agentforge.gateway.prefix_call import answer_client, engine_call
 from agentforge.gateway.prefix_wire import chat_answer, engine_headers
 from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
@@ -397,19 +397,11 @@ class Continuations:
     async def _guided(
         self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
     ) -> Response:
-        """A guided chat call: answered as the engine answers it, recorded with the policy's own logprobs."""
+        """A guided chat call: answered as the engine answers it, recorded with the policy's own logprobs and
+        the masked ones in ``attributes["guided_logprobs"]`` (:func:`~.guided.recompute_logprobs`)."""
         data = await engine_call(gateway, ctx, upstream, "chat", ctx.body, release, GUIDED_RECOMPUTED)
         if isinstance(data, Response):
             return data
-
-        async def recompute(llm: LLMCall) -> None:
-            if not llm.trainable:
-                return
-            values = await policy_logprobs(gateway.client, upstream, llm)
-            if values is None:
-                llm.flags.append(GUIDED_NOT_RECOMPUTED)
-            else:
-                llm.logprobs = values
-                llm.flags.append(GUIDED_RECOMPUTED)
-
-        return await answer_client(gateway, ctx, data, [], recompute)
+        return await answer_client(
+            gateway, ctx, data, [], lambda llm: recompute_logprobs(gateway.client, upstream, llm)
+        )

@@ -93,7 +93,8 @@ async def answer_client(
         ctx: the client's call.
         answer: the chat answer with ``prompt_token_ids``, ``choices[0].token_ids`` and logprobs.
         flags: flags added to the span.
-        adjust: awaited (when it returns an awaitable) with the call before it is recorded, to amend it.
+        adjust: called with the call before it is recorded, to amend it (awaited when it returns an
+            awaitable); what it returns, when a dict, is added to the span's attributes.
 
     Returns:
         The JSON answer, or a short SSE stream when the client asked for a stream.
@@ -103,11 +104,14 @@ async def answer_client(
         answer, endpoint="chat", request=ctx.body, model=ctx.model, version=ctx.version, stream=ask.stream,
         latency_s=ctx.latency_s(), extra_flags=flags,
     )  # fmt: skip
+    attributes: dict[str, Any] = {}
     if adjust is not None:
         pending = adjust(llm)
         if asyncio.iscoroutine(pending):
-            await pending
-    await gateway.record(ctx, llm)
+            pending = await pending
+        if isinstance(pending, dict):
+            attributes = pending
+    await gateway.record(ctx, llm, **attributes)
     if ask.stream:
         return StreamingResponse(chat_events(answer, ask, ctx.version), media_type="text/event-stream")
     return Response(encode_json(shape_response(answer, ask, ctx.version)), media_type="application/json")

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.gateway.call import CallContext, clean_text
+from agentforge.gateway.guided import GUIDED_LOGPROBS
 from agentforge.gateway.prefix import Continuations
 from agentforge.types import LLMCall, Span, SpanKind, now
 
@@ -60,6 +61,8 @@ class SpanRecorder:
         if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
             llm, sealed = ctx.privacy.seal(llm)
             attributes = {**attributes, **sealed}
+            if llm.logprobs is None:  # withheld: the masked ones of a guided call too
+                attributes.pop(GUIDED_LOGPROBS, None)
         span = Span(
             rollout_id=ctx.rollout_id,
             attempt_id=ctx.attempt_id,

@@ -31,6 +31,7 @@ class Answer:
         self.turn, self.endpoint, self.prompt_ids, self.rid = turn, endpoint, prompt_ids, rid
         self.ids_on = bool(body.get("return_token_ids")) and not turn.omit_token_ids
         self.lp_on = bool(body.get("logprobs")) if endpoint == "chat" else body.get("logprobs") is not None
+        self.prompt_lp_on = endpoint == "completions" and body.get("prompt_logprobs") is not None
         options = body.get("stream_options") or {}
         self.usage_on = bool(options.get("include_usage"))
         self.model = body.get("model")
@@ -65,6 +66,17 @@ class Answer:
             }
         return {"tokens": pieces, "token_logprobs": lps, "text_offset": [0] * len(lps), "top_logprobs": None}
 
+    def _prompt_logprobs(self) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: ``None``, then ``{str(id): {"logprob", "rank", "decoded_token"}}`` per
+        later prompt token (the turn's values for the last ones, -1.0 before them)."""
+        ids = self.prompt_ids[1:]
+        given = (self.turn.prompt_logprobs or [])[-len(ids) :] if ids else []
+        values = [-1.0] * (len(ids) - len(given)) + list(given)
+        return [None] + [
+            {str(t): {"logprob": v, "rank": None, "decoded_token": ""}}
+            for t, v in zip(ids, values, strict=True)
+        ]
+
     def full(self) -> dict[str, Any]:
         """The non-streamed answer."""
         ids, lps = self.turn.text_ids() + [i for c in self.calls for i in c.ids()], self.turn.all_logprobs()
@@ -87,6 +99,8 @@ class Answer:
             choice["text"] = self.turn.text
             if self.ids_on:
                 choice["prompt_token_ids"] = self.prompt_ids
+            if self.prompt_lp_on:
+                choice["prompt_logprobs"] = self._prompt_logprobs()
         if self.ids_on:
             choice["token_ids"] = ids
         out: dict[str, Any] = {"id": self.rid, "object": "chat.completion" if self.endpoint == "chat" else "text_completion",

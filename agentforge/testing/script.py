@@ -91,6 +91,9 @@ class ScriptedTurn:
         pieces: the text of each id, for streaming (default: ``text`` cut evenly over ``token_ids``).
         logprobs: one per completion id, text then tool calls (default ``-0.01 * (i + 1)``).
         prompt_token_ids: override the fake prompt ids.
+        prompt_logprobs: for a ``/v1/completions`` request that asks for ``prompt_logprobs`` (vLLM's option;
+            the gateway's recomputation of a guided call's logprobs sends one): the log-probabilities of the
+            prompt's last ``len(prompt_logprobs)`` tokens; earlier tokens get -1.0, the first ``None`` as in vLLM.
         finish_reason: default ``"tool_calls"`` with tool calls, else ``"stop"``.
         usage: override the usage (default: counts of the prompt and of all completion ids).
         omit_token_ids: never return token ids, like a hosted API.
@@ -107,6 +110,7 @@ class ScriptedTurn:
     pieces: list[str] | None = None
     logprobs: list[float] | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[float] | None = None
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     omit_token_ids: bool = False

@@ -132,6 +132,8 @@ class ScriptedUpstream:
     def _prompt_ids(self, body: dict[str, Any], endpoint: str) -> list[int]:
         if endpoint == "completions":
             prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+                return list(prompt)  # a token-id prompt: vLLM echoes its ids
             return fake_token_ids(prompt if isinstance(prompt, str) else json.dumps(prompt))
         ids: list[int] = []
         for message in body.get("messages") or []:

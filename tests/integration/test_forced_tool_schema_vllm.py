@@ -5,7 +5,8 @@ tool name) but pins the *arguments* to the tool's ``parameters`` only for tools 
 (``--tool-strict-level auto``, ``vllm/tool_parsers/structural_tag_registry.py``). Measured: without ``strict``
 the default model invents keys (``{"type": "unique", "data": ...}`` for ``book_visit``) and the gateway flags
 the span ``tool_arguments_invalid`` exactly when the arguments break the schema; with ``strict`` every call has
-only the listed keys, the required ones included, and the span is guided (logprobs recomputed).
+only the listed keys, the required ones included, and the span is guided (logprobs recomputed, the grammar-masked
+ones kept in ``attributes["guided_logprobs"]``: one per completion id, exactly 0.0 where the grammar forced a token).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from agentforge.gateway.guided import GUIDED_RECOMPUTED
+from agentforge.gateway.guided import GUIDED_LOGPROBS, GUIDED_RECOMPUTED
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.serving.hotswap import HotSwapper
@@ -95,3 +96,5 @@ def test_forced_calls_and_each_tools_schema(vllm_tool_server: VLLMServer) -> Non
         assert span.llm.tool_calls, span.llm.response_text
         assert all(_follows(c, schemas) for c in span.llm.tool_calls), span.llm.tool_calls
         assert TOOL_ARGUMENTS_INVALID not in span.llm.flags and GUIDED_RECOMPUTED in span.llm.flags
+        masked = span.attributes[GUIDED_LOGPROBS]  # the envelope and the pinned keys: forced, probability 1
+        assert len(masked) == len(span.llm.completion_token_ids) and 0.0 in masked, masked
