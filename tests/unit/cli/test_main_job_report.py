@@ -43,6 +43,10 @@ def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> Non
          "after": _summary("policy@v1", 0.9, after, {"get_order_status": 10, "cancel_order": 10, "modify_order": 10})}
         for seed, after in ((0, 0.8), (1, 0.7))
     ]  # fmt: skip
+    held = {"policy@v0": before, "policy@v1": results[0]["after"],
+            "policy@v2": _summary("policy@v2", 0.8, 0.72, {"get_order_status": 12, "cancel_order": 9})}  # fmt: skip
+    for r in results:
+        r["lineage"] = main_job.lineage(decisions, held)
     wall = {"minutes": 19.5, "loadavg_start": (2.0, 2.0, 2.0), "loadavg_end": (2.1, 2.0, 2.0)}
     captured = {"n": 48, "parts": {"success": 0.3}, "successes_by_gold_tool": {"modify_order": 6}}
     main_job.report(args, before, results, wall, captured)
@@ -52,6 +56,16 @@ def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> Non
     assert "| mean | 0.900 | 1.000 | 0.900 | 0.750 | +0.250 |" in report
     assert "19.5 min" in report and "step 2: tool 0.800" in report
     assert "successes by gold tool {'modify_order': 6}" in report
+    # every candidate beside its parent on held-out, the refused GRPO one included
+    assert (
+        "| 0 | warm start | 0 | policy@v1 | policy@v0 | 0.500 → 0.750 (-) | promoted | 0.500 → 0.800 | +0.300 |"
+        in report
+    )
+    assert (
+        "| 1 | grpo | 0 | policy@v2 | policy@v1 | 0.750 → 0.700 (-) | refused | 0.800 → 0.720 | -0.080 |"
+        in report
+    )
+    assert "all GRPO candidates: mean -0.080 over 2" in report and "promoted GRPO versions" not in report
     log = (tmp_path / "promotions.md").read_text()
     assert (
         log.count("## seed") == 2

@@ -201,3 +201,29 @@ def test_promoted_version_whose_live_reward_drops_is_rolled_back(
     watch = list_decisions(stack.store, stack.alias)[-1].evidence
     assert watch["version_n"] == 4 and watch["version_mean"] < watch["reference_mean"] - 0.2
     assert watch["window"] == 4
+
+
+def test_sized_gate_passes_a_good_adapter_and_refuses_a_damaged_copy(
+    stack: Stack, letter_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """The non-inferiority gate (``EvalGate.sized``) on real versions: the adapter trained toward the gold passes
+    over the base; a copy of it damaged by noise on its LoRA weights (``benchmarks/learning.py``'s
+    ``damaged_copy``, the gate benchmark's worse candidates) is refused, and the good one keeps serving."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "learning_bench", Path(__file__).resolve().parents[3] / "benchmarks" / "learning.py"
+    )
+    assert spec is not None and spec.loader is not None
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    damaged = learning.damaged_copy(letter_adapters["A"], tmp_path / "damaged", scale=8.0)
+    publisher = GatedPublisher(stack.swapper, stack.store, evaluate=stack.evaluate, gate=EvalGate.sized(0.05))
+    good = publisher.publish(letter_adapters["A"], step=10)
+    assert good == f"{stack.alias}@v1" and publisher.current() == good
+    assert publisher.publish(damaged, step=20) == good and publisher.current() == good
+    passed, refused = (d for d in list_decisions(stack.store, stack.alias) if d.stage == "eval")
+    assert passed.outcome == "passed" and passed.evidence["margin"] == 0.05
+    assert passed.evidence["lower_bound"] > -0.05 and passed.evidence["gain"] == 1.0
+    assert refused.outcome == "refused" and refused.evidence["gain"] < 0
+    assert refused.evidence["lower_bound"] < -0.05 and "lower 95% bound" in refused.reason

