@@ -116,7 +116,7 @@ def serve(
         typer.Option(
             help="Personal data and secrets: mask (in flight: the engine and the store see placeholders, the "
             "client the real values; spans stay trainable), redact (at rest: for a model that must read the "
-            "values; stored text redacted, ids withheld, span not trainable) or off. README 'Privacy'."
+            "values; stored text redacted, ids withheld, span not trainable) or off. See docs/privacy.md."
         ),
     ] = "mask",
     privacy_pattern: Annotated[

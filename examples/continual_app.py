@@ -1,6 +1,6 @@
 """The customer-service app and a continual trainer side by side: users' thumbs up/down improve the policy.
 
-One process runs the whole loop (for the pieces on separate machines, see the README):
+One process runs the whole loop (for the pieces on separate machines, see docs/store_server.md):
 
 * the policy engine (vLLM, or the embedded backend with ``--backend embedded``), the gateway and the store
   (``agentforge.stack.LocalStack``);

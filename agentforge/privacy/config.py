@@ -21,7 +21,7 @@ _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 class PrivacyMode(StrEnum):
-    """What the gateway does with personal data (README "Privacy").
+    """What the gateway does with personal data (docs/privacy.md).
 
     * ``off``: nothing (the request is forwarded and stored as sent).
     * ``mask``: mask in flight: detected values become typed placeholders before the engine sees the request
