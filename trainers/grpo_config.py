@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.trainers.lora import LoraFields
+from agentforge.trainers.micro_batches import micro_batches
 from agentforge.trainers.progress import adopt_activation_checkpointing
 
 try:
@@ -34,6 +35,17 @@ class TrainConfig(LoraFields, GRPOConfig):
             = tasks_per_step × num_generations / gradient_accumulation_steps``, derived, overriding any
             value passed. ``steps_per_generation`` equals the accumulation (set anything else: an error);
             TRL's ``bnpo`` loss, whose normaliser is local to a micro-batch, is refused (use ``dapo``).
+        max_rows_per_micro_batch: the memory knob: the most rows (rollouts' trajectories) one forward + backward
+            holds. The accumulation is raised to the smallest divisor ``a`` of the step's rows (at least the
+            ``gradient_accumulation_steps`` given) with ``rows / a <= max_rows_per_micro_batch``, so the update is
+            unchanged (it is invariant to the split) and the update's peak memory grows with this × the
+            sequence length (prompt + completion tokens), not with ``tasks_per_step × num_generations``. Measured
+            on SmolLM2-135M (1,300 prompt + 100 completion tokens, bf16, CPU): ``benchmarks/update_memory.py``.
+            0: no cap (the accumulation given, by default every row of the step in one micro-batch).
+        logprob_chunk_tokens: the LM head of every log-probability pass projects at most this many tokens per
+            call of TRL's fused kernel (:mod:`agentforge.trainers.logp_memory`): its transient (about 1 GB per
+            800 tokens on a 49k vocabulary on CPU, capped near 5 GB by TRL's 4,096-token tile) stays bounded;
+            same values and gradients. 0: TRL's call as is. Applies with ``share_prompt_prefix``.
         extra_tasks_per_step: dynamic sampling (DAPO, Yu et al. 2025): tasks sampled per step beyond
             ``tasks_per_step`` (each a group of ``num_generations`` rollouts); the step trains on
             ``tasks_per_step`` of the groups, those whose rewards differ first (:mod:`.rollouts`). 0 = off.
@@ -92,6 +104,16 @@ class TrainConfig(LoraFields, GRPOConfig):
         default=True,
         metadata={"help": "Run each group's prompt once per log-prob pass (shared-prefix forward)."},
     )
+    max_rows_per_micro_batch: int = field(
+        default=8,
+        metadata={
+            "help": "Most rows per forward/backward; raises the accumulation (same update). 0: no cap."
+        },
+    )
+    logprob_chunk_tokens: int = field(
+        default=512,
+        metadata={"help": "Tokens per LM-head call in the log-prob passes (bounded memory). 0: TRL's call."},
+    )
 
     def __post_init__(self) -> None:
         # One optimizer step trains on exactly one generation batch of ``tasks_per_step`` groups per process;
@@ -100,6 +122,9 @@ class TrainConfig(LoraFields, GRPOConfig):
         if problems:  # before TRL's own checks, which would report the overridden values instead
             raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
         rows = self.tasks_per_step * self.num_generations
+        self.gradient_accumulation_steps = micro_batches(
+            rows, self.gradient_accumulation_steps, self.max_rows_per_micro_batch
+        )
         self.per_device_train_batch_size = max(1, rows // max(1, self.gradient_accumulation_steps))
         self.steps_per_generation = self.gradient_accumulation_steps
         adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
@@ -150,6 +175,13 @@ def _split_problems(config: TrainConfig) -> list[str]:
             f"gradient_accumulation_steps={accumulation} must divide the step's tasks_per_step × "
             f"num_generations = {rows} rows (each micro-batch holds rows / gradient_accumulation_steps)"
         )
+    if config.max_rows_per_micro_batch < 0 or config.logprob_chunk_tokens < 0:
+        problems.append(
+            f"max_rows_per_micro_batch={config.max_rows_per_micro_batch} / logprob_chunk_tokens="
+            f"{config.logprob_chunk_tokens} must be >= 0 (0: no cap)"
+        )
+    elif not problems:  # the accumulation the budget makes; steps_per_generation must match it
+        accumulation = micro_batches(rows, accumulation, config.max_rows_per_micro_batch)
     if config.steps_per_generation not in (None, accumulation) or config.generation_batch_size is not None:
         problems.append(
             f"steps_per_generation={config.steps_per_generation} / generation_batch_size="

@@ -44,6 +44,9 @@ from typing import Any
 
 import torch
 
+from agentforge.trainers.logp_memory import token_chunked_head, unrepeated_kv_heads
+from agentforge.trainers.micro_batches import grouped_split
+
 logger = logging.getLogger("agentforge.trainer")
 
 __all__ = [
@@ -331,14 +334,26 @@ class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
     KV caches in checkpointed layers; the no-grad old-policy and reference passes still share).
     ``shared_prefix_calls`` / ``fallback_calls`` count which path ran. A model whose forward does not take a
     KV cache (``TypeError``/``AttributeError``/``NotImplementedError`` from the shared pass) is logged once
-    in ``shared_prefix_unsupported`` and trained with TRL's pass from then on.
+    in ``shared_prefix_unsupported`` and trained with TRL's pass from then on. Memory: the LM head runs in calls of
+    ``args.logprob_chunk_tokens`` tokens, CPU attention keeps its KV heads (:mod:`~agentforge.trainers.logp_memory`),
+    micro-batches hold whole groups (:func:`~agentforge.trainers.micro_batches.grouped_split`).
     """
 
     shared_prefix_calls = 0
     fallback_calls = 0
     shared_prefix_unsupported: str | None = None  # why the model cannot share (set on the first failure)
 
-    def _get_per_token_logps_and_entropies(  # noqa: D401 - TRL's signature
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        with grouped_split():  # micro-batches of whole groups: each prompt runs once per step (micro_batches)
+            return super()._prepare_inputs(generation_batch)
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401 - TRL's
+        # The LM head in calls of at most logprob_chunk_tokens tokens, KV heads not repeated (logp_memory)
+        chunks = int(getattr(self.args, "logprob_chunk_tokens", 0))
+        with token_chunked_head(chunks), unrepeated_kv_heads(self.accelerator.device):
+            return self._shared_or_trl_logps(*args, **kwargs)
+
+    def _shared_or_trl_logps(
         self,
         model: Any,
         input_ids: torch.Tensor,

@@ -51,3 +51,15 @@ def test_train_refuses_a_rollout_time_limit_below_one_second(captured) -> None: 
     )
     assert result.exit_code == 2 and "--rollout-timeout" in result.output
     assert "config" not in captured
+
+
+def test_train_splits_a_step_by_the_row_budget_and_says_how_memory_grows(captured) -> None:  # type: ignore[no-untyped-def]
+    _train("--group-size", "8", "--max-rows-per-micro-batch", "2")
+    config = captured["config"]
+    assert (config.gradient_accumulation_steps, config.per_device_train_batch_size) == (4, 2)
+    _train("--group-size", "8")  # the default budget: one group of 8 per micro-batch
+    assert captured["config"].gradient_accumulation_steps == 1
+    assert captured["config"].max_rows_per_micro_batch == 8
+    wide = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"}).output  # option names whole
+    help_text = " ".join(wide.replace("│", " ").split())
+    assert "--max-rows-per-micro-batch" in help_text and "not with rollouts per step" in help_text

@@ -28,18 +28,16 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from tiny_model import tiny_model
 
 from agentforge.errors import ConfigError
-from agentforge.ports import BatchReport
 from agentforge.testing import memory_store
-from agentforge.trainers.samples import Trajectory, to_rollout_func_output
+from agentforge.testing.samples import FixedGroups
+from agentforge.trainers.samples import Trajectory
 
 G = 4
 SAMPLED = [1, 3, 5, 7]  # trainable tokens per completion
@@ -82,27 +80,6 @@ def _trajectories(model_dir: Path) -> dict[str, list[Trajectory]]:
             trajs.append(Trajectory(f"{name}-{i}", list(prompt), ids, stored, mask, versions=["policy@v0"]))
         out[name] = trajs
     return out
-
-
-class FixedGroups:
-    """A :class:`~agentforge.ports.SampleSource` that answers every batch with the same two stored groups."""
-
-    def __init__(self, groups: dict[str, list[Trajectory]]) -> None:
-        self.groups, self.run_id, self.reports = groups, "run-invariance", []
-
-    def prompts(self) -> list[str]:
-        return list(self.groups)
-
-    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
-        seen: dict[str, int] = {}
-        trajs, rewards = [], []
-        for p in prompts:  # TRL repeats each group's prompt G times; the k-th copy gets completion k
-            k = seen.get(p, 0)
-            seen[p] = k + 1
-            trajs.append(self.groups[p][k])
-            rewards.append(REWARDS[p][k])
-        self.reports.append(BatchReport(groups=len(seen), rewards=rewards))
-        return to_rollout_func_output(trajs, rewards)
 
 
 class _Publisher:
@@ -150,7 +127,7 @@ def run_step(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumu
         None,
         config,
         _Publisher(),
-        source=FixedGroups(_trajectories(model_dir)),
+        source=FixedGroups(_trajectories(model_dir), REWARDS, run_id="run-invariance"),
         swap_during_training=False,
     )
     trainer.trainer.add_callback(Capture())
