@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -315,12 +316,12 @@ def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, tempe
     """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each (recorded by the gateway): the
     tool call sampled at ``temperature`` with ``min_p`` (exploring the tool choice), the reply greedy."""
     t0 = time.monotonic()
-    explore = {
-        "act_sampling": {"temperature": temperature, "min_p": min_p},
-        "reply_sampling": {"temperature": 0.0},
-    }
-    tasks = [t.model_copy(update={"input": {**t.input, **explore}}) for t in tasks]
-    queued = enqueue_tasks(store, tasks, samples, resources={"policy": base}, metadata={"phase": "warm-capture"},
+    # each sample's tool call has a seed of its own (task, sample): the same capture on every run, so the warm
+    # start's training data, and with it the job's verdict, do not hinge on sampling luck
+    tasks = [t.model_copy(update={"input": {**t.input, "reply_sampling": {"temperature": 0.0}, "act_sampling": {
+                 "temperature": temperature, "min_p": min_p, "seed": zlib.crc32(f"{t.task_id}:{k}".encode())}}})
+             for t in tasks for k in range(samples)]  # fmt: skip
+    queued = enqueue_tasks(store, tasks, 1, resources={"policy": base}, metadata={"phase": "warm-capture"},
                            max_attempts=2, timeout_s=300)  # fmt: skip
     done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
     summary = summarise_turns(store, done)

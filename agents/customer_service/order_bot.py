@@ -88,8 +88,9 @@ def worked_example() -> list[dict[str, Any]]:
     ]
 
 
-#: The sampling settings a call of the bot may override (OpenAI's, then vLLM's extras).
-SAMPLING_KEYS = ("temperature", "top_p", "min_p", "top_k")
+#: The sampling settings a call of the bot may override (OpenAI's, then vLLM's extras). ``seed`` (an integer)
+#: makes a sampled call repeatable: vLLM draws it from a generator of its own.
+SAMPLING_KEYS = ("temperature", "top_p", "seed", "min_p", "top_k")
 
 
 def sampling_kwargs(settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -99,7 +100,8 @@ def sampling_kwargs(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         settings: ``{"temperature": 2.0, "min_p": 0.2}``-style settings (keys :data:`SAMPLING_KEYS`), or ``None``.
 
     Returns:
-        ``temperature`` / ``top_p`` as arguments and ``min_p`` / ``top_k`` in ``extra_body`` (vLLM's extras).
+        ``temperature`` / ``top_p`` / ``seed`` as arguments and ``min_p`` / ``top_k`` in ``extra_body`` (vLLM's
+        extras).
 
     Raises:
         ConfigError: an unknown key or a value that is not a number.
@@ -108,6 +110,8 @@ def sampling_kwargs(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, value in (settings or {}).items():
         if key not in SAMPLING_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"sampling setting {key}={value!r}: keys are {SAMPLING_KEYS}, values numbers")
+        if key == "seed" and not isinstance(value, int):
+            raise ConfigError(f"sampling setting seed={value!r} must be an integer")
         if key in ("min_p", "top_k"):
             out.setdefault("extra_body", {})[key] = value
         else:

@@ -246,14 +246,18 @@ def test_a_task_sets_the_call_and_the_reply_sampling_apart(tasks: tuple[list, li
     from agentforge.errors import ConfigError
 
     meta = tasks[1][0].metadata
-    explore = {"act_sampling": {"temperature": 2.0, "min_p": 0.2}, "reply_sampling": {"temperature": 0.0}}
+    explore = {
+        "act_sampling": {"temperature": 2.0, "min_p": 0.2, "seed": 7},
+        "reply_sampling": {"temperature": 0.0},
+    }
     task = tasks[1][0].model_copy(update={"input": {**tasks[1][0].input, **explore}})
     turns = [call(meta["gold_tool"], {"order_id": meta["order_id"]}), f"Your order is {meta['gold_fact']}."]
     done, (first, second), _ = _run_turn(task, turns, OrderDeskAgent())
     assert done.state == RolloutState.succeeded, done.error
     assert (first["temperature"], first["min_p"]) == (2.0, 0.2) and first["tool_choice"] == "required"
+    assert first["seed"] == 7 and "seed" not in second  # a seeded call repeats its sample (the warm capture)
     assert second["temperature"] == 0.0 and "min_p" not in second
     assert sampling_kwargs({"top_k": 3, "top_p": 0.9}) == {"top_p": 0.9, "extra_body": {"top_k": 3}}
-    for bad in ({"temprature": 1.0}, {"min_p": "high"}, {"top_k": True}):
+    for bad in ({"temprature": 1.0}, {"min_p": "high"}, {"top_k": True}, {"seed": 1.5}):
         with pytest.raises(ConfigError, match="sampling setting"):
             sampling_kwargs(bad)
