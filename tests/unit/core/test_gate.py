@@ -119,6 +119,13 @@ def test_gate_plan_sizes_from_the_effect() -> None:
     assert pass_probability(0.05, plan.n, **kw) >= 0.8
     assert pass_probability(-0.05, plan.n, **kw) == pytest.approx(0.05, abs=0.002)
     assert pass_probability(0.05, 20, **kw) < 0.5  # the old 20-task slice: a coin flip at best
+    for discordance in (
+        0.05,
+        0.1,
+        0.3,
+    ):  # a wrong guess of the discordance costs power, never the refusal rate
+        worse = pass_probability(-0.05, 62, effect=0.05, alpha=0.05, discordance=discordance)
+        assert worse == pytest.approx(0.05, abs=1e-9)
     with pytest.raises(ConfigError, match="power=0.4"):
         plan_gate(0.05, power=0.4)
 
