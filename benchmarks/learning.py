@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import random
 import statistics
 import sys
@@ -110,7 +111,7 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
         base = stack.swapper.reset_to_base()
         stack.swapper.wait_drained(timeout_s=120)
         parent_dir = warm_adapter(mj, args, seed, store, stack, model, ctx["warm"], base)
-        parent = stack.swapper.swap(parent_dir)
+        parent = GatedPublisher(stack.swapper, store).publish(parent_dir, 0)  # no checks: recorded, served
         board(parent)
         parent_score = board.held[parent]["parts"]["success"]
         print(f"seed {seed}: warm start {parent} held-out {parent_score:.3f}", flush=True)
@@ -141,12 +142,14 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
                 publisher.unstage()
                 offset += args.steps
                 held = board.held[candidate]["parts"]["success"]
+                pairs = zip(board.held[parent]["scores"], board.held[candidate]["scores"], strict=True)
+                discordance = statistics.mean(float(a != b) for a, b in pairs)
                 update = [h.get("train/update_ratio") for h in trainer.history if h.get("train/update_ratio")]
                 row = {"arm": name, "lr": lr, "warmup": warmup, "seed": seed, "round": rnd, "step": offset,
                        "candidate": candidate, "held_out": held, "parent": parent_score, "gain": held - parent_score,
                        "batch_reward": [h.get("batch/reward_mean") for h in trainer.history],
                        "update_ratio": statistics.mean(update) if update else None,
-                       "collapse": board.held[candidate]["collapse_ratio"], "seconds": round(time.monotonic() - t0)}  # fmt: skip
+                       "discordance": discordance, "collapse": board.held[candidate]["collapse_ratio"], "seconds": round(time.monotonic() - t0)}  # fmt: skip
                 rows.append(row)
                 print(_ablation_line(row), flush=True)
     return rows
@@ -157,7 +160,7 @@ def _ablation_line(r: dict[str, Any]) -> str:
     rewards = " ".join("-" if x is None else f"{x:.2f}" for x in r["batch_reward"])
     return (f"{r['arm']:>10} lr {r['lr']:<7g} warm-up {r['warmup']}  seed {r['seed']} step {r['step']:>2}: "
             f"held-out {r['held_out']:.3f} (parent {r['parent']:.3f}, {r['gain']:+.3f})  top/gold "
-            f"{r['collapse']:.2f}  ‖Δθ‖/‖θ‖ {upd}  batch reward {rewards}  {r['seconds']}s")  # fmt: skip
+            f"{r['collapse']:.2f}  differs on {r['discordance']:.3f}  ‖Δθ‖/‖θ‖ {upd}  batch reward {rewards}  {r['seconds']}s")  # fmt: skip
 
 
 def damaged_copy(adapter_dir: Path, out: Path, scale: float, seed: int = 0) -> Path:
@@ -182,6 +185,7 @@ def damaged_copy(adapter_dir: Path, out: Path, scale: float, seed: int = 0) -> P
 
 def gate_rates(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Pass rates of the sized gate and the old one for pairs of versions of known quality (module docstring)."""
+    from agentforge import GatedPublisher
     from agentforge.gate import EvalGate
     from agentforge.gate_power import pass_probability, plan_gate
 
@@ -193,10 +197,12 @@ def gate_rates(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[d
         dirs[f"damaged ×{scale:g}"] = damaged_copy(warm_dir, args.out / f"damaged-{scale:g}", scale)
     pool = ctx["pool"]
     scores = {"base": _pool_scores(store, pool, base)}
+    stager = GatedPublisher(stack.swapper, store)  # each version recorded in the store, staged, never served
     for label, d in dirs.items():
-        version = stack.swapper.swap(d)
+        version = stager.stage(d, 0)
         scores[label] = _pool_scores(store, pool, version)
         print(f"{label}: {version} pool success {statistics.mean(scores[label]):.3f}", flush=True)
+    stager.unstage()
     print(f"base: pool success {statistics.mean(scores['base']):.3f}", flush=True)
     plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
                      discordance=args.gate_discordance)  # fmt: skip
@@ -273,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx = {"store": store, "stack": stack, "model": model, "board": board, "warm": warm, "train": train,
                "pool": mj.greedy(gate_slice + train)[: args.pool]}  # fmt: skip
         if args.gate:
-            gate_rates(mj, args, ctx)
+            out = gate_rates(mj, args, ctx)
+            (args.out / "gate_rates.json").write_text(json.dumps(out, indent=1))
         if args.ablation:
             rows = ablation(mj, args, ctx)
+            (args.out / "ablation.json").write_text(json.dumps(rows, indent=1))
             print("\nAblation: held-out success of each arm's candidate (mean over seeds) per step")
             for arm in args.arms:
                 name = parse_arm(arm)[0]
