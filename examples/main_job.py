@@ -82,7 +82,7 @@ from agentforge.agents.customer_service.order_eval import PARTS, summarise_turns
 from agentforge.errors import UserError
 from agentforge.gate import EvalGate
 from agentforge.gate_power import plan_gate
-from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE, served_adapter_dir
+from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE
 from agentforge.trainers.replay.select import EmptySelectionError
 from agentforge.trainers.report import plot_reward_curves
 from agentforge.trainers.samples import build_trajectories
@@ -280,6 +280,9 @@ class StepLog:
     def __init__(self, inner: GatedPublisher) -> None:
         self.inner = inner
         self.entries: list[dict[str, Any]] = []
+        #: version → its adapter folder. The lineage continues from the *router's* served version: the store's
+        #: active version is not reset between seeds (``HotSwapper.reset_to_base`` moves only the alias)
+        self.dirs: dict[str, str] = {}
         self.phase, self.round, self.offset = "grpo", 0, 0  #: what publishes now; steps of earlier rounds
 
     def current(self) -> str:
@@ -304,6 +307,7 @@ class StepLog:
         served = self.inner.publish(adapter_dir, step)
         for d in self.inner.decisions[n:]:
             ev = d.evidence
+            self.dirs.setdefault(d.candidate, str(adapter_dir))
             self.entries.append({"phase": self.phase, "round": self.round, "step": self.offset + step if self.phase == "grpo" else 0,
                                  "stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live,
                                  "reason": d.reason, "live_mean": ev.get("live_mean"),
@@ -366,7 +370,9 @@ def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore,
     candidate's are dropped) and, where the trainer saved them beside it, its Adam moments
     (:mod:`agentforge.trainers.lineage`; the learning rate warms up only where no moments were carried); the
     round's adapter is published through the gate once, at its end. Returns the round's metric rows."""
-    init = served_adapter_dir(store, "policy")  # a refused candidate's weights and moments are dropped
+    init = publisher.dirs.get(
+        publisher.current(), ""
+    )  # a refused candidate's weights and moments are dropped
     continues = bool(init) and (Path(init) / OPTIMIZER_STATE_FILE).is_file()
     config = TrainConfig(
         output_dir=str(args.out / f"seed-{seed}" / f"round-{rnd}"), seed=seed * 100 + rnd, data_seed=seed * 100 + rnd,
