@@ -46,7 +46,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentforge.errors import RolloutTimeout, UserError
@@ -59,11 +59,12 @@ from agentforge.trainers.samples import (
     build_trajectories,
     grpo_sample,
     masked_sample,
+    to_rollout_func_output,
     with_temperatures,
 )
 from agentforge.types import Rollout, RolloutState, SpanKind, Task, check_tenant, new_id, parse_version_number
 
-__all__ = ["BatchReport", "RolloutSource", "SampleSource", "stored_reward"]
+__all__ = ["BatchReport", "FixedGroups", "RolloutSource", "SampleSource", "stored_reward"]
 
 logger = logging.getLogger("agentforge.trainer")
 
@@ -335,3 +336,39 @@ def stored_reward(
 ) -> list[float | None]:
     """TRL reward function that returns the rewards the scorers stored (``None`` = unscorable, masked)."""
     return list(reward)
+
+
+class FixedGroups:
+    """A :class:`~agentforge.ports.SampleSource` whose groups and rewards never change: a GRPO update without an
+    engine (tests, benchmarks: ``LightningTrainer(..., source=FixedGroups(groups, rewards))``).
+
+    TRL's sampler repeats each group's prompt ``G`` times in a batch; the ``k``-th copy gets member ``k`` of
+    that group and its reward.
+
+    Args:
+        groups: group id (the dataset's prompt) → its ``G`` trajectories.
+        rewards: group id → the ``G`` rewards, in member order.
+        run_id: the source's run id.
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[str, Sequence[Trajectory]],
+        rewards: Mapping[str, Sequence[float]],
+        run_id: str = "fixed-groups",
+    ) -> None:
+        self.groups, self.rewards, self.run_id = groups, rewards, run_id
+        self.reports: list[BatchReport] = []
+
+    def prompts(self) -> list[str]:
+        return list(self.groups)
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
+        seen: dict[str, int] = {}
+        trajs, rewards = [], []
+        for p in prompts:
+            k = seen[p] = seen.get(p, -1) + 1
+            trajs.append(self.groups[p][k])
+            rewards.append(self.rewards[p][k])
+        self.reports.append(BatchReport(groups=len(seen), rewards=rewards))
+        return to_rollout_func_output(trajs, rewards)

@@ -29,6 +29,29 @@ def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
     assert "MFU" in out.splitlines()[-1]
 
 
+def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
+    """``benchmarks/update_memory.py`` on the tiny model: 4 and 16 rollouts (group 4), the new arm split into
+    micro-batches of at most 8 rows, the old arm in one, and skipped where its estimate passes the cap."""
+    from tiny_model import tiny_model
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "update_memory.py"), "--model", str(tiny_model()),
+         "--rollouts", "4", "16", "--group-size", "4", "--prompt-tokens", "24", "--tail-tokens", "6",
+         "--completion-tokens", "9", "--old-cap-gb", "0.001"],
+        capture_output=True, text=True, check=True, timeout=600,
+    ).stdout  # fmt: skip
+    lines = out.strip().splitlines()
+    assert "24 prompt + 9 completion tokens" in lines[-4] and "peak GB" in lines[-3]
+    four, sixteen = (line.split("|") for line in lines[-2:])
+    assert four[0].strip() == "4" and sixteen[0].strip() == "16"
+    new4, new16, old4 = (cell.split() for cell in (four[1], sixteen[1], four[2]))
+    assert (new4[0], new16[0], old4[0]) == ("1", "2", "1"), "micro-batches: 4 rows in one, 16 in two of 8"
+    assert all(
+        float(cells[1]) > 0.1 and cells[2] == "GB" and float(cells[3]) > 0 for cells in (new4, new16, old4)
+    )
+    assert "skipped: would exceed 0.001 GB (est." in sixteen[2]
+
+
 @pytest.mark.slow
 def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     out = subprocess.run(

@@ -36,7 +36,7 @@ from tiny_model import tiny_model
 
 from agentforge.errors import ConfigError
 from agentforge.testing import memory_store
-from agentforge.testing.samples import FixedGroups
+from agentforge.trainers.rollouts import FixedGroups
 from agentforge.trainers.samples import Trajectory
 
 G = 4
