@@ -25,9 +25,9 @@ passes with ``power`` once ``SE ≤ 2·effect / (z_{1-α} + z_{power})``, i.e.
 At effect 0.05, α 0.05, power 0.80 and a discordance of 0.10 this is 62 tasks; at 0.20, 124; at 0.30, 186.
 The discordance is a property of the two versions (how often they disagree); measure it on real pairs
 (``benchmarks/learning.py`` prints it) and size from it. Guessing it too low costs only power: the bound uses
-the *observed* standard error, so a ``-effect`` candidate passes with probability ``alpha`` whatever its
-discordance (at n = 62: 0.05 for discordance 0.05, 0.1, 0.2 and 0.3; the power at ``+effect`` is then 0.98,
-0.81, 0.55 and 0.42). The normal approximation is checked
+the *observed* standard error, so a ``-effect`` candidate passes with probability at most ``alpha`` whatever
+its discordance (at n = 62: 0.035, 0.05, 0.05 and 0.05 for discordance 0.05, 0.1, 0.2 and 0.3; the power at
+``+effect`` is then 0.97, 0.81, 0.55 and 0.42). The normal approximation is checked
 there too: that benchmark draws tasks with replacement from real per-task scores of adapters of known
 quality and prints the measured pass rates.
 """
@@ -101,7 +101,9 @@ def plan_gate(
     return GatePlan(n, effect, alpha, power, discordance)
 
 
-def pass_probability(gain: float, n: int, *, effect: float, alpha: float, discordance: float) -> float:
+def pass_probability(
+    gain: float, n: int, *, effect: float, alpha: float, discordance: float, min_gain: float = 0.0
+) -> float:
     """The normal approximation of the gate's pass probability for a candidate whose true gain is ``gain``.
 
     Args:
@@ -110,9 +112,11 @@ def pass_probability(gain: float, n: int, *, effect: float, alpha: float, discor
         effect: the gate's non-inferiority margin.
         alpha: the gate's one-sided level.
         discordance: share of tasks where the two versions differ (``≥ |gain|``).
+        min_gain: the gate's other rule, an observed gain above this.
 
     Returns:
-        ``Φ((gain + effect) / SE - z_{1-α})`` with ``SE = sqrt((discordance - gain²) / n)``, in [0, 1].
+        ``Φ(min((gain + effect) / SE - z_{1-α}, (gain - min_gain) / SE))`` with ``SE = sqrt((discordance -
+        gain²) / n)``, in [0, 1]: both rules must hold, and the smaller of the two is the binding one.
 
     Raises:
         ConfigError: ``n < 1`` or ``discordance < |gain|``.
@@ -122,4 +126,4 @@ def pass_probability(gain: float, n: int, *, effect: float, alpha: float, discor
             f"pass_probability: n={n} must be >= 1 and discordance={discordance} >= |gain|={abs(gain)}"
         )
     se = math.sqrt(max(discordance - gain**2, 1e-12) / n)
-    return NormalDist().cdf((gain + effect) / se - _z(1 - alpha))
+    return NormalDist().cdf(min((gain + effect) / se - _z(1 - alpha), (gain - min_gain) / se))

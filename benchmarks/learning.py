@@ -133,13 +133,15 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
                     bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
                     init_adapter=str(init),
                 )  # fmt: skip
-                t0 = time.monotonic()
+                t0, publisher.last = time.monotonic(), None
                 trainer = LightningTrainer(model, store, ctx["train"], config, publisher)
                 trainer.train()
-                init = publisher.last or trainer.adapter_dir / f"step-{args.steps}"
+                if publisher.last is None:  # no batch of the round had signal: nothing new to score
+                    print(f"{name} seed {seed} round {rnd}: no publish (no group with signal)", flush=True)
+                    continue
+                init = publisher.last
                 candidate = publisher.stage(Path(init), args.steps)
-                board(candidate)
-                publisher.unstage()
+                board(candidate)  # it stays staged: the next round's first batch samples it (on-policy)
                 offset += args.steps
                 held = board.held[candidate]["parts"]["success"]
                 pairs = zip(board.held[parent]["scores"], board.held[candidate]["scores"], strict=True)

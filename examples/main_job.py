@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -358,7 +359,7 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
         return {"skipped": str(exc)}
     finally:
         publisher.phase = "grpo"
-    promoted = replay.version is not None and publisher.current() == replay.version
+    promoted = replay.version not in (None, base)  # a refusal returns the live version, the base
     return {"examples": replay.examples, "selected": replay.selected, "steps": replay.steps,
             "final_loss": replay.final_loss, "version": replay.version, "promoted": promoted,
             "adapter_dir": str(replay.adapter_dir), "wall_s": round(replay.wall_s, 1)}  # fmt: skip
@@ -409,25 +410,37 @@ def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: Lo
 
 
 def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[Task], list[Task]]:
-    """``(gate_slice, warm, train, held_out)``, disjoint: the held-out set is Bitext's test split and then the
-    end of its training split; the gate slice is the start of the training split, sized by the power
-    calculation unless ``--gate-size`` says otherwise; warm-start and GRPO tasks come from what is between.
+    """``(gate_slice, warm, train, held_out)``, disjoint. Held-out: Bitext's test split, then the last tasks of
+    each intent of its training split in equal numbers (the training split's tail alone is short of
+    ``cancel_order``, the smallest intent); the gate slice is the start of what remains, sized by the power
+    calculation unless ``--gate-size`` says otherwise; warm-start and GRPO tasks come after it.
 
     Raises:
         UserError: the splits do not fit in the order-desk tasks.
+        ConfigError: a gate setting is out of range (checked before anything starts).
     """
     train_all, test = order_desk_tasks(None, None, train_temperature=args.temperature)
-    gate_n = args.gate_size or plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
-                                         discordance=args.gate_discordance).n  # fmt: skip
-    from_train = max(0, args.eval_size - len(test))
-    middle = train_all[gate_n : len(train_all) - from_train]
+    plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
+                     discordance=args.gate_discordance)  # fmt: skip
+    if args.warmup_steps >= max(1, args.steps) and args.steps:
+        raise UserError(f"--warmup-steps {args.warmup_steps} must be below --steps {args.steps}: transformers' "
+                        "warm-up trains at learning rate 0 on its first step")  # fmt: skip
+    gate_n, from_train = args.gate_size or plan.n, max(0, args.eval_size - len(test))
+    by_tool: dict[str, list[int]] = {}
+    for i, t in enumerate(train_all):
+        by_tool.setdefault(t.metadata["gold_tool"], []).append(i)
+    tools = sorted(by_tool)
+    tail = {i for k, tool in enumerate(tools) for i in
+            by_tool[tool][len(by_tool[tool]) - (from_train // len(tools) + (k < from_train % len(tools))):]}  # fmt: skip
+    rest = [t for i, t in enumerate(train_all) if i not in tail]
+    middle = rest[gate_n:]
     if args.eval_size < 1 or len(middle) < args.warm_tasks + args.tasks_per_step + args.extra_tasks:
         raise UserError(f"{len(train_all)} training-split tasks cannot hold a {gate_n}-task gate slice, "
                         f"{from_train} held-out tasks, {args.warm_tasks} warm-start tasks and a GRPO step's "
                         f"{args.tasks_per_step + args.extra_tasks} tasks; lower --gate-size or --eval-size")  # fmt: skip
-    held_out = greedy((test + train_all[len(train_all) - from_train :])[: args.eval_size])
+    held_out = greedy((test + [t for i, t in enumerate(train_all) if i in tail])[: args.eval_size])
     warm, train = middle[: args.warm_tasks], middle[args.warm_tasks : args.warm_tasks + args.train_size]
-    return greedy(train_all[:gate_n]), warm, train, held_out
+    return greedy(rest[:gate_n]), warm, train, held_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ("traces.db", "traces.db-wal", "traces.db-shm"):
         (args.out / name).unlink(missing_ok=True)
+    for old in args.out.glob(
+        "seed-*"
+    ):  # a trainer reuses an adapter folder it finds: none from an earlier run
+        shutil.rmtree(old)
     wall0, load0 = time.monotonic(), os.getloadavg()
     model = prepare_default_model()
     gate_slice, warm, train, held_out = split_tasks(args)
