@@ -86,7 +86,9 @@ def test_trainer_falls_back_when_nothing_is_shared_or_checkpointing() -> None:
     """The override picks the path itself: TRL's pass for unique prompts or gradient checkpointing."""
     model = tiny_policy()
     trainer = object.__new__(SharedPrefixGRPOTrainer)  # only the attributes the method reads
-    trainer.accelerator = SimpleNamespace(autocast=nullcontext, is_main_process=True)
+    trainer.accelerator = SimpleNamespace(
+        autocast=nullcontext, is_main_process=True, device=torch.device("cpu")
+    )
     trainer.args = SimpleNamespace(gradient_checkpointing=False)
     shared_ids, shared_mask, c = grpo_batch(prompt_lens=(3, 6), group=3)
     unique_ids, unique_mask, _ = grpo_batch(prompt_lens=(3, 6, 8), group=1)
@@ -120,7 +122,9 @@ class NoCacheModel(torch.nn.Module):
 def test_model_without_kv_cache_support_falls_back_once_with_a_warning(caplog) -> None:
     model = NoCacheModel(tiny_policy())
     trainer = object.__new__(SharedPrefixGRPOTrainer)
-    trainer.accelerator = SimpleNamespace(autocast=nullcontext, is_main_process=True)
+    trainer.accelerator = SimpleNamespace(
+        autocast=nullcontext, is_main_process=True, device=torch.device("cpu")
+    )
     trainer.args = SimpleNamespace(gradient_checkpointing=False)
     ids, mask, c = grpo_batch(prompt_lens=(3, 6), group=3)
     method = SharedPrefixGRPOTrainer._get_per_token_logps_and_entropies
