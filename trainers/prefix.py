@@ -350,7 +350,11 @@ class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401 - TRL's
         # The LM head in calls of at most logprob_chunk_tokens tokens, KV heads not repeated (logp_memory)
         chunks = int(getattr(self.args, "logprob_chunk_tokens", 0))
-        with token_chunked_head(chunks), unrepeated_kv_heads(self.accelerator.device):
+        # Not under gradient checkpointing: its backward replays the layers outside this block, with repeated
+        # heads, and torch refuses a replay whose saved tensors differ in shape (CheckpointError)
+        replayed = getattr(self.args, "gradient_checkpointing", False) and torch.is_grad_enabled()
+        kv = nullcontext() if replayed else unrepeated_kv_heads(self.accelerator.device)
+        with token_chunked_head(chunks), kv:
             return self._shared_or_trl_logps(*args, **kwargs)
 
     def _shared_or_trl_logps(
