@@ -95,8 +95,8 @@ def test_importance_ratio_is_one_for_every_span_at_its_own_temperature(tmp_path:
     # Every trained span (processed at 0.7, 1.3, 1.0; raw at 1.0) recomputes to its stored logprobs: the raw
     # ratio, before any cap, is 1 ± 0.01 on every sampled token.
     ratio = {k.rsplit("/", 1)[1]: v for k, v in row.items() if k.startswith("sampling/raw_importance_ratio/")}
-    assert set(ratio) == {"mean", "min", "max", "p01", "p99"}, row
-    assert 0.99 <= ratio["min"] and ratio["max"] <= 1.01, ratio
+    assert set(ratio) == {"mean", "min", "max", "p01", "p99", "outside_share"}, row
+    assert 0.99 <= ratio["min"] and ratio["max"] <= 1.01 and ratio["outside_share"] == 0.0, ratio
     assert ratio["min"] <= ratio["p01"] <= ratio["mean"] <= ratio["p99"] <= ratio["max"], ratio
     # The raw engine's 0.7 and 1.3 spans (2 rollouts each) are excluded and counted, not down-weighted.
     assert row["batch/skipped_unmatched_logprobs"] == 4.0
