@@ -71,13 +71,6 @@ class StageOnly:
         return self.current()
 
 
-def carried(adapter_dir: Path) -> bool:
-    """Whether the adapter folder holds its lineage's optimizer state (then no warm-up: the moments carry)."""
-    from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE
-
-    return (Path(adapter_dir) / OPTIMIZER_STATE_FILE).is_file()
-
-
 def parse_arm(text: str) -> tuple[str, float, int]:
     """``name:learning_rate:warmup_steps`` → its parts."""
     name, lr, warmup = text.split(":")
@@ -87,23 +80,15 @@ def parse_arm(text: str) -> tuple[str, float, int]:
 def warm_adapter(mj: Any, args: argparse.Namespace, seed: int, store: Any, stack: Any, model: Path,
                  warm: list, base: str) -> Path:  # fmt: skip
     """Seed ``seed``'s warm-start adapter (replay SFT on the captured successes), saved, not published."""
-    from agentforge import ReplaySFTConfig, TraceFilter, run_replay_sft
+    from agentforge import run_replay_sft
 
-    config = ReplaySFTConfig(
-        output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
-        num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type="constant",
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r,
-        lora_alpha=2 * args.lora_r, max_length=1024, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=True, gradient_checkpointing=False, disable_tqdm=True,
-    )  # fmt: skip
-    flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base},
-                      max_per_task=args.warm_per_task)  # fmt: skip
+    config, flt = mj.warm_inputs(args, seed, warm, base)
     return Path(run_replay_sft(model, store, flt, config, None).adapter_dir)
 
 
 def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Every arm × seed × round: the candidate's held-out success against the warm-start parent's."""
-    from agentforge import GatedPublisher, LightningTrainer, TrainConfig
+    from agentforge import GatedPublisher, LightningTrainer
 
     store, stack, model, board = ctx["store"], ctx["stack"], ctx["model"], ctx["board"]
     rows = []
@@ -123,16 +108,9 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
                 0,
             )
             for rnd in range(1, args.rounds + 1):
-                config = TrainConfig(
-                    output_dir=str(args.out / f"seed-{seed}" / name / f"round-{rnd}"), seed=seed * 100 + rnd,
-                    data_seed=seed * 100 + rnd, num_generations=args.group_size, tasks_per_step=args.tasks_per_step,
-                    extra_tasks_per_step=args.extra_tasks, rollout_version="trained", max_steps=args.steps,
-                    swap_every=args.steps, learning_rate=lr, warmup_steps=0 if carried(init) else warmup,
-                    lr_scheduler_type="constant_with_warmup", beta=args.beta, lora_r=args.lora_r,
-                    lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                    bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
-                    init_adapter=str(init),
-                )  # fmt: skip
+                out = args.out / f"seed-{seed}" / name / f"round-{rnd}"
+                config = mj.round_config(args, out, seed * 100 + rnd, str(init), learning_rate=lr,
+                                         warmup_steps=warmup, rollout_version="trained")  # fmt: skip
                 t0, publisher.last = time.monotonic(), None
                 trainer = LightningTrainer(model, store, ctx["train"], config, publisher)
                 trainer.train()

@@ -338,9 +338,11 @@ def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, tempe
     return {**summary, "successes_by_gold_tool": by_tool, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Path, warm: list[Task], base: str,
-               publisher: StepLog) -> dict[str, Any]:  # fmt: skip
-    """Warm start, step 2: replay SFT on the captured successful turns (reward 1.0), published through the gate."""
+def warm_inputs(
+    args: argparse.Namespace, seed: int, warm: list[Task], base: str
+) -> tuple[ReplaySFTConfig, TraceFilter]:
+    """The warm start's replay-SFT config and trace filter for ``seed`` (the main job's and the learning
+    benchmark's): the base policy's captured successes on the ``warm`` tasks, at most ``--warm-per-task`` each."""
     config = ReplaySFTConfig(
         output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
         num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type="constant",
@@ -351,6 +353,13 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     )  # fmt: skip
     flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base},
                       max_per_task=args.warm_per_task)  # fmt: skip
+    return config, flt
+
+
+def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Path, warm: list[Task], base: str,
+               publisher: StepLog) -> dict[str, Any]:  # fmt: skip
+    """Warm start, step 2: replay SFT on the captured successful turns (reward 1.0), published through the gate."""
+    config, flt = warm_inputs(args, seed, warm, base)
     publisher.phase = "warm start"
     try:
         replay = run_replay_sft(model, store, flt, config, publisher)
@@ -365,6 +374,22 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
             "adapter_dir": str(replay.adapter_dir), "wall_s": round(replay.wall_s, 1)}  # fmt: skip
 
 
+def round_config(args: argparse.Namespace, out: Path, seed: int, init: str, *, learning_rate: float,
+                 warmup_steps: int, rollout_version: str | None = None) -> TrainConfig:  # fmt: skip
+    """One GRPO round's config continuing the adapter in ``init`` (``""``: a fresh LoRA); the learning rate warms
+    up only where no Adam moments were saved beside that adapter (:mod:`agentforge.trainers.lineage`)."""
+    carried = bool(init) and (Path(init) / OPTIMIZER_STATE_FILE).is_file()
+    return TrainConfig(
+        output_dir=str(out), seed=seed, data_seed=seed, num_generations=args.group_size,
+        tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks,
+        rollout_version=rollout_version or args.rollout_version, max_steps=args.steps, swap_every=args.steps,
+        learning_rate=learning_rate, warmup_steps=0 if carried else warmup_steps, lr_scheduler_type="constant_with_warmup",
+        beta=args.beta, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no",
+        report_to=args.report_to, use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300,
+        wait_timeout_s=1200, init_adapter=init,
+    )  # fmt: skip
+
+
 def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, model: Path, train: list[Task],
                publisher: StepLog) -> list[dict[str, Any]]:  # fmt: skip
     """One GRPO round of ``--steps`` steps continuing the lineage: from the *served* adapter's weights (a refused
@@ -374,16 +399,8 @@ def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore,
     init = publisher.dirs.get(
         publisher.current(), ""
     )  # a refused candidate's weights and moments are dropped
-    continues = bool(init) and (Path(init) / OPTIMIZER_STATE_FILE).is_file()
-    config = TrainConfig(
-        output_dir=str(args.out / f"seed-{seed}" / f"round-{rnd}"), seed=seed * 100 + rnd, data_seed=seed * 100 + rnd,
-        num_generations=args.group_size, tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks,
-        rollout_version=args.rollout_version, max_steps=args.steps, swap_every=args.steps,
-        learning_rate=args.learning_rate, warmup_steps=0 if continues else args.warmup_steps, lr_scheduler_type="constant_with_warmup",
-        beta=args.beta, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no",
-        report_to=args.report_to, use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300,
-        wait_timeout_s=1200, init_adapter=init,
-    )  # fmt: skip
+    config = round_config(args, args.out / f"seed-{seed}" / f"round-{rnd}", seed * 100 + rnd, init,
+                          learning_rate=args.learning_rate, warmup_steps=args.warmup_steps)  # fmt: skip
     publisher.round = rnd
     trainer = LightningTrainer(model, store, train, config, publisher)
     trainer.train()
