@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import re
+import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -104,29 +104,57 @@ def rollout_base_url(gateway_url: str, rollout_id: str) -> str:
     return f"{gateway_url.rstrip('/')}{ROLLOUT_PATH_PREFIX}{rollout_id}/v1"
 
 
-_ids = random.Random()  # seeded from os.urandom, here and in every forked child; never by random.seed()
-os.register_at_fork(after_in_child=_ids.seed)
+class _RandomBits:
+    """64-bit values from the OS CSPRNG (``os.urandom``), read 4 KiB at a time.
+
+    Ids must not be predictable: a store answers an idempotent write with the record it holds, and a tenant that
+    could rebuild a seeded generator from its own ids could name another tenant's next rollout (issue 36). One
+    ``os.urandom`` call per id would release the interpreter lock on every span (a busy gateway waited up to a
+    thread switch interval, 5 ms, to get it back), so 512 ids share one call. A forked child drops the parent's
+    unread bytes, so parent and child never hand out the same id.
+    """
+
+    _CHUNK = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at fork time stays held in the child
+        self._buf, self._pos = b"", 0
+
+    def bits64(self) -> int:
+        """A uniformly random integer in ``[0, 2**64)``."""
+        with self._lock:
+            if self._pos >= len(self._buf):
+                self._buf, self._pos = os.urandom(self._CHUNK), 0
+            pos = self._pos
+            self._pos = pos + 8
+            return int.from_bytes(self._buf[pos : pos + 8], "little")
+
+
+_ids = _RandomBits()
 
 
 def new_id(prefix: str) -> str:
-    """Return a fresh unique id like ``ro-1f2e...`` (prefix + 16 hex chars: 64 random bits).
+    """Return a fresh unique id like ``ro-1f2e...`` (prefix + 16 hex chars: 64 bits from the OS CSPRNG).
 
-    Ids name objects, they are no secrets (keys are), so they come from a per-process PRNG seeded by the
-    OS rather than from ``os.urandom`` on every call: that system call releases the interpreter lock,
-    and on a busy gateway getting it back cost up to a thread switch interval (5 ms) per span.
+    Ids are unpredictable (:class:`_RandomBits`): knowing any number of earlier ids tells nothing of the next.
     """
-    return f"{prefix}-{_ids.getrandbits(64):016x}"
+    return f"{prefix}-{_ids.bits64():016x}"
 
 
 def new_ordered_id(prefix: str) -> str:
     """Return a fresh unique id that sorts by creation time, like ``sp-0193a4c5e2f1-1f2e...``.
 
-    Prefix + 12 hex chars of the wall-clock millisecond + 16 hex chars (64 random bits, as :func:`new_id`).
+    Prefix + 12 hex chars of the wall-clock millisecond + 16 hex chars (64 bits from the OS CSPRNG, as :func:`new_id`).
     Ids made close in time are close in a B-tree index, so a store inserting many of them touches the index's
     right edge instead of a random page per id (the trace store's unique span-id index dirtied its own 4 kB
     page for almost every span with random ids; the idea of ULID / UUIDv7, RFC 9562 §5.7).
     """
-    return f"{prefix}-{int(time.time() * 1000):012x}{_ids.getrandbits(64):016x}"
+    return f"{prefix}-{int(time.time() * 1000):012x}{_ids.bits64():016x}"
 
 
 def now() -> float:

@@ -18,15 +18,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentforge.errors import AgentForgeError, NotFoundError, UserError
+from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, UserError
 from agentforge.ports import TraceStore
 from agentforge.types import Attempt, ResourceVersion, Reward, Rollout, Span, SpanKind, tenant_of_name
 
-__all__ = ["TenantForbidden", "TenantView"]
+__all__ = ["IdInUseError", "TenantForbidden", "TenantView"]
 
 
 class TenantForbidden(UserError):
     """A tenant key asked for something only the store key or the admin key may do (HTTP 403)."""
+
+
+class IdInUseError(InvalidTransitionError):
+    """A tenant's write named an id the store holds for a record the tenant cannot read (HTTP 409)."""
+
+
+def _id_of(item: Any) -> str:
+    return str(getattr(item, f"{type(item).__name__.lower()}_id", "?"))
 
 
 class TenantView:
@@ -64,11 +72,26 @@ class TenantView:
             self._owned(item.rollout_id)
         return self._stamp(item, type(item).__name__.lower())
 
+    def _kept(self, sent: Any, stored: Any) -> Any:
+        """The store's answer to an idempotent write, if this tenant may read it.
+
+        A write whose id the store already holds answers with the stored record. When that record is another
+        tenant's (or no tenant's), the caller learns nothing of it: the write is refused as if the id were taken,
+        without the record, its tenant or its rollout.
+
+        Raises:
+            IdInUseError: ``stored`` is not this tenant's record.
+        """
+        if getattr(stored, "tenant", None) != self.tenant:
+            what = type(sent).__name__.lower()
+            raise IdInUseError(f"{what} id {_id_of(sent)!r} is already in use; write it with a new id")
+        return stored
+
     # --- rollouts ---------------------------------------------------------------------------------
     def enqueue_rollout(self, rollout: Rollout) -> Rollout:
         """Enqueue a rollout of this tenant (its pins checked)."""
         self._pins(rollout.resources)
-        return self.store.enqueue_rollout(self._stamp(rollout, "rollout"))
+        return self._kept(rollout, self.store.enqueue_rollout(self._stamp(rollout, "rollout")))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         """This tenant's rollout. Raises: ``NotFoundError`` (also for another tenant's)."""
@@ -102,7 +125,7 @@ class TenantView:
     # --- spans and rewards --------------------------------------------------------------------------
     def add_span(self, span: Span) -> Span:
         """Store a span of this tenant (an orphan, or of one of its rollouts)."""
-        return self.store.add_span(self._item(span))  # type: ignore[arg-type]
+        return self._kept(span, self.store.add_span(self._item(span)))  # type: ignore[arg-type]
 
     def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         """Write items of this tenant; an item naming another tenant or its rollout fails alone."""
@@ -114,7 +137,17 @@ class TenantView:
             except (NotFoundError, TenantForbidden) as exc:
                 refused[i] = exc
         written = iter(self.store.write_batch(checked) if checked else [])
-        return [refused[i] if i in refused else next(written) for i in range(len(items))]
+        out: list[Span | Reward | AgentForgeError] = []
+        for i, item in enumerate(items):
+            if i in refused:
+                out.append(refused[i])
+                continue
+            stored = next(written)
+            try:
+                out.append(stored if isinstance(stored, AgentForgeError) else self._kept(item, stored))
+            except IdInUseError as exc:
+                out.append(exc)
+        return out
 
     def list_spans(
         self,
@@ -143,7 +176,7 @@ class TenantView:
 
     def add_reward(self, reward: Reward) -> Reward:
         """Store a reward for this tenant's rollout."""
-        return self.store.add_reward(self._item(reward))  # type: ignore[arg-type]
+        return self._kept(reward, self.store.add_reward(self._item(reward)))  # type: ignore[arg-type]
 
     def list_rewards(self, rollout_id: str) -> list[Reward]:
         """Rewards of this tenant's rollout."""

@@ -87,6 +87,44 @@ def test_a_tenant_key_sees_and_writes_only_its_own_tenant(served: tuple[SQLStore
         assert [r.rollout_id for r in whole.list_rollouts(tenant="bolt")] == ["ro-b"]
 
 
+def test_an_idempotent_write_never_answers_with_another_tenants_record(served: tuple[SQLStore, str]) -> None:
+    """Issue 36, High 1: a tenant that names another tenant's rollout, span or reward id (guessed, leaked or
+    predicted) in a write gets a 409 that carries nothing of the stored record, on every write route."""
+    store, url = served
+    key_a, key_b = store.tenant_keys.issue("acme"), store.tenant_keys.issue("bolt")
+    secret = "bolt-customer-4111-secret"
+    with _as(url, key_b) as b:
+        rb = b.enqueue_rollout(Rollout(input={"message": secret}))
+        sb = b.add_span(Span(rollout_id=rb.rollout_id, attributes={"prompt": secret}))
+        wb = b.add_reward(Reward(rollout_id=rb.rollout_id, value=1.0, metadata={"note": secret}))
+    orphan = store.add_span(Span(attributes={"prompt": secret}))  # written with the store key: no tenant
+    headers = {"X-Api-Key": key_a}
+    with _as(url, key_a) as a:
+        ra = a.enqueue_rollout(Rollout())
+        posts = [
+            ("/api/rollouts", {"rollout_id": rb.rollout_id}),
+            ("/api/spans", {"span_id": sb.span_id, "rollout_id": ra.rollout_id}),
+            ("/api/spans", {"span_id": orphan.span_id}),
+            ("/api/rewards", {"reward_id": wb.reward_id, "rollout_id": ra.rollout_id, "value": 0.0}),
+        ]
+        for path, body in posts:
+            r = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=10)
+            assert r.status_code == 409, (path, r.status_code, r.text)
+            assert secret not in r.text and "bolt" not in r.text, r.text  # not the record, not its tenant
+        batch = {"items": [{"span": {"span_id": sb.span_id, "rollout_id": ra.rollout_id}},
+                           {"reward": {"reward_id": wb.reward_id, "rollout_id": ra.rollout_id, "value": 0.0}},
+                           {"span": {"rollout_id": ra.rollout_id}}], "ack": "full"}  # fmt: skip
+        r = httpx.post(f"{url}/api/batch", json=batch, headers=headers, timeout=10)
+        assert r.status_code == 200 and secret not in r.text and "bolt" not in r.text, r.text
+        results = r.json()["results"]
+        assert [x["error"] for x in results] == ["IdInUseError", "IdInUseError", None], results
+    # nothing of bolt's changed, and acme's own idempotent write still answers with its record
+    assert store.get_rollout(rb.rollout_id).tenant == "bolt"
+    assert store.list_spans(rb.rollout_id)[0].attributes == {"prompt": secret}
+    with _as(url, key_a) as a:
+        assert a.enqueue_rollout(Rollout(rollout_id=ra.rollout_id)).rollout_id == ra.rollout_id
+
+
 def _status(url: str, key: str) -> int:
     return httpx.get(
         f"{url}/api/rollouts", headers={"Authorization": f"Bearer {key}"}, timeout=10
