@@ -152,7 +152,7 @@ class _Gateway(SpanRecorder):
             )
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
         if self.privacy is not None:  # personal data masked before anything sees or stores it
-            ctx.body, ctx.privacy = self.privacy.begin(rollout_id, endpoint, body)
+            ctx.body, ctx.privacy = await self.privacy.abegin(rollout_id, endpoint, body)  # off the loop
         problem = validate_body(body, endpoint)
         if problem is None and not exact:  # only orjson's refusals can hold lone surrogates
             problem = lone_surrogate(body)

@@ -18,6 +18,7 @@ from agentforge.types import LLMCall, Span, SpanKind, now
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
+    from agentforge.privacy.flight import PrivacyGuard
 
 __all__ = ["SpanRecorder"]
 
@@ -42,6 +43,8 @@ class SpanRecorder:
             (:mod:`agentforge.gateway.prefix`).
     """
 
+    privacy: PrivacyGuard | None = None  #: the gateway's privacy policy, which seals spans off the event loop
+
     def __init__(self, store: TraceStore) -> None:
         self.store = store
         self.prefix = Continuations()
@@ -59,7 +62,8 @@ class SpanRecorder:
         The write itself always finishes (``asyncio.shield``), even when the waiting caller is cancelled."""
         self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
         if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
-            llm, sealed = ctx.privacy.seal(llm)
+            guard = self.privacy
+            llm, sealed = await guard.aseal(ctx.privacy, llm) if guard is not None else ctx.privacy.seal(llm)
             attributes = {**attributes, **sealed}
             if llm.logprobs is None:  # withheld: the masked ones of a guided call too
                 attributes.pop(GUIDED_LOGPROBS, None)

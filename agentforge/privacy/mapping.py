@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import Counter
 from typing import Any
 
@@ -14,7 +15,11 @@ __all__ = ["Mapping", "json_escaped"]
 
 #: a text tail that may be the start of a placeholder still being streamed (``<CA``, ``<CARD_``)
 _OPEN_TAIL_RE = re.compile(r"<[A-Z0-9_]{0,40}$")
-_TEXT_CACHE = 128  # masked texts remembered per rollout (a chat resends its whole history every turn)
+# masked texts remembered per rollout (a chat resends its whole history every turn): at most this many, of at
+# most _CACHED_TEXT_CHARS each and _CACHE_CHARS in all, so a rollout of 1 MB messages keeps a few MB, not 128 of them
+_TEXT_CACHE = 128
+_CACHED_TEXT_CHARS = 64 * 1024
+_CACHE_CHARS = 1024 * 1024
 
 
 def json_escaped(value: str) -> str:
@@ -39,6 +44,8 @@ class Mapping:
         self.by_placeholder: dict[str, str] = {}
         self._numbers: Counter[str] = Counter()
         self._texts: dict[str, tuple[str, Counter[str]]] = {}
+        self._cached_chars = 0
+        self.lock = threading.Lock()  #: held by whoever masks with this mapping (calls run in worker threads)
 
     def placeholder(self, category: str, value: str) -> str:
         """The placeholder of ``value`` (a new one, numbered next in ``category``, if unseen)."""
@@ -76,9 +83,14 @@ class Mapping:
             at = f.end
         out.append(text[at:])
         masked = "".join(out)
-        if len(self._texts) >= _TEXT_CACHE:
-            self._texts.pop(next(iter(self._texts)))
-        self._texts[text] = (masked, Counter(counts))
+        if len(text) <= _CACHED_TEXT_CHARS:
+            while self._texts and (
+                len(self._texts) >= _TEXT_CACHE or self._cached_chars + len(text) + len(masked) > _CACHE_CHARS
+            ):
+                old = next(iter(self._texts))
+                self._cached_chars -= len(old) + len(self._texts.pop(old)[0])
+            self._texts[text] = (masked, Counter(counts))
+            self._cached_chars += len(text) + len(masked)
         return masked, counts
 
     def _known_findings(self, text: str) -> list[Finding]:

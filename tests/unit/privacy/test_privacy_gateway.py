@@ -123,3 +123,68 @@ def test_streamed_tool_call_arguments_get_the_real_values(served) -> None:
     assert json.loads(arguments) == {"card": VISA}
     (span,) = server.store.list_spans(rollout_id=rid)
     assert span.llm.tool_calls[0].arguments == '{"card": "<CARD_1>"}'
+
+
+def test_a_body_being_scanned_does_not_hold_the_event_loop(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, High 2: mask-mode detection runs in a worker thread. While one request's scan is held inside
+    the detector, /health and another rollout's call are answered; then the held call completes, masked."""
+    import threading
+
+    server, upstream = served
+    detector = _detector_of(server)
+    entered, release = threading.Event(), threading.Event()
+    real_find = detector.find
+
+    def slow_find(text: str):
+        if "HOLD-ME" in text:
+            entered.set()
+            assert release.wait(30), "the test never released the scan"
+        return real_find(text)
+
+    monkeypatch.setattr(detector, "find", slow_find)
+    held_rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    other_rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn("ok"))
+    upstream.add(ScriptedTurn("also ok"))
+    result: dict[str, httpx.Response] = {}
+    big = {"role": "user", "content": "HOLD-ME " + "4111 " * 2_000}  # (the report's had 80,000: 400 KB)
+    held = threading.Thread(target=lambda: result.setdefault("held", _post(server, held_rid, [big])))
+    held.start()
+    assert entered.wait(30)
+    try:
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200  # the loop is free
+        other = _post(server, other_rid, [USER])
+        assert other.status_code == 200, other.text
+    finally:
+        release.set()
+        held.join(120)
+    assert result["held"].status_code == 200, result["held"].text
+    first, second = (r.body["messages"][0]["content"] for r in upstream.requests[-2:])
+    assert first.startswith("Charge my card <CARD_1>") and second.startswith(
+        "HOLD-ME"
+    )  # the other went first
+
+
+def _detector_of(server: GatewayServer):
+    from agentforge.privacy.flight import _DETECTORS
+
+    assert len(_DETECTORS) >= 1
+    return next(d for d in _DETECTORS.values() if d.config.patterns == POLICY.patterns)
+
+
+def test_the_scanned_text_cache_is_bounded_by_size() -> None:
+    """Issue 36, Medium: 60 calls of 1 MB texts in one rollout grew the gateway by 270 MB; a rollout now keeps
+    at most 1 M characters of scanned texts, and none over 64 K characters."""
+    from agentforge.privacy.flight import _detector
+    from agentforge.privacy.mapping import Mapping
+
+    mapping = Mapping(_detector(PrivacyConfig()))
+    for i in range(10):
+        mapping.mask(f"call {i} " + "ab " * 100_000)  # 300 K characters: scanned, never cached
+    for i in range(200):
+        mapping.mask(f"turn {i} " + "cd " * 7_000)
+    assert mapping._cached_chars <= 1024 * 1024
+    assert sum(len(t) + len(m) for t, (m, _) in mapping._texts.items()) == mapping._cached_chars
+    assert 20 <= len(mapping._texts) <= 25 and mapping.mask("turn 199 " + "cd " * 7_000)[0].startswith(
+        "turn 199"
+    )
