@@ -27,6 +27,7 @@ __all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG"]
 #: the flag (and ``not_trainable_reason``) of a span whose ids were withheld in ``redact`` mode
 REDACTED_FLAG = "privacy_redacted"
 
+_NO_DIGITS = str.maketrans("", "", "0123456789")
 _DETECTORS: dict[str, Detector] = {}
 _DETECTORS_LOCK = threading.Lock()
 
@@ -267,6 +268,8 @@ class PrivacyGuard:
     #: scans that may run at once in worker threads (one request's scan is single-threaded Python; more threads
     #: than this would only queue on the interpreter lock, and would take the threads other hops need)
     SCAN_THREADS = 4
+    #: scans estimated at most this many µs run on the event loop (:meth:`abegin`)
+    INLINE_SCAN_US = 2000.0
 
     def __init__(self, config: PrivacyConfig) -> None:
         self.config = config
@@ -278,15 +281,38 @@ class PrivacyGuard:
     async def abegin(
         self, rollout_id: str | None, endpoint: str, body: dict[str, Any]
     ) -> tuple[dict[str, Any], CallPrivacy | None]:
-        """:meth:`begin` in a worker thread, so the event loop keeps serving while a large body is scanned.
+        """:meth:`begin`, in a worker thread unless its scan is small, so the event loop keeps serving.
 
-        Detection is pure Python and costs up to ~20 µs per byte of digit-dense text (``phonenumbers`` tries
-        every window); on the event loop a 400 KB body held ``/health`` for 16 s (issue 36). At most
-        :attr:`SCAN_THREADS` scans run at once; later ones wait their turn without holding the loop.
+        Detection is pure Python: about 0.12 µs per character plus 20 µs per digit (``phonenumbers`` tries
+        every window of a digit run; ``benchmarks/privacy_detection.py``). On the event loop a 400 KB body of
+        ``"4111 "`` held ``/health`` for 16 s (issue 36). Texts the rollout's mapping has scanned before cost
+        nothing; when the rest is estimated at most :attr:`INLINE_SCAN_US` it runs here (a thread hop costs
+        more CPU than such a scan), else in a worker thread, at most :attr:`SCAN_THREADS` at once.
         """
         if self.detector is None:
             return body, None
-        return await anyio.to_thread.run_sync(self.begin, rollout_id, endpoint, body, limiter=self._threads)
+        if (
+            self.config.mode is PrivacyMode.mask
+            and self._scan_estimate_us(rollout_id, endpoint, body) > self.INLINE_SCAN_US
+        ):
+            return await anyio.to_thread.run_sync(
+                self.begin, rollout_id, endpoint, body, limiter=self._threads
+            )
+        return self.begin(rollout_id, endpoint, body)
+
+    def _scan_estimate_us(self, rollout_id: str | None, endpoint: str, body: dict[str, Any]) -> float:
+        """The detector's estimated cost (µs) for the texts of ``body`` its rollout has not scanned yet."""
+        mapping = self._rollouts.get(rollout_id) if rollout_id is not None else None
+        total = 0.0
+
+        def cost(text: str, _is_json: bool) -> str:
+            nonlocal total
+            if mapping is None or not mapping.is_cached(text):
+                total += 0.12 * len(text) + 20.0 * (len(text) - len(text.translate(_NO_DIGITS)))
+            return text
+
+        _walk_texts(body, endpoint, cost)
+        return total
 
     async def aseal(self, privacy: CallPrivacy, llm: LLMCall) -> tuple[LLMCall, dict[str, Any]]:
         """:meth:`CallPrivacy.seal` off the event loop where it scans (``redact`` mode scans the answer)."""

@@ -60,6 +60,10 @@ class Mapping:
                 self.by_value[escaped] = found
         return found
 
+    def is_cached(self, text: str) -> bool:
+        """Whether :meth:`mask` remembers ``text`` (masking it again costs no detection)."""
+        return text in self._texts
+
     def mask(self, text: str) -> tuple[str, Counter[str]]:
         """``text`` with every detected or already known value replaced by its placeholder.
 
