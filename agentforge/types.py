@@ -237,6 +237,10 @@ class Rollout(BaseModel):
         timeout_s: wall-clock limit per attempt, seconds.
         tenant: the customer of the app this rollout belongs to (``None``: no tenant); a tenant key sees and
             writes only its own rollouts (:mod:`agentforge.stores.tenants`).
+        user_id / session_id: the person and the conversation this rollout holds data of, set by the
+            application that knows them (its own login, its own session), once, when the rollout is enqueued.
+            ``agentforge forget --user/--session`` deletes by these fields only, never by ``metadata`` or the
+            task, which carry what clients wrote (:mod:`agentforge.stores.forget`). At most 200 characters.
     """
 
     rollout_id: str = Field(default_factory=lambda: new_id("ro"))
@@ -253,6 +257,8 @@ class Rollout(BaseModel):
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
     tenant: str | None = None
+    user_id: str | None = Field(default=None, min_length=1, max_length=200)
+    session_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class Attempt(BaseModel):

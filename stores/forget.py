@@ -1,7 +1,11 @@
 """Deleting a subject's data from a SQL store (``agentforge forget``) and raw traces past a retention age.
 
 A subject is a rollout id, a session or a user: a rollout belongs to session ``S`` / user ``U`` when its
-metadata, its task's input or its task's metadata has ``"session_id": S`` / ``"user_id": U``. Deleting a
+``session_id`` / ``user_id`` is ``S`` / ``U`` (:class:`~agentforge.types.Rollout`: set by the application that
+knows the person, when it enqueues the rollout). Metadata and task fields never decide: clients write them, and
+one who put another person's id there would have had that person's deletion steered to her own rollout (issue
+36). Rollouts that name a subject only there are counted (:attr:`ForgetReport.named_in_metadata`) and kept, so
+the operator can look at them (``--rollout`` deletes one). Deleting a
 rollout deletes its spans (the messages, tool results and token ids they hold), rewards and attempts, and the
 rollout row (its task). Samples are derived from these rows on read (:mod:`agentforge.trainers.samples`), so
 none outlive them; files exported earlier are listed, not touched.
@@ -36,8 +40,9 @@ from agentforge.types import ResourceVersion
 
 __all__ = ["ForgetReport", "forget", "apply_retention", "RETAINED_METRICS", "SUBJECT_KEYS"]
 
-#: the key naming each subject kind in a rollout's metadata / task input / task metadata
+#: each subject kind's column of a rollout (the keys that name it in client-written metadata: SUBJECT_HINTS)
 SUBJECT_KEYS = {"session": "session_id", "user": "user_id"}
+SUBJECT_HINTS = {"session": ("session_id", "session"), "user": ("user_id", "user")}
 #: the resource whose versions keep the aggregates of rollouts deleted by retention
 RETAINED_METRICS = "metrics:retained"
 _TERMINAL = ("succeeded", "failed", "cancelled")
@@ -52,14 +57,17 @@ class ForgetReport:
         rollout_ids: the rollouts deleted.
         deleted: rows deleted per table (``rollouts``, ``attempts``, ``spans``, ``rewards``).
         exports_before: exported files made earlier that hold some of those rollouts (still on disk).
+        named_in_metadata: rollouts not deleted that name one of the sessions or users only in fields
+            clients write (metadata, task input or metadata: ``session_id``, ``user_id``, ``user``).
     """
 
     rollout_ids: list[str] = field(default_factory=list)
     deleted: dict[str, int] = field(default_factory=dict)
     exports_before: list[dict[str, Any]] = field(default_factory=list)
+    named_in_metadata: list[str] = field(default_factory=list)
 
 
-def _owner_values(row: RolloutRow, key: str) -> set[str]:
+def _owner_values(row: RolloutRow, keys: Sequence[str]) -> set[str]:
     values = set()
     for raw, path in ((row.metadata_json, ()), (row.task_json, ("input",)), (row.task_json, ("metadata",))):
         try:
@@ -68,13 +76,22 @@ def _owner_values(row: RolloutRow, key: str) -> set[str]:
             continue
         for step in path:
             obj = obj.get(step) if isinstance(obj, dict) else None
-        if isinstance(obj, dict) and isinstance(obj.get(key), str):
-            values.add(obj[key])
+        if isinstance(obj, dict):
+            values.update(obj[k] for k in keys if isinstance(obj.get(k), str))
     return values
 
 
 def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]:
-    key = SUBJECT_KEYS[kind]
+    """The rollouts whose ``session_id`` / ``user_id`` column is one of ``values`` (indexed)."""
+    column = getattr(RolloutRow, SUBJECT_KEYS[kind])
+    found: list[str] = []
+    for at in range(0, len(values), _CHUNK):
+        found += s.exec(select(RolloutRow.rollout_id).where(column.in_(values[at : at + _CHUNK]))).all()
+    return found
+
+
+def _named_in_metadata(s: Session, kind: str, values: Sequence[str]) -> list[str]:
+    """Rollouts that name one of ``values`` in client-written fields (see :attr:`ForgetReport.named_in_metadata`)."""
     found = []
     for value in values:
         needle = json.dumps(value)[1:-1]  # how the value reads inside the stored JSON
@@ -83,7 +100,7 @@ def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]
                 or_(RolloutRow.metadata_json.contains(needle), RolloutRow.task_json.contains(needle))
             )  # type: ignore[union-attr]
         ).all()
-        found += [r.rollout_id for r in rows if value in _owner_values(r, key)]
+        found += [r.rollout_id for r in rows if value in _owner_values(r, SUBJECT_HINTS[kind])]
     return found
 
 
@@ -137,8 +154,8 @@ def forget(
     Args:
         store: a SQLite or PostgreSQL store.
         rollouts: rollout ids.
-        sessions: session ids (``session_id`` of a rollout's metadata, task input or task metadata).
-        users: user ids (``user_id`` in the same places).
+        sessions: session ids (a rollout's ``session_id``).
+        users: user ids (a rollout's ``user_id``).
         vacuum: erase the freed space afterwards (SQLite ``VACUUM``; PostgreSQL ``VACUUM``).
         full: on PostgreSQL, ``VACUUM FULL`` (rewrites the tables; blocks them meanwhile).
 
@@ -153,18 +170,19 @@ def forget(
         raise UserError("forget needs at least one --rollout, --session or --user")
     started = time.time()
 
-    def run(s: Session) -> tuple[list[str], dict[str, int]]:
+    def run(s: Session) -> tuple[list[str], dict[str, int], list[str]]:
         ids = list(
             dict.fromkeys(
                 rollouts + _subject_rollouts(s, "session", sessions) + _subject_rollouts(s, "user", users)
             )
         )
-        return ids, _delete(s, ids)
+        hinted = _named_in_metadata(s, "session", sessions) + _named_in_metadata(s, "user", users)
+        return ids, _delete(s, ids), [r for r in dict.fromkeys(hinted) if r not in set(ids)]
 
-    ids, counts = store._tx.run(run, write=True)
+    ids, counts, named = store._tx.run(run, write=True)
     if vacuum:
         _erase_freed(store, full)
-    report = ForgetReport(ids, counts, exports_holding(store, ids, started))
+    report = ForgetReport(ids, counts, exports_holding(store, ids, started), named)
     for subject, values in (("rollout", rollouts), ("session", sessions), ("user", users)):
         if values:
             record_deletion(store, subject, values, counts, report.exports_before)

@@ -81,6 +81,8 @@ class RolloutRow(SQLModel, table=True):
     created_at: float = Field(index=True)
     updated_at: float
     tenant: str | None = Field(default=None, index=True, max_length=63)
+    user_id: str | None = Field(default=None, index=True, max_length=200)
+    session_id: str | None = Field(default=None, index=True, max_length=200)
 
 
 class AttemptRow(SQLModel, table=True):
@@ -195,6 +197,8 @@ def rollout_to_row(r: Rollout) -> RolloutRow:
         created_at=r.created_at,
         updated_at=r.updated_at,
         tenant=_tenant(r.tenant),
+        user_id=plain("user_id", r.user_id),
+        session_id=plain("session_id", r.session_id),
     )
 
 
@@ -215,6 +219,8 @@ def row_to_rollout(row: RolloutRow) -> Rollout:
         created_at=row.created_at,
         updated_at=row.updated_at,
         tenant=row.tenant,
+        user_id=row.user_id,
+        session_id=row.session_id,
     )
 
 

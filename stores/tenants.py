@@ -235,6 +235,8 @@ class TenantKeyCache:
 
 #: The tenant columns, by table, that store files made before tenants lack.
 _TENANT_COLUMNS = {"af_rollouts": True, "af_spans": False, "af_rewards": False}
+#: The rollouts' subject columns (``forget --user/--session``) that store files made before them lack.
+_SUBJECT_COLUMNS = ("user_id", "session_id")
 
 
 def add_tenant_columns(conn: Connection) -> None:
@@ -252,3 +254,11 @@ def add_tenant_columns(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE {table} ADD COLUMN tenant VARCHAR(63)"))
         if indexed:
             conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_tenant ON {table} (tenant)"))
+    if inspector.has_table("af_rollouts"):  # the subject columns came later: existing rows keep NULL
+        have = {c["name"] for c in inspector.get_columns("af_rollouts")}
+        for column in _SUBJECT_COLUMNS:
+            if column not in have:
+                conn.execute(text(f"ALTER TABLE af_rollouts ADD COLUMN {column} VARCHAR(200)"))
+                conn.execute(
+                    text(f"CREATE INDEX IF NOT EXISTS ix_af_rollouts_{column} ON af_rollouts ({column})")
+                )

@@ -20,13 +20,13 @@ def forget_cmd(
         list[str] | None,
         typer.Option(
             "--session",
-            help="A session id: rollouts whose metadata or task has it as session_id (repeatable).",
+            help="A session id: the rollouts the application enqueued with this session_id (repeatable).",
         ),
     ] = None,
     user: Annotated[
         list[str] | None,
         typer.Option(
-            "--user", help="A user id: rollouts whose metadata or task has it as user_id (repeatable)."
+            "--user", help="A user id: the rollouts the application enqueued with this user_id (repeatable)."
         ),
     ] = None,
     older_than_days: Annotated[
@@ -80,6 +80,12 @@ def forget_cmd(
                 )
         finally:
             store.close()
+    if report.named_in_metadata:
+        console.print(
+            f"[yellow]{len(report.named_in_metadata)} other rollouts name these sessions or users only in "
+            "client-written metadata or task fields; they were kept (delete one with --rollout):[/] "
+            + " ".join(report.named_in_metadata[:20])
+        )
     for export in report.exports_before:
         console.print(
             f"[yellow]exported before the deletion, still holds {export['rollouts']} of these rollouts:[/] {export['path']}"
@@ -90,6 +96,7 @@ def forget_cmd(
                 "rollouts": len(report.rollout_ids),
                 "deleted": report.deleted,
                 "exports_before": report.exports_before,
+                "named_in_metadata": report.named_in_metadata,
             }
         )
     )

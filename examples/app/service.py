@@ -69,6 +69,7 @@ from agentforge import (
     open_store,
     rollout_base_url,
 )
+from agentforge.types import new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # chat_agent.py sits next to this file
 
@@ -88,7 +89,9 @@ PROMPT_NAME = "prompt:app-system"
 class NewSession(BaseModel):
     """Body of ``POST /sessions``."""
 
-    user: str | None = None
+    user: str | None = Field(
+        default=None, min_length=1, max_length=200
+    )  # the app's user: the rollout's user_id
     metadata: dict[str, Any] = Field(default_factory=dict)
     prompt_version: int | None = Field(default=None, ge=1)
 
@@ -219,12 +222,13 @@ def create_app(
             prompt = get_prompt(store, prompt_name, version=body.prompt_version, default=agent.SYSTEM)
         except NotFoundError as exc:
             raise HTTPException(404, detail=str(exc)) from None
+        session_id = new_id("ro")  # the session is the rollout: forget --session <session_id> finds it
         rollout = Rollout(
-            agent=AGENT,
+            rollout_id=session_id, session_id=session_id, user_id=body.user, agent=AGENT,
             task=Task(input={"channel": "app"}, metadata={"user": body.user}),
             resources={prompt_name: str(prompt.version)},
             metadata={**body.metadata, "user": body.user, TOKEN_KEY: _digest(token)},
-        )
+        )  # fmt: skip
         rollout = store.enqueue_rollout(rollout)
         rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
         system = str(prompt.payload.get("template", ""))

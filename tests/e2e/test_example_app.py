@@ -307,3 +307,37 @@ def test_an_app_key_guards_new_sessions(stack) -> None:
         assert (
             client.post("/sessions", json={}, headers={"Authorization": f"Bearer {key}"}).status_code == 201
         )
+
+
+def test_forget_finds_the_apps_users_and_sessions_not_what_clients_claim(
+    stack, app_client: TestClient
+) -> None:
+    """Issue 36, High 3: the app enqueues each session's rollout with ``session_id`` (its id) and ``user_id``
+    (its user); ``forget --user`` deletes that user's conversations, spans included, and ``forget --session``
+    deletes the named session even when another user wrote its id into her own session's metadata."""
+    from agentforge.errors import NotFoundError
+    from agentforge.stores.forget import forget
+
+    gateway, store, upstream = stack
+    upstream.add(*order_turns(), *order_turns())
+    olivia = started(app_client.post("/sessions", json={"user": "olivia_ito_3591"}))
+    say(app_client, olivia, "Where is my order W1001?")
+    assert (
+        store.get_rollout(olivia).user_id == "olivia_ito_3591"
+        and store.get_rollout(olivia).session_id == olivia
+    )
+    body = {"user": "mallory", "metadata": {"session_id": olivia, "user_id": "olivia_ito_3591"}}
+    mallory = started(app_client.post("/sessions", json=body))
+    say(app_client, mallory, "Where is my order W1001?")
+    assert len(store.list_spans(rollout_id=olivia, kind=SpanKind.llm)) == 2
+
+    report = forget(store, sessions=[olivia], vacuum=False)
+    assert report.rollout_ids == [olivia] and report.deleted["spans"] >= 2
+    assert report.named_in_metadata == [mallory]
+    with pytest.raises(NotFoundError):
+        store.get_rollout(olivia)
+    assert len(store.list_spans(rollout_id=mallory, kind=SpanKind.llm)) == 2
+    assert forget(store, users=["mallory"], vacuum=False).rollout_ids == [mallory]
+    assert (
+        app_client.post("/sessions", json={"user": "x" * 201}).status_code == 422
+    )  # a clear error, not a 500

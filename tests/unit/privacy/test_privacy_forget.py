@@ -12,6 +12,7 @@ from fixtures_store import PG_ENV
 from typer.testing import CliRunner
 
 from agentforge.cli import app
+from agentforge.errors import NotFoundError
 from agentforge.privacy.ledger import DELETIONS, EXPORTS
 from agentforge.stores.forget import RETAINED_METRICS, apply_retention, forget
 from agentforge.stores.sql import SQLStore
@@ -19,9 +20,11 @@ from agentforge.trainers.replay import TraceFilter, export_jsonl
 from agentforge.types import AttemptState, LLMCall, Reward, Rollout, Span, SpanKind, Task
 
 
-def _rollout(store: SQLStore, user: str, marker: str, attributes: dict | None = None) -> str:
+def _rollout(
+    store: SQLStore, user: str, marker: str, attributes: dict | None = None, **fields: object
+) -> str:
     """A succeeded rollout of ``user`` with one attempt, one LLM span holding ``marker`` and a final reward."""
-    rid = store.enqueue_rollout(Rollout(task=Task(input={"user_id": user}))).rollout_id
+    rid = store.enqueue_rollout(Rollout(user_id=user, task=Task(input={"note": marker}), **fields)).rollout_id
     claimed = store.claim_rollout("w1")
     assert claimed is not None and claimed[0].rollout_id == rid
     llm = LLMCall(request={"messages": [{"role": "user", "content": f"my address is {marker}"}]}, response_text=marker,
@@ -63,7 +66,7 @@ def test_forget_a_user_everywhere_and_only_them(store_url: str, tmp_path: Path) 
         assert report.deleted == {"spans": 2, "rewards": 2, "attempts": 2, "rollouts": 2}
         assert [e["path"] for e in report.exports_before] == [str(tmp_path / "before.jsonl")]
         assert [s.rollout_id for s in store.list_spans(rollout_id=bob)] == [bob]
-        assert store.get_rollout(bob).task.input == {"user_id": "bob_42"}
+        assert store.get_rollout(bob).user_id == "bob_42"
         again = forget(store, users=["alice_17"])  # idempotent
         assert again.rollout_ids == [] and again.deleted == {
             "spans": 0,
@@ -119,3 +122,49 @@ def test_serve_refuses_a_bad_privacy_policy_before_starting_anything() -> None:
     assert bad_mode.exit_code == 2 and "unknown privacy mode 'hide'" in bad_mode.output
     bad_pattern = runner.invoke(app, ["serve", "--privacy-pattern", "ACCOUNT=ACME-("])
     assert bad_pattern.exit_code == 2 and "not a valid regex" in bad_pattern.output
+
+
+def test_forget_follows_the_identity_the_application_set_not_client_metadata(store_url: str) -> None:
+    """Issue 36, High 3: mallory put alice's session and user ids in her own rollout's metadata and task.
+    ``forget --session/--user`` deletes alice's rollout and spans (found by the rollout's session_id / user_id,
+    set by the application), keeps mallory's and reports it as named only in client-written fields."""
+    with SQLStore(store_url) as store:
+        alice = _rollout(store, "alice_17", "77 Alice Lane zq9", session_id="s-alice")
+        mallory = store.enqueue_rollout(
+            Rollout(
+                user_id="mallory",
+                session_id="s-mallory",
+                metadata={"session_id": "s-alice", "user": "alice_17"},
+                task=Task(input={"user_id": "alice_17"}),
+            )  # fmt: skip
+        ).rollout_id
+        report = forget(store, sessions=["s-alice"], vacuum=False)
+        assert report.rollout_ids == [alice] and report.deleted["spans"] == 1
+        assert report.named_in_metadata == [mallory]
+        assert store.get_rollout(mallory).user_id == "mallory"
+        with pytest.raises(NotFoundError):
+            store.get_rollout(alice)
+        again = forget(store, users=["alice_17"], vacuum=False)
+        assert again.rollout_ids == [] and again.named_in_metadata == [mallory]
+    result = CliRunner().invoke(app, ["forget", "--user", "alice_17", "--store-url", store_url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["named_in_metadata"] == [mallory]
+
+
+def test_a_store_file_made_before_the_subject_columns_gets_them(tmp_path: Path) -> None:
+    """Opening a store file whose rollouts table lacks ``user_id`` / ``session_id`` adds them (rows keep NULL)."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with SQLStore(url) as store:
+        old = store.enqueue_rollout(Rollout()).rollout_id
+    conn = sqlite3.connect(tmp_path / "old.db")
+    for column in ("user_id", "session_id"):
+        conn.execute(f"DROP INDEX ix_af_rollouts_{column}")
+        conn.execute(f"ALTER TABLE af_rollouts DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    with SQLStore(url) as store:
+        assert store.get_rollout(old).user_id is None
+        new = store.enqueue_rollout(Rollout(user_id="u-1", session_id="s-1")).rollout_id
+        assert forget(store, users=["u-1"], vacuum=False).rollout_ids == [new]
