@@ -20,6 +20,11 @@ approximation's prediction and the old gate's (exact sign test, p ≤ 0.1, 20 ta
 
     python benchmarks/learning.py --ablation                     # 3 arms × 2 seeds
     python benchmarks/learning.py --gate
+    python benchmarks/learning.py --warm --seeds 0 1 2          # warm-start schedules × seeds, one capture
+
+``--warm``: how much the warm start's held-out success hangs on its seed. One capture of the base policy;
+each arm (``name:learning_rate:scheduler:epochs``) trains the replay SFT once per seed; each adapter is
+scored on the held-out tasks. Printed: per arm the seeds' scores, their mean and spread.
 """
 
 from __future__ import annotations
@@ -135,6 +140,42 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
     return rows
 
 
+def warm_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """Warm-start arms × seeds on one capture: each arm's adapter's held-out success (the spread over seeds is
+    how much the job's verdict hangs on the SFT seed). Arms are ``name:learning_rate:scheduler:epochs``."""
+    from agentforge import GatedPublisher, run_replay_sft
+
+    store, stack, model, board = ctx["store"], ctx["stack"], ctx["model"], ctx["board"]
+    base = stack.swapper.reset_to_base()
+    stack.swapper.wait_drained(timeout_s=120)
+    stager, rows = GatedPublisher(stack.swapper, store), []
+    for arm in args.warm_arms:
+        name, lr, scheduler, epochs = arm.split(":")
+        for seed in args.seeds:
+            config, flt = mj.warm_inputs(args, seed, ctx["warm"], base)
+            config.output_dir = str(args.out / f"warm-{name}" / f"seed-{seed}")
+            config.learning_rate, config.lr_scheduler_type = float(lr), scheduler
+            config.num_train_epochs = float(epochs)
+            t0 = time.monotonic()
+            replay = run_replay_sft(model, store, flt, config, None)
+            version = stager.stage(Path(replay.adapter_dir), 0)
+            board(version)
+            held = board.held[version]["parts"]["success"]
+            row = {"arm": name, "lr": float(lr), "scheduler": scheduler, "epochs": float(epochs), "seed": seed,
+                   "version": version, "held_out": held, "steps": replay.steps, "final_loss": replay.final_loss,
+                   "seconds": round(time.monotonic() - t0)}  # fmt: skip
+            rows.append(row)
+            print(f"warm {name:>10} seed {seed}: held-out {held:.3f}  ({replay.steps} steps, final loss "
+                  f"{replay.final_loss:.4f}, {row['seconds']}s)", flush=True)  # fmt: skip
+    stager.unstage()
+    print("\nWarm-start arms: held-out success per seed, mean and spread (max - min)")
+    for arm in args.warm_arms:
+        got = [r["held_out"] for r in rows if r["arm"] == arm.split(":")[0]]
+        print(f"{arm:>28}: {' '.join(f'{x:.3f}' for x in got)}  mean {statistics.mean(got):.3f}  "
+              f"spread {max(got) - min(got):.3f}")  # fmt: skip
+    return rows
+
+
 def _ablation_line(r: dict[str, Any]) -> str:
     upd = "-" if r["update_ratio"] is None else f"{r['update_ratio']:.2e}"
     rewards = " ".join("-" if x is None else f"{x:.2f}" for x in r["batch_reward"])
@@ -232,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ablation", action="store_true", help="run the RL ablation")
     p.add_argument("--gate", action="store_true", help="measure the gate's pass rates")
     p.add_argument("--arms", nargs="+", default=["old:5e-4:0", "5e-5:5e-5:1", "1e-5:1e-5:1"])
+    p.add_argument("--warm", action="store_true", help="run the warm-start ablation (--warm-arms × --seeds)")
+    p.add_argument(
+        "--warm-arms",
+        nargs="+",
+        default=["constant:5e-4:constant:3", "linear:5e-4:linear:3"],
+        help="warm-start arms name:learning_rate:scheduler:epochs",
+    )
     p.add_argument(
         "--damage", type=float, nargs="+", default=[0.5, 1.0], help="noise scales of damaged copies"
     )
@@ -241,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     args = mj.parse_args([*rest, "--out", str(ROOT / "runs" / "learning")] if "--out" not in rest else rest)
     for k, v in vars(ours).items():
         setattr(args, k, v)
-    if not (args.ablation or args.gate):
-        p.error("say --ablation and/or --gate")
+    if not (args.ablation or args.gate or args.warm):
+        p.error("say --ablation, --gate and/or --warm")
     from agentforge import LocalStack, open_store, prepare_default_model
     from agentforge.agents.customer_service.order_bot import OrderDeskAgent
 
@@ -258,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         mj.capture(store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p)
         ctx = {"store": store, "stack": stack, "model": model, "board": board, "warm": warm, "train": train,
                "pool": mj.greedy(gate_slice + train)[: args.pool]}  # fmt: skip
+        if args.warm:
+            out = warm_ablation(mj, args, ctx)
+            (args.out / "warm_ablation.json").write_text(json.dumps(out, indent=1))
         if args.gate:
             out = gate_rates(mj, args, ctx)
             (args.out / "gate_rates.json").write_text(json.dumps(out, indent=1))
