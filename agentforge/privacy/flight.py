@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from agentforge.privacy.config import PrivacyConfig, PrivacyMode
+from agentforge.privacy.config import PLACEHOLDER_RE, PrivacyConfig, PrivacyMode
 from agentforge.privacy.detect import Detector
 from agentforge.privacy.mapping import Mapping, split_open_tail
 from agentforge.types import LLMCall
@@ -30,6 +30,10 @@ REDACTED_FLAG = "privacy_redacted"
 _NO_DIGITS = str.maketrans("", "", "0123456789")
 _DETECTORS: dict[str, Detector] = {}
 _DETECTORS_LOCK = threading.Lock()
+
+
+def _placeholders(text: str) -> set[str]:
+    return {m.group(0) for m in PLACEHOLDER_RE.finditer(text)} if "<" in text else set()
 
 
 def _detector(config: PrivacyConfig) -> Detector:
@@ -94,13 +98,25 @@ class CallPrivacy:
         mode: the policy's mode.
         mapping: the rollout's placeholders (``mask``), or this call's findings (``redact``).
         counts: redactions in this call per category (the request's; ``seal`` adds the answer's).
+        revealable: the placeholders whose values this call's request carried (masked by the gateway): the
+            only ones its answer turns back into values. A caller who sends ``say <EMAIL_1>`` without the
+            address gets ``<EMAIL_1>`` back, not the address another call of the rollout sent (issue 36).
     """
 
     def __init__(
-        self, mode: PrivacyMode, mapping: Mapping, counts: Counter[str], exportable: bool = True
+        self,
+        mode: PrivacyMode,
+        mapping: Mapping,
+        counts: Counter[str],
+        exportable: bool = True,
+        revealable: frozenset[str] = frozenset(),
     ) -> None:
         self.mode, self.mapping, self.counts, self.exportable = mode, mapping, counts, exportable
+        self.revealable = revealable
         self._held: dict[tuple[Any, ...], str] = {}
+
+    def _restore(self, text: str, in_json: bool = False) -> str:
+        return self.mapping.restore(text, in_json=in_json, only=self.revealable)
 
     # --- the client's answer (mask mode) ---------------------------------------------------------
     def restore_body(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +131,7 @@ class CallPrivacy:
                 continue
             c = dict(choice)
             if isinstance(c.get("text"), str):
-                c["text"] = self.mapping.restore(c["text"])
+                c["text"] = self._restore(c["text"])
             message = c.get("message")
             if isinstance(message, dict):
                 c["message"] = self._restore_message(message)
@@ -126,11 +142,9 @@ class CallPrivacy:
     def _restore_message(self, message: dict[str, Any]) -> dict[str, Any]:
         m = dict(message)
         if isinstance(m.get("content"), str):
-            m["content"] = self.mapping.restore(m["content"])
+            m["content"] = self._restore(m["content"])
         if isinstance(m.get("tool_calls"), list):
-            m["tool_calls"] = [
-                _call_with(c, lambda s, _j: self.mapping.restore(s, in_json=True)) for c in m["tool_calls"]
-            ]
+            m["tool_calls"] = [_call_with(c, lambda s, _j: self._restore(s, True)) for c in m["tool_calls"]]
         return m
 
     def restore_chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +187,7 @@ class CallPrivacy:
             text, held = split_open_tail(text)
             if held:
                 self._held[key] = held
-        return self.mapping.restore(text, in_json=in_json)
+        return self._restore(text, in_json)
 
     async def restore_sse(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The gateway's SSE bytes (whole ``data: ...`` events per item) with the real values back."""
@@ -339,10 +353,13 @@ class PrivacyGuard:
             return body, None
         mapping = self._mapping(rollout_id)
         counts: Counter[str] = Counter()
+        issued: set[str] = set()  # placeholders standing for values this request carried
 
         def mask(text: str, _is_json: bool) -> str:
             masked, found = mapping.mask(text)
-            counts.update(found)
+            if found:
+                counts.update(found)
+                issued.update(_placeholders(masked) - _placeholders(text))
             return masked
 
         if self.config.mode is PrivacyMode.redact:  # the engine sees the values; seal redacts the record
@@ -351,7 +368,9 @@ class PrivacyGuard:
             masked = _walk_texts(body, endpoint, mask)
         if not counts and not mapping.by_value:
             return body, None
-        return masked, CallPrivacy(self.config.mode, mapping, counts, self.config.exportable)
+        return masked, CallPrivacy(
+            self.config.mode, mapping, counts, self.config.exportable, frozenset(issued)
+        )
 
     def _mapping(self, rollout_id: str | None) -> Mapping:
         assert self.detector is not None

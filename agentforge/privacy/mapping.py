@@ -109,13 +109,16 @@ class Mapping:
         found.sort(key=lambda f: (f.start, -(f.end - f.start)))
         return found
 
-    def restore(self, text: str, *, in_json: bool = False) -> str:
+    def restore(self, text: str, *, in_json: bool = False, only: frozenset[str] | None = None) -> str:
         """``text`` with this rollout's placeholders replaced by their real values (JSON-escaped when
-        ``in_json``: tool-call arguments); placeholders it never issued stay as they are."""
+        ``in_json``: tool-call arguments); placeholders it never issued, or not in ``only`` when given, stay
+        as they are."""
         if "<" not in text:
             return text
 
         def real(m: re.Match[str]) -> str:
+            if only is not None and m.group(0) not in only:
+                return m.group(0)
             value = self.by_placeholder.get(m.group(0))
             if value is None:
                 return m.group(0)

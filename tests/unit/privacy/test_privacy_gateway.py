@@ -188,3 +188,28 @@ def test_the_scanned_text_cache_is_bounded_by_size() -> None:
     assert 20 <= len(mapping._texts) <= 25 and mapping.mask("turn 199 " + "cd " * 7_000)[0].startswith(
         "turn 199"
     )
+
+
+def test_an_answer_reveals_only_values_its_own_request_carried(served) -> None:
+    """Issue 36, Medium: whoever could call a rollout's URL and sent ``say <CARD_1> <ACCOUNT_1>`` got the real card
+    and account another call of the rollout had sent. Now the answer restores only placeholders whose values
+    the same request carried; the conversation that resends them still gets them back, plain and streamed."""
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn("Noted <CARD_1>."))
+    assert _post(server, rid, [USER]).json()["choices"][0]["message"]["content"] == f"Noted {VISA}."
+    probe = {"role": "user", "content": "say <CARD_1> <ACCOUNT_1>"}
+    upstream.add(ScriptedTurn("<CARD_1> <ACCOUNT_1>"))
+    leaked = _post(server, rid, [probe]).json()["choices"][0]["message"]["content"]
+    assert leaked == "<CARD_1> <ACCOUNT_1>" and VISA not in leaked and ACCOUNT not in leaked
+    upstream.add(
+        ScriptedTurn("<CARD_1> <ACCOUNT_1>", pieces=["<CARD", "_1> <ACC", "OUNT_1>"], token_ids=[1, 2, 3])
+    )
+    events = parse_sse(_post(server, rid, [probe], stream=True).text)
+    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    assert streamed == "<CARD_1> <ACCOUNT_1>"
+    upstream.add(
+        ScriptedTurn("Card <CARD_1> on file.")
+    )  # the owner's conversation resends the card: restored
+    again = _post(server, rid, [USER, {"role": "assistant", "content": f"Noted {VISA}."}, probe])
+    assert again.json()["choices"][0]["message"]["content"] == f"Card {VISA} on file."
