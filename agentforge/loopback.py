@@ -21,7 +21,9 @@ from agentforge.errors import UserError
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "bearer_token", "LoopbackGuard"]
+__all__ = [
+    "MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "bearer_token", "browser_problem", "LoopbackGuard",
+]  # fmt: skip
 
 #: The shortest API key a server accepts (a key an attacker can guess is no key).
 MIN_KEY_LENGTH = 16
@@ -92,9 +94,50 @@ def _serves(interface: str) -> bool:
     return not _is_ip(interface) or is_loopback(interface)
 
 
+@functools.lru_cache(maxsize=256)
+def _local_authority(value: bytes) -> bool:
+    """Whether a ``Host`` value (``127.0.0.1:8000``, ``[::1]:80``, ``localhost``) names a loopback host."""
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return is_loopback(host)
+
+
+@functools.lru_cache(maxsize=256)
+def _local_origin(value: bytes) -> bool:
+    """Whether an ``Origin`` value (``http://127.0.0.1:8000``) is a page served from a loopback host."""
+    scheme, sep, rest = value.decode("latin-1").strip().partition("://")
+    return (
+        bool(sep) and scheme.lower() in ("http", "https") and _local_authority(rest.split("/", 1)[0].encode())
+    )
+
+
+def browser_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request to a keyless loopback server may come from a web page the user merely visited, or
+    ``None``.
+
+    Any page can make a browser send a ``text/plain`` POST to ``127.0.0.1`` (no CORS preflight), and DNS
+    rebinding lets a page read answers under its own host name. So a keyless server refuses a ``Host`` that
+    is no loopback name (rebinding), an ``Origin`` of a page not served from loopback, and a request the
+    browser marks ``Sec-Fetch-Site: cross-site``. Clients that are programs (SDKs, curl) send a loopback
+    ``Host`` and no ``Origin``; the dashboard's own page has a loopback origin.
+    """
+    for name, value in headers:
+        if name == b"host" and not _local_authority(value):
+            return f"Host {value.decode('latin-1')[:100]!r} is not a loopback name (DNS rebinding)"
+        if name == b"origin" and not _local_origin(value):
+            return f"a page from {value.decode('latin-1')[:100]!r} (cross-site request)"
+        if name == b"sec-fetch-site" and value.strip().lower() == b"cross-site":
+            return "a cross-site request (Sec-Fetch-Site: cross-site)"
+    return None
+
+
 class LoopbackGuard:
     """ASGI middleware for an app without a key: a request that arrived on a non-loopback interface gets
-    a 403 with a JSON error body and never reaches the app.
+    a 403 with a JSON error body and never reaches the app; so does one a web page made the browser send
+    (:func:`browser_problem`: a foreign ``Host`` or ``Origin``), on a real loopback socket.
 
     Args:
         app: the app to guard.
@@ -106,18 +149,31 @@ class LoopbackGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = scope.get("server") if scope["type"] in ("http", "websocket") else None
-        if server is None or _serves(str(server[0])):
+        if server is None:
             await self.app(scope, receive, send)
             return
-        message = (
-            f"this agentforge {self._what} has no API key, so it only serves requests on a loopback "
-            f"interface; this one arrived on {server[0]}. Start it with an API key to serve other interfaces"
-        )
+        interface = str(server[0])
+        if _serves(interface):
+            problem = browser_problem(scope.get("headers") or []) if _is_ip(interface) else None  # a socket
+            if problem is None:
+                await self.app(scope, receive, send)
+                return
+            code = "cross_site_request"
+            message = (
+                f"this agentforge {self._what} has no API key, so it serves only programs on this machine; "
+                f"refused {problem}. Start it with an API key to serve browsers of other sites"
+            )
+        else:
+            code = "non_loopback_without_key"
+            message = (
+                f"this agentforge {self._what} has no API key, so it only serves requests on a loopback "
+                f"interface; this one arrived on {server[0]}. Start it with an API key to serve other interfaces"
+            )
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps({"error": {"message": message, "type": "permission_error", "param": None,
-                                     "code": "non_loopback_without_key"}}).encode()  # fmt: skip
+                                     "code": code}}).encode()  # fmt: skip
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 403, "headers": headers})
         await send({"type": "http.response.body", "body": body})
