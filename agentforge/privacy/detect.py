@@ -28,8 +28,11 @@ Values on the allow-list are never reported.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentforge.errors import MissingExtraError
@@ -77,6 +80,27 @@ _SECRET_PLUGINS = (
 # ISO/IEC 7812-1: a payment card's first digit (major industry identifier) is 2-6; 1 (airlines), 7-9 and 0 are
 # not payment networks, and Luhn-valid order numbers starting with them are common (Bitext's 113542617735902)
 _CARD_FIRST_DIGITS = frozenset("23456")
+# secrets detect-secrets misses or cuts short (issue 36): a PEM private key with its body (detect-secrets flags only
+# the BEGIN line), a whole JWT (its signature too), OpenAI project/service keys, unquoted ``password=...`` style
+# assignments (the value: group ``v``); bounded repeats, so each costs linear time per character
+_EXTRA_SECRETS = tuple(
+    re.compile(p)
+    for p in (
+        r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----\s*(?:(?:Proc-Type|DEK-Info):[^\n]{0,200}\n\s*)*"
+        r"[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)?",
+        r"\beyJ[A-Za-z0-9_-]{4,4096}\.eyJ[A-Za-z0-9_-]{4,8192}\.[A-Za-z0-9_-]{0,1024}",
+        r"\bsk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,512}",
+        r"(?i)\b[a-z0-9_.-]{0,40}?(?:password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?key|auth[_-]?token"
+        r"|access[_-]?token|private[_-]?key|client[_-]?secret)\s{0,5}[:=]\s{0,5}(?P<v>[^\s'\"<>,;&]{4,512})",
+    )
+)
+# a bare AWS-style secret access key: 40 base64 characters, mixed case, a digit, high entropy
+_BARE_KEY_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+# characters that hide a value from the patterns without changing how it reads (issue 36): zero-width ones are
+# dropped, other spaces become " ", any decimal digit its ASCII digit, and the dots of a card written in dotted
+# groups (4111.1111.1111.1111) spaces; offsets are mapped back to the original text
+_ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad")
+_DIGIT_DOT_RE = re.compile(r"\b\d{4}(?:\.\d{4}){2,3}\b|\b\d{4}\.\d{6}\.\d{4,5}\b")  # card groups only
 # a category's rank when two findings overlap (lower wins; then the longer one)
 _RANK = {"SECRET": 0, "CARD": 1, "IBAN": 2, "EMAIL": 3, "SSN": 4, "DOB": 5, "PHONE": 6, "ADDRESS": 7}
 
@@ -165,6 +189,10 @@ class Detector:
     def find(self, text: str) -> list[Finding]:
         """The non-overlapping findings in ``text``, in order.
 
+        The text is first normalised (:func:`_normalise`: zero-width characters out, Unicode spaces and digits
+        to ASCII, dots between digits to spaces), so ``4111\u200b1111...`` or full-width digits are found like
+        plain ones; offsets and values are the original text's.
+
         Args:
             text: any text (a message, a tool result, tool-call arguments as JSON).
 
@@ -174,6 +202,13 @@ class Detector:
             higher-ranked category (secrets, cards, IBANs, emails, SSNs, birth dates, phones, addresses,
             then deployment patterns).
         """
+        norm, where = _normalise(text)
+        found = self._find(norm)
+        if norm is not text:
+            found = [_mapped(f, text, where) for f in found]
+        return [f for f in found if f.value not in self._allow and f.value.strip()]
+
+    def _find(self, text: str) -> list[Finding]:
         found: list[Finding] = []
         digits = len(text) - len(text.translate(_NO_DIGITS))  # cheap gates: most values need digits
         for category, recognizer in self._pattern_recognizers:
@@ -193,7 +228,7 @@ class Detector:
                 found.extend(self._phones(rest))
         if self._secret_regexes and _SECRET_HINT_RE.search(text):
             found.extend(self._secrets(text))
-        return self._resolve([f for f in found if f.value not in self._allow and f.value.strip()])
+        return self._resolve([f for f in found if f.value.strip()])
 
     def _birth_dates(self, text: str) -> list[Finding]:
         out: list[Finding] = []
@@ -220,6 +255,13 @@ class Detector:
         for regex in self._secret_regexes:
             for m in regex.finditer(text):
                 out.append(Finding(m.start(), m.end(), "SECRET", m.group(0)))
+        for regex in _EXTRA_SECRETS:
+            for m in regex.finditer(text):
+                g = "v" if "v" in regex.groupindex else 0
+                out.append(Finding(m.start(g), m.end(g), "SECRET", m.group(g).rstrip()))
+        for m in _BARE_KEY_RE.finditer(text):
+            if _looks_random(m.group(0)):
+                out.append(Finding(m.start(), m.end(), "SECRET", m.group(0)))
         for line_start, line in _lines(text):
             for plugin in self._secret_plugins:
                 for secret in plugin.analyze_line(filename="message.txt", line=line, line_number=0):
@@ -237,6 +279,54 @@ class Detector:
             if all(f.end <= k.start or f.start >= k.end for k in kept):
                 kept.append(f)
         return sorted(kept, key=lambda f: f.start)
+
+
+def _normalise(text: str) -> tuple[str, list[int] | None]:
+    """``(normalised text, original index of each of its characters)``; the index list is ``None`` when the
+    offsets did not change (the text itself, or dots between digits replaced one for one)."""
+    if text.isascii():
+        if "." in text and _DIGIT_DOT_RE.search(text):
+            return _DIGIT_DOT_RE.sub(_undot, text), None
+        return text, None
+    chars: list[str] = []
+    where: list[int] = []
+    for i, ch in enumerate(text):
+        if ch in _ZERO_WIDTH:
+            continue
+        if not ch.isascii():
+            if ch.isspace():
+                ch = " "
+            elif ch.isdigit():
+                digit = unicodedata.decimal(ch, None)
+                ch = str(digit) if digit is not None else ch
+        chars.append(ch)
+        where.append(i)
+    norm = _DIGIT_DOT_RE.sub(_undot, "".join(chars))
+    return norm, where
+
+
+def _undot(m: re.Match[str]) -> str:
+    return m.group(0).replace(".", " ")
+
+
+def _mapped(f: Finding, text: str, where: list[int] | None) -> Finding:
+    """``f`` (found in the normalised text) with the original text's offsets and value."""
+    if where is None:
+        return replace(f, value=text[f.start : f.end])
+    start, end = where[f.start], where[f.end - 1] + 1
+    return Finding(start, end, f.category, text[start:end])
+
+
+def _looks_random(token: str) -> bool:
+    """A 40-character token with upper and lower case and a digit, above 4.5 bits of entropy per character."""
+    if not (
+        any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+        and any(c.isdigit() for c in token)
+    ):
+        return False
+    counts = Counter(token)
+    return -sum(n / 40 * math.log2(n / 40) for n in counts.values()) > 4.5
 
 
 def _blank(text: str, found: list[Finding]) -> str:

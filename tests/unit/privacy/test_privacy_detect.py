@@ -70,3 +70,48 @@ def test_bad_policies_are_refused() -> None:
         PrivacyConfig.from_options("mask", ["ACME-\\d{8}"])
     with pytest.raises(UserError, match="unknown privacy mode"):
         PrivacyConfig.from_options("hide")
+
+
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c3b0dYt9xQzR8mVqPkq2X9nq7mJ0s8w0aVbY2fN3Lr1Ht7eF\n"
+    "k9Xw3mJpQ2rT5sVbN8cYdZ1aWq4Lp7oK3nR6tU9vX2yZ0bC5dE8fG1hI4jK7lM0n\n-----END RSA PRIVATE KEY-----"
+)
+JWT = (
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
+    ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize(
+    ("text", "category", "value"),
+    [
+        (f"my key:\n{PEM}\nthanks", "SECRET", PEM),  # the body too, not only the BEGIN line
+        (f"token {JWT} ok", "SECRET", JWT),  # the signature too
+        ("login with password=hunter2butlonger and user=bob", "SECRET", "hunter2butlonger"),  # unquoted
+        ("use sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH now", "SECRET",
+         "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"),
+        (f"aws_secret_access_key={AWS_SECRET}", "SECRET", AWS_SECRET),
+        (f"the secret is {AWS_SECRET}", "SECRET", AWS_SECRET),
+        ("card 4111.1111.1111.1111 exp 12/27", "CARD", "4111.1111.1111.1111"),
+        ("card 4111\u00a01111\u00a01111\u00a01111", "CARD", "4111\u00a01111\u00a01111\u00a01111"),
+        ("card 4111\u200b1111\u200b1111\u200b1111", "CARD", "4111\u200b1111\u200b1111\u200b1111"),
+        ("card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
+         "CARD", "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11"),
+    ],
+)  # fmt: skip
+def test_the_reported_bypasses_are_found_whole(
+    detector: Detector, text: str, category: str, value: str
+) -> None:
+    """Issue 36, Medium: each of these kept (part of) its value in clear; offsets are the original text's."""
+    found = [f for f in detector.find(text) if f.category == category]
+    assert [f.value for f in found] == [value]
+    assert text[found[0].start : found[0].end] == value
+    masked, _ = Mapping(detector).mask(text)
+    assert value not in masked
+
+
+def test_normalising_keeps_dotted_dates_and_prices(detector: Detector) -> None:
+    assert _found(detector, "DOB: 04.05.1965, paid 1234.56 on 2024.01.15, version 1.2.3.4") == [
+        ("DOB", "04.05.1965")
+    ]
