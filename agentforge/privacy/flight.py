@@ -45,10 +45,22 @@ def _detector(config: PrivacyConfig) -> Detector:
         return found
 
 
+#: the free-text fields of a content part (its other fields are types, URLs and encoded media)
+_PART_TEXT_KEYS = ("text", "refusal", "transcript", "filename")
+
+
 def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], str]) -> dict[str, Any]:
-    """A copy of ``body`` with ``fn(text, is_json)`` applied to each message text, content part, tool-call
-    arguments string (chat) or prompt string (completions)."""
+    """A copy of ``body`` with ``fn(text, is_json)`` applied to every free-text field a person's data can be in.
+
+    Chat: each message's text content, the text fields of its content parts (``text``, ``refusal``,
+    ``transcript``, ``filename``), its ``name`` and ``refusal``, its tool-call arguments (JSON); every
+    ``description`` in the tools' schemas; the request's ``user``. Completions: the prompt (string or list of
+    strings), ``suffix`` and ``user``. Names the engine matches on (tool and function names, enum values,
+    roles, model) are left as they are.
+    """
     out = dict(body)
+    if isinstance(body.get("user"), str):
+        out["user"] = fn(body["user"], False)
     if endpoint == "chat":
         if not isinstance(body.get("messages"), list):
             return out  # the gateway answers 400 for it
@@ -62,24 +74,44 @@ def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], s
             if isinstance(content, str):
                 m["content"] = fn(content, False)
             elif isinstance(content, list):
-                m["content"] = [
-                    {**p, "text": fn(p["text"], False)}
-                    if isinstance(p, dict) and isinstance(p.get("text"), str)
-                    else p
-                    for p in content
-                ]
+                m["content"] = [_part_with(p, fn) for p in content]
+            for key in ("name", "refusal"):
+                if isinstance(m.get(key), str):
+                    m[key] = fn(m[key], False)
             calls = m.get("tool_calls")
             if isinstance(calls, list):
                 m["tool_calls"] = [_call_with(c, fn) for c in calls]
             messages.append(m)
         out["messages"] = messages
+        if isinstance(body.get("tools"), list):
+            out["tools"] = [_descriptions(t, fn) for t in body["tools"]]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             out["prompt"] = fn(prompt, False)
         elif isinstance(prompt, list):
             out["prompt"] = [fn(p, False) if isinstance(p, str) else p for p in prompt]
+        if isinstance(body.get("suffix"), str):
+            out["suffix"] = fn(body["suffix"], False)
     return out
+
+
+def _part_with(part: Any, fn: Callable[[str, bool], str]) -> Any:
+    if not isinstance(part, dict):
+        return part
+    return {k: fn(v, False) if k in _PART_TEXT_KEYS and isinstance(v, str) else v for k, v in part.items()}
+
+
+def _descriptions(value: Any, fn: Callable[[str, bool], str], depth: int = 0) -> Any:
+    """A tool (or schema) with ``fn`` applied to every ``description`` string in it (nesting bounded)."""
+    if depth > 32:
+        return value
+    if isinstance(value, dict):
+        return {k: fn(v, False) if k == "description" and isinstance(v, str) else _descriptions(v, fn, depth + 1)
+                for k, v in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_descriptions(v, fn, depth + 1) for v in value]
+    return value
 
 
 def _call_with(call: Any, fn: Callable[[str, bool], str]) -> Any:

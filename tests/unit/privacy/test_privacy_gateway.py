@@ -213,3 +213,25 @@ def test_an_answer_reveals_only_values_its_own_request_carried(served) -> None:
     )  # the owner's conversation resends the card: restored
     again = _post(server, rid, [USER, {"role": "assistant", "content": f"Noted {VISA}."}, probe])
     assert again.json()["choices"][0]["message"]["content"] == f"Card {VISA} on file."
+
+
+def test_every_free_text_field_is_masked_not_only_message_text(served) -> None:
+    """Issue 36, Medium: a message's ``name``, the text of other content parts, tool descriptions and the
+    request's ``user`` reached the engine and the store in clear."""
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    email = "jane.doe@example.com"
+    tool = {"type": "function", "function": {"name": "lookup", "description": f"Look up orders of {email}",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "enum": ["a", "b"],
+                                                                "description": f"card like {VISA}"}}}}}  # fmt: skip
+    messages = [
+        {"role": "user", "name": email, "content": [{"type": "text", "text": "hi"},
+                                                     {"type": "input_text", "text": f"mail {email}"}]},
+    ]  # fmt: skip
+    upstream.add(ScriptedTurn("ok"))
+    assert _post(server, rid, messages, tools=[tool], user=email).status_code == 200
+    sent = json.dumps(upstream.requests[-1].body)
+    assert email not in sent and VISA not in sent, sent
+    assert '"name": "lookup"' in sent and '"enum": ["a", "b"]' in sent  # names the engine matches on stay
+    stored = json.dumps([s.llm.request for s in server.store.list_spans(rollout_id=rid) if s.llm])
+    assert stored != "[]" and email not in stored and VISA not in stored
