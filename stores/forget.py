@@ -12,7 +12,10 @@ none outlive them; files exported earlier are listed, not touched.
 
 Freed space is erased too: on SQLite the delete runs with ``PRAGMA secure_delete`` (freed pages are zeroed),
 then ``VACUUM`` rewrites the file and ``wal_checkpoint(TRUNCATE)`` empties the WAL; on PostgreSQL ``VACUUM``
-(``full=True``: ``VACUUM FULL``, which rewrites the tables under an exclusive lock) follows.
+(by default ``VACUUM FULL``, which rewrites the tables under an exclusive lock: a plain ``VACUUM`` only marks the
+dead rows' space reusable and leaves their text readable in the table files; ``full=False`` for that) and a
+``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold the deleted text until the server recycles them
+(``wal_keep_size``, archiving): that part is the database operator's.
 
 Each run is logged without its data (:mod:`agentforge.privacy.ledger`). Deleting twice is harmless: the second
 run finds nothing and logs a deletion of zero rows.
@@ -138,6 +141,10 @@ def _erase_freed(store: SQLStore, full: bool) -> None:
             verb = "VACUUM FULL" if full else "VACUUM"
             for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
                 conn.exec_driver_sql(f"{verb} {table}")
+            try:  # flush the rewritten pages now (needs pg_checkpoint or superuser; the server does it later)
+                conn.exec_driver_sql("CHECKPOINT")
+            except Exception:  # noqa: BLE001 - a role without the right: the periodic checkpoint follows
+                pass
 
 
 def forget(
@@ -147,7 +154,7 @@ def forget(
     sessions: Iterable[str] = (),
     users: Iterable[str] = (),
     vacuum: bool = True,
-    full: bool = False,
+    full: bool = True,
 ) -> ForgetReport:
     """Delete every row of the given subjects and log the deletion (see the module docstring).
 
@@ -157,7 +164,8 @@ def forget(
         sessions: session ids (a rollout's ``session_id``).
         users: user ids (a rollout's ``user_id``).
         vacuum: erase the freed space afterwards (SQLite ``VACUUM``; PostgreSQL ``VACUUM``).
-        full: on PostgreSQL, ``VACUUM FULL`` (rewrites the tables; blocks them meanwhile).
+        full: on PostgreSQL, ``VACUUM FULL`` (rewrites the tables; blocks them meanwhile); ``False``: a plain
+            ``VACUUM``, which leaves the deleted text readable in the table files until the space is reused.
 
     Returns:
         The deleted rollouts, row counts and the exports made before that hold them.
@@ -192,7 +200,8 @@ def forget(
 def apply_retention(
     store: SQLStore, days: float, *, vacuum: bool = True, at: float | None = None
 ) -> ForgetReport:
-    """Delete finished rollouts created more than ``days`` days ago; keep their aggregates.
+    """Delete finished rollouts created more than ``days`` days ago, and spans recorded without a rollout
+    (unattributed calls) that started before then; keep the rollouts' aggregates.
 
     The aggregates (per UTC day, agent and state: rollouts, rollouts with a valid final reward, the sum and
     mean of those rewards) are stored first as the next version of :data:`RETAINED_METRICS`.
@@ -245,7 +254,12 @@ def apply_retention(
              "reward_mean": total / k if k else None}
             for (d, a, st), (n, k, total) in sorted(groups.items())
         ]  # fmt: skip
-        return ids, _delete(s, ids), aggregates
+        counts = _delete(s, ids)
+        orphans = s.execute(  # spans recorded without a rollout (unattributed calls) age out too
+            delete(SpanRow).where(SpanRow.rollout_id.is_(None), SpanRow.started_at < cutoff)  # type: ignore[union-attr]
+        )
+        counts["orphan_spans"] = orphans.rowcount or 0
+        return ids, counts, aggregates
 
     ids, counts, aggregates = store._tx.run(run, write=True)
     if aggregates:
@@ -253,7 +267,7 @@ def apply_retention(
         store.publish_resource(
             ResourceVersion(name=RETAINED_METRICS, kind="other", payload=payload), activate=False
         )
-    if vacuum and ids:
+    if vacuum and (ids or counts["orphan_spans"]):
         _erase_freed(store, False)
     report = ForgetReport(ids, counts, exports_holding(store, ids, cutoff + days * 86400.0))
     record_deletion(store, "retention", [str(cutoff)], counts, report.exports_before)

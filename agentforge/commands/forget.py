@@ -45,8 +45,12 @@ def forget_cmd(
         bool, typer.Option(help="Erase the freed space (SQLite VACUUM + WAL truncate; PostgreSQL VACUUM).")
     ] = True,
     full: Annotated[
-        bool, typer.Option(help="PostgreSQL: VACUUM FULL (rewrites the tables, blocking them meanwhile).")
-    ] = False,
+        bool,
+        typer.Option(
+            help="PostgreSQL: VACUUM FULL, rewriting the tables (blocking them meanwhile); --no-full runs a plain "
+            "VACUUM, which leaves the deleted text readable in the table files until the space is reused."
+        ),
+    ] = True,
 ) -> None:
     """Delete a subject's spans, rewards, attempts and rollouts; print what went as JSON (stdout).
 

@@ -88,11 +88,21 @@ def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(tmp_
     with SQLStore(url) as store:
         kept = _rollout(store, "u1", "ok text")
         held = _rollout(store, "u2", "held text", {"privacy": {"mode": "redact", "exportable": False}})
+        old_orphan = store.add_span(Span(kind=SpanKind.llm, attributes={"prompt": "orphan text qv7"}))
+        now_ = store.get_rollout(kept).created_at + 2 * 86400
+        new_orphan = store.add_span(
+            Span(attributes={"prompt": "fresh orphan"}, started_at=now_, ended_at=now_)
+        )
         report = export_jsonl(store, tmp_path / "out.jsonl", TraceFilter(require_tokens=False))
         assert report.skipped == {"privacy: must not leave the store": 1}
         assert b"held text" not in (tmp_path / "out.jsonl").read_bytes()
-        gone = apply_retention(store, 1, at=store.get_rollout(kept).created_at + 2 * 86400)
-        assert sorted(gone.rollout_ids) == sorted([kept, held])
+        gone = apply_retention(store, 1, at=now_)
+        assert sorted(gone.rollout_ids) == sorted([kept, held]) and gone.deleted["orphan_spans"] == 1
+        assert (
+            [s.span_id for s in store.list_spans(orphans=True)]
+            == [new_orphan.span_id]
+            != [old_orphan.span_id]
+        )
         (metrics,) = store.list_resources(RETAINED_METRICS)
         (row,) = metrics.payload["aggregates"]
         assert (row["rollouts"], row["rewarded"], row["reward_mean"], row["state"]) == (
@@ -101,7 +111,7 @@ def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(tmp_
             1.0,
             "succeeded",
         )
-    assert b"held text" not in _files(url)
+    assert b"held text" not in _files(url) and b"orphan text qv7" not in _files(url)
 
 
 def test_forget_command(tmp_path: Path) -> None:
