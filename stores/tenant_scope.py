@@ -33,6 +33,10 @@ class IdInUseError(InvalidTransitionError):
     """A tenant's write named an id the store holds for a record the tenant cannot read (HTTP 409)."""
 
 
+#: resource names of the store's own records, about every tenant: no tenant key lists or reads them
+_STORE_LOGS = ("privacy:", "metrics:")
+
+
 def _id_of(item: Any) -> str:
     return str(getattr(item, f"{type(item).__name__.lower()}_id", "?"))
 
@@ -190,7 +194,8 @@ class TenantView:
 
     # --- resources ----------------------------------------------------------------------------------
     def _visible(self, name: str) -> bool:
-        return tenant_of_name(name) in (None, self.tenant)
+        # the store's own logs (privacy:deletions, privacy:exports, metrics:retained) span every tenant
+        return not name.startswith(_STORE_LOGS) and tenant_of_name(name) in (None, self.tenant)
 
     def get_resource(self, name: str, version: int | None = None) -> ResourceVersion:
         """A shared resource or one of this tenant's lineage. Raises: ``NotFoundError`` (another tenant's)."""

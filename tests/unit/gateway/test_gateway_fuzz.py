@@ -17,14 +17,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentforge.gateway.app import create_gateway
+from agentforge.privacy import PrivacyConfig
 from agentforge.testing import ScriptedUpstream, memory_store
 
 _SETTINGS = settings(FUZZ, max_examples=150)
 
 _json = json_values(max_leaves=20, max_text=40)
+_pii = st.sampled_from(
+    ["jane.doe@example.com", "4111 1111 1111 1111", "password=hunter2hunter2", "<EMAIL_1>", "x"]
+)
 _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "", "🤖"])},
-    optional={"content": st.one_of(st.text(max_size=60), _json), "tool_calls": _json, "name": _json},
+    optional={
+        "content": st.one_of(st.text(max_size=60), _json, _pii),
+        "tool_calls": _json,
+        "name": st.one_of(_json, _pii),
+    },
 )
 _body = st.fixed_dictionaries(
     {},
@@ -46,12 +54,14 @@ _body = st.fixed_dictionaries(
 _routes = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/rollouts/ro-x/v1/chat/completions"])
 
 
-@pytest.fixture(scope="module")
-def gateway():
-    """One gateway for every example (a fresh one each would spend the time building stores)."""
+@pytest.fixture(scope="module", params=["off", "mask"])
+def gateway(request: pytest.FixtureRequest):
+    """One gateway for every example (a fresh one each would spend the time building stores); privacy off,
+    and in mask mode (``serve``'s default: every free-text field walked, answers restored)."""
     store = memory_store()
-    upstream = ScriptedUpstream(["fine", "also fine"], cycle=True)
-    app = create_gateway(store, upstream.router(), transport=upstream.transport())
+    upstream = ScriptedUpstream(["fine <EMAIL_1>", "also fine"], cycle=True)
+    privacy = PrivacyConfig(mode=request.param)
+    app = create_gateway(store, upstream.router(), transport=upstream.transport(), privacy=privacy)
     yield store, app
     store.close()
 
