@@ -26,6 +26,7 @@ the unauthenticated ``GET /api/store/health``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,6 +46,7 @@ from agentforge.stores.tables import dumps
 from agentforge.stores.tenant_scope import TenantForbidden, TenantView
 from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
+    MAX_BATCH,
     BatchItem,
     BatchRequest,
     BatchResult,
@@ -83,12 +85,13 @@ def otlp_metrics_text(store: TraceStore) -> str:
     return "\n".join(lines) + "\n"
 
 
-def batch_results(store: TraceStore, items: list[BatchItem], ack: str = "full") -> list[BatchResult]:
+def batch_results(store: TraceStore, items: list[BatchItem | str], ack: str = "full") -> list[BatchResult]:
     """Write a batch through ``store.write_batch`` and shape one result per item.
 
     Args:
         store: the store to write to.
-        items: the request's items.
+        items: the request's items; a string stands for an item that did not validate (its message): it
+            fails alone, as ``ValidationError``, and the others are written.
         ack: ``"full"`` (the stored item) or ``"patch"`` (only what the store changed, when it can be said
             as a patch; see :mod:`agentforge.stores.wire`).
 
@@ -97,16 +100,24 @@ def batch_results(store: TraceStore, items: list[BatchItem], ack: str = "full") 
         ``message`` of an item the store rejected alone.
 
     Raises:
-        UserError: an entry with neither or both of ``span`` and ``reward``.
         StoreError: the batch failed as a whole.
     """
     objs: list[Span | Reward] = []
+    invalid: dict[int, str] = {}
     for i, item in enumerate(items):
-        if (item.span is None) == (item.reward is None):
-            raise UserError(f"batch item {i} must hold exactly one of 'span' and 'reward'")
-        objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
+        if isinstance(item, str):
+            invalid[i] = item
+        elif (item.span is None) == (item.reward is None):
+            invalid[i] = f"batch item {i} must hold exactly one of 'span' and 'reward'"
+        else:
+            objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
+    written = iter(zip(objs, store.write_batch(objs) if objs else [], strict=True))
     out: list[BatchResult] = []
-    for sent, result in zip(objs, store.write_batch(objs), strict=True):
+    for i in range(len(items)):
+        if i in invalid:
+            out.append(BatchResult(error="ValidationError", message=invalid[i]))
+            continue
+        sent, result = next(written)
         if isinstance(result, Exception):
             out.append(BatchResult(error=type(result).__name__, message=str(result)))
         elif ack == "patch" and (patch := patch_of(sent, result)) is not None:
@@ -116,6 +127,29 @@ def batch_results(store: TraceStore, items: list[BatchItem], ack: str = "full") 
         else:
             out.append(BatchResult(reward=result))
     return out
+
+
+def _item_by_item(raw: bytes) -> tuple[list[BatchItem | str], str] | None:
+    """A batch body whose envelope is valid but some items are not: each item validated alone (an invalid one
+    becomes its error message); ``None`` when the envelope itself is wrong (then the whole request is a 422)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        return None
+    ack = data.get("ack", "full")
+    if ack not in ("full", "patch") or len(data["items"]) > MAX_BATCH:
+        return None
+    items: list[BatchItem | str] = []
+    for i, item in enumerate(data["items"]):
+        try:
+            items.append(BatchItem.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            items.append(f"batch item {i} is invalid: {where}: {first.get('msg', 'invalid')}"[:500])
+    return items, ack
 
 
 class _ASCIIJSONResponse(Response):
@@ -286,16 +320,22 @@ def store_router(
 
     @r.post("/batch")
     async def write_batch(request: Request, st: Any = Depends(scoped)) -> Response:
+        raw = await request.body()
+        items: list[BatchItem | str]
         try:
-            batch = parse(BatchRequest, await request.body())
+            batch = parse(BatchRequest, raw)
+            items, ack = list(batch.items), batch.ack
         except ValueError as exc:  # pydantic's ValidationError is a ValueError too
             if not isinstance(exc, ValidationError):
                 raise HTTPException(422, detail=[{"type": "json_invalid", "msg": str(exc)}]) from None
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            raise HTTPException(422, detail=errors) from None
+            salvaged = _item_by_item(raw)  # one bad item fails alone, not the batch of 100 around it
+            if salvaged is None:
+                errors = exc.errors(include_url=False, include_context=False, include_input=False)
+                raise HTTPException(422, detail=errors) from None
+            items, ack = salvaged
 
         def write() -> Response:  # blocking: in a worker thread, like the synchronous routes
-            results = BatchResults(results=_checked(batch_results, st, batch.items, batch.ack))
+            results = BatchResults(results=_checked(batch_results, st, items, ack))
             return Response(json_bytes(results), media_type="application/json")
 
         return await anyio.to_thread.run_sync(write)

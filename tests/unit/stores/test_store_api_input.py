@@ -106,3 +106,20 @@ def test_ids_that_cannot_travel_in_a_url_are_refused_up_front(api) -> None:
     assert (
         httpx.get(f"{url}/api/rollouts/session:42@app", headers=AUTH).json()["rollout_id"] == "session:42@app"
     )
+
+
+def test_one_schema_invalid_item_fails_alone_not_its_batch(api) -> None:
+    """Issue 36, Low: one item that does not fit the schema dropped a whole batch of 100 with a 422. Now it
+    fails alone (``ValidationError``, with where and why) and the 99 others are written."""
+    url, store = api
+    ro = store.enqueue_rollout(Rollout())
+    items: list[dict] = [{"span": {"rollout_id": ro.rollout_id, "name": f"s{i}"}} for i in range(99)]
+    items.insert(40, {"span": {"rollout_id": ro.rollout_id, "kind": "not-a-kind"}})
+    items.append({"span": {"rollout_id": ro.rollout_id}, "reward": {"rollout_id": ro.rollout_id, "value": 1.0}})
+    resp = httpx.post(f"{url}/api/batch", json={"items": items, "ack": "patch"}, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    errors = {i: r["message"] for i, r in enumerate(resp.json()["results"]) if r["error"]}
+    assert sorted(errors) == [40, 100] and "span.kind" in errors[40] and "exactly one" in errors[100]
+    assert len(store.list_spans(rollout_id=ro.rollout_id)) == 99
+    bad_envelope = httpx.post(f"{url}/api/batch", json={"items": "nope"}, headers=AUTH)
+    assert bad_envelope.status_code == 422  # the request itself is wrong: nothing to salvage
