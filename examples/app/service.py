@@ -59,6 +59,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from agentforge import (
+    AgentForgeError,
     NotFoundError,
     Rollout,
     RolloutState,
@@ -222,6 +223,13 @@ def create_app(
             prompt = get_prompt(store, prompt_name, version=body.prompt_version, default=agent.SYSTEM)
         except NotFoundError as exc:
             raise HTTPException(404, detail=str(exc)) from None
+        except AgentForgeError as exc:  # e.g. the store refused to publish the first prompt: no admin key
+            raise HTTPException(
+                503,
+                detail=f"the app cannot read or publish its prompt {prompt_name!r}: {exc}. Start the app with the "
+                "store's admin key (--admin-key / AGENTFORGE_ADMIN_KEY) so it can publish its first prompt, or "
+                "publish one with an admin key first",
+            ) from None
         session_id = new_id("ro")  # the session is the rollout: forget --session <session_id> finds it
         rollout = Rollout(
             rollout_id=session_id, session_id=session_id, user_id=body.user, agent=AGENT,

@@ -341,3 +341,15 @@ def test_forget_finds_the_apps_users_and_sessions_not_what_clients_claim(
     assert (
         app_client.post("/sessions", json={"user": "x" * 201}).status_code == 422
     )  # a clear error, not a 500
+
+
+def test_without_the_admin_key_the_app_says_what_is_missing(stack) -> None:
+    """Issue 36, Low: on a store that has no prompt yet, the app without the store's admin key answered a bare 500;
+    now a 503 that names the missing key."""
+    gateway, _, _ = stack
+    with (
+        HTTPStore(gateway.url) as http_store,
+        TestClient(service.create_app(gateway.url, http_store)) as client,
+    ):
+        resp = client.post("/sessions", json={"user": "u-1"})
+    assert resp.status_code == 503 and "admin key" in resp.json()["detail"], resp.text
