@@ -67,12 +67,14 @@ from agentforge.gateway.upstream import (
     upstream_client,
 )
 from agentforge.gateway.wire import (
+    MAX_JSON_DEPTH,
     Endpoint,
     client_ask,
     decode_json,
     decode_json_finite,
     encode_json,
     error_body,
+    json_depth,
     shape_response,
     upstream_body,
     upstream_error_body,
@@ -139,7 +141,10 @@ class _Gateway(SpanRecorder):
         rollout_id = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_ID_HEADER) or None
         attempt_id = request.headers.get(ATTEMPT_ID_HEADER) or None
         try:
-            body, exact = decode_json_finite(await request.body())  # exact: orjson read it
+            raw = await request.body()
+            body, exact = decode_json_finite(raw)  # exact: orjson read it
+            if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
+                raise ValueError(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
         except (ValueError, UnicodeDecodeError) as exc:
             logger.warning("rejected a request with a malformed JSON body: %s", exc)
             return JSONResponse(

@@ -404,3 +404,29 @@ def test_serve_refuses_a_public_bind_without_a_key_before_starting_any_engine() 
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--backend", "embedded"], env={})
     assert result.exit_code == 2 and "without an API key" in " ".join(result.output.split())
     assert time.monotonic() - t0 < 10, "the refusal came after an engine start"
+
+
+def test_json_nested_past_the_limit_is_a_400_at_every_depth() -> None:
+    """Issue 36, Low: bodies nested 990-1023 deep passed the JSON parser and failed when the span was encoded: a
+    500 with no span. Past :data:`MAX_JSON_DEPTH` levels any depth is a 400 that says why; below it, a call."""
+    from agentforge.gateway.wire import MAX_JSON_DEPTH
+
+    store, upstream = memory_store(), ScriptedUpstream(["ok"], cycle=True)
+    with GatewayServer(store, upstream.router(), transport=upstream.transport()) as server:
+        for depth in (MAX_JSON_DEPTH - 2, MAX_JSON_DEPTH + 1, 990, 1000, 1023, 1030, 5000):
+            nested = "[" * depth + "]" * depth
+            body = (
+                '{"model": "policy", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+                + nested
+                + "}"
+            )
+            r = httpx.post(f"{server.url}/v1/chat/completions", content=body, timeout=30)
+            if depth < MAX_JSON_DEPTH:
+                assert r.status_code == 200, r.text[:200]
+            else:
+                assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], (
+                    depth,
+                    r.text,
+                )
+    assert len(store.list_spans(orphans=True)) == 1
+    store.close()
