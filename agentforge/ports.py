@@ -106,8 +106,13 @@ class TraceStore(Protocol):
         """
         ...
 
-    def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
+    def claim_rollout(
+        self, worker_id: str, agent: str | None = None, *, attempt_id: str | None = None
+    ) -> tuple[Rollout, Attempt] | None:
         """Atomically move the oldest queued rollout to ``running`` and open a new attempt for it.
+
+        ``attempt_id`` names the attempt to open; a claim repeated with the id of an attempt that exists
+        (its answer was lost) returns that attempt and its rollout again instead of claiming another.
 
         Returns: ``(rollout, attempt)`` or ``None`` when nothing is queued.
         """

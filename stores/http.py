@@ -46,6 +46,7 @@ from agentforge.types import (
     RolloutState,
     Span,
     SpanKind,
+    new_id,
 )
 
 __all__ = ["HTTPStore"]
@@ -112,8 +113,9 @@ class HTTPStore:
         timeout_s: per-request timeout, seconds.
         retries: extra tries after a connection error or a 503 (the server's database unavailable), with
             exponential backoff and jitter (tenacity). Only requests safe to repeat once the server may have
-            seen them are retried after a 503 or a broken connection: everything except ``claim_rollout``
-            and ``publish_resource``, which are retried only when the connection could not be opened.
+            seen them are retried after a 503 or a broken connection: everything except
+            ``publish_resource`` (a version has no id of its own), which is retried only when the connection could
+            not be opened. A claim carries the id of the attempt it opens, so a retried claim claims once.
         backoff_s: the scale of the waits between tries, seconds: try ``n`` waits a random time up to
             ``backoff_s * 2**n``, at most ``max_backoff_s`` (exponential backoff with full jitter).
         retry_for_s: stop retrying once this many seconds passed since the first try (``None``: only
@@ -268,11 +270,13 @@ class HTTPStore:
         params = query.model_dump(mode="json", exclude_none=True)
         return RolloutPage.model_validate(self._request("GET", "/api/rollouts/page", params=params))
 
-    def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
-        """See :meth:`TraceStore.claim_rollout`."""
-        data = self._request(
-            "POST", "/api/rollouts/claim", {"worker_id": worker_id, "agent": agent}, safe=False
-        )
+    def claim_rollout(
+        self, worker_id: str, agent: str | None = None, *, attempt_id: str | None = None
+    ) -> tuple[Rollout, Attempt] | None:
+        """See :meth:`TraceStore.claim_rollout`. The attempt id is made here, so a claim whose answer was lost
+        is retried like any other request and returns the same attempt (no second claim)."""
+        body = {"worker_id": worker_id, "agent": agent, "attempt_id": attempt_id or new_id("at")}
+        data = self._request("POST", "/api/rollouts/claim", body)
         if data is None:
             return None
         return Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])

@@ -271,10 +271,13 @@ def store_router(
 
     @r.post("/rollouts/claim")
     def claim(
-        worker_id: str = Body(), agent: str | None = Body(default=None), st: Any = Depends(scoped)
+        worker_id: str = Body(),
+        agent: str | None = Body(default=None),
+        attempt_id: str | None = Body(default=None),
+        st: Any = Depends(scoped),
     ) -> Response:
         def fn() -> Any:
-            got = st.claim_rollout(worker_id, agent=agent)
+            got = st.claim_rollout(worker_id, agent=agent, attempt_id=attempt_id)
             return None if got is None else {"rollout": got[0].model_dump(), "attempt": got[1].model_dump()}
 
         return _call(fn)

@@ -21,6 +21,7 @@ from agentforge.stores.tables import (
     RolloutRow,
     attempt_to_row,
     dumps,
+    ident,
     plain,
     rollout_to_row,
     row_to_attempt,
@@ -167,16 +168,36 @@ class RolloutQueue:
             q = q.limit(limit)
         return self._tx.run(lambda s: [row_to_rollout(r) for r in s.exec(q)], write=False)
 
-    def claim_rollout(self, worker_id: str, agent: str | None = None) -> tuple[Rollout, Attempt] | None:
+    def claim_rollout(
+        self, worker_id: str, agent: str | None = None, *, attempt_id: str | None = None
+    ) -> tuple[Rollout, Attempt] | None:
         """Atomically move the oldest queued rollout (of ``agent``, if given) to ``running`` and open
         attempt number ``attempts + 1`` for ``worker_id``.
 
+        Args:
+            worker_id: the claiming worker.
+            agent: only rollouts of this agent.
+            attempt_id: the new attempt's id (default: a fresh one). When an attempt of ``worker_id`` with this
+                id exists, the claim already happened (its answer was lost on the way back): that attempt and
+                its rollout are returned and nothing else is claimed.
+
         Returns:
             ``(rollout, attempt)``, or ``None`` when nothing is queued.
+
+        Raises:
+            InvalidTransitionError: ``attempt_id`` names another worker's attempt.
         """
         plain("worker_id", worker_id)
+        if attempt_id is not None:
+            ident("attempt_id", attempt_id)
 
         def fn(s: Session) -> tuple[Rollout, Attempt] | None:
+            if attempt_id is not None:
+                done = s.get(AttemptRow, attempt_id)
+                if done is not None:
+                    if done.worker_id != worker_id:
+                        raise InvalidTransitionError(f"attempt {attempt_id!r} belongs to another worker")
+                    return row_to_rollout(rollout_row(s, done.rollout_id)), row_to_attempt(done)
             q = select(RolloutRow).where(RolloutRow.state == RolloutState.queued.value)
             if agent is not None:
                 q = q.where(RolloutRow.agent == agent)
@@ -191,6 +212,7 @@ class RolloutQueue:
                 worker_id=worker_id,
                 started_at=t,
                 heartbeat_at=t,
+                **({"attempt_id": attempt_id} if attempt_id is not None else {}),
             )
             s.add(row)
             s.add(attempt_to_row(attempt))

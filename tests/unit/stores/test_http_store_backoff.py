@@ -1,5 +1,5 @@
 """``HTTPStore`` retries with backoff (tenacity): a store server whose database is unavailable answers 503,
-which requests safe to repeat ride out; ``claim_rollout`` (not safe once the server saw it) does not repeat.
+which requests ride out; a retried ``claim_rollout`` (it carries its attempt id) claims once.
 
 Real components: ``create_store_app`` under uvicorn over a store whose database is switched off and on.
 """
@@ -41,7 +41,7 @@ class FlakyDatabase(SQLStore):
         return super().claim_rollout(*args, **kwargs)
 
 
-def test_safe_requests_ride_out_a_503_and_claims_do_not_repeat() -> None:
+def test_requests_ride_out_a_503_and_a_retried_claim_claims_once() -> None:
     backing = FlakyDatabase()
     backing.enqueue_rollout(Rollout(rollout_id="ro-1"))
     with serve_app(create_store_app(backing)) as url:
@@ -54,9 +54,13 @@ def test_safe_requests_ride_out_a_503_and_claims_do_not_repeat() -> None:
         assert time.monotonic() - started >= 0.4 and backing.calls > 2
         backing.up.clear()
         calls = backing.calls
-        with pytest.raises(StoreError, match="database unavailable"):
-            client.claim_rollout("w-1")
-        assert backing.calls == calls + 1  # one try: a repeated claim could take a second rollout
+        threading.Timer(0.3, backing.up.set).start()
+        claimed = client.claim_rollout("w-1")  # it carries its attempt id: retried like any request
+        assert claimed is not None and backing.calls > calls + 1
+        assert [a.attempt_id for a in backing.list_attempts("ro-1")] == [
+            claimed[1].attempt_id
+        ]  # claimed once
+        backing.up.clear()
         bounded = HTTPStore(url, retries=1000, backoff_s=0.02, max_backoff_s=0.05, retry_for_s=0.3)
         started = time.monotonic()
         with pytest.raises(StoreError, match="database unavailable"):

@@ -115,7 +115,9 @@ def test_one_schema_invalid_item_fails_alone_not_its_batch(api) -> None:
     ro = store.enqueue_rollout(Rollout())
     items: list[dict] = [{"span": {"rollout_id": ro.rollout_id, "name": f"s{i}"}} for i in range(99)]
     items.insert(40, {"span": {"rollout_id": ro.rollout_id, "kind": "not-a-kind"}})
-    items.append({"span": {"rollout_id": ro.rollout_id}, "reward": {"rollout_id": ro.rollout_id, "value": 1.0}})
+    items.append(
+        {"span": {"rollout_id": ro.rollout_id}, "reward": {"rollout_id": ro.rollout_id, "value": 1.0}}
+    )
     resp = httpx.post(f"{url}/api/batch", json={"items": items, "ack": "patch"}, headers=AUTH)
     assert resp.status_code == 200, resp.text
     errors = {i: r["message"] for i, r in enumerate(resp.json()["results"]) if r["error"]}

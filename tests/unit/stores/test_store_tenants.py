@@ -70,8 +70,12 @@ def test_a_tenant_key_sees_and_writes_only_its_own_tenant(served: tuple[SQLStore
         with pytest.raises(UserError, match="another tenant's version"):
             a.update_rollout("ro-a", resources={"policy": "policy@bolt/v1"})
         assert a.add_reward(Reward(rollout_id="ro-a", value=0.5)).tenant == "acme"
-        store.publish_resource(ResourceVersion(name="privacy:deletions", kind="other", payload={"subject": "x"}))
-        assert [r.name for r in a.list_resources()] == ["policy"]  # bolt's lineage, the store's logs: not listed
+        store.publish_resource(
+            ResourceVersion(name="privacy:deletions", kind="other", payload={"subject": "x"})
+        )
+        assert [r.name for r in a.list_resources()] == [
+            "policy"
+        ]  # bolt's lineage, the store's logs: not listed
         with pytest.raises(NotFoundError):
             a.get_resource("privacy:deletions")
         with pytest.raises(NotFoundError):
