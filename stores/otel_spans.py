@@ -27,6 +27,7 @@ import hashlib
 import importlib.metadata
 import json
 import math
+import re
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -304,9 +305,16 @@ class SpanBuilder:
             name, context=context, kind=kind, attributes=attrs, start_time=_ns(start_s)
         )
         if error is not None:
-            otel.set_attribute(ERROR_TYPE, error.split(":", 1)[0][:64] or "error")
-            otel.set_status(Status(StatusCode.ERROR, error[:500]))
+            kind_of_error = _ERROR_CLASS.match(error)
+            error_type = kind_of_error.group(0) if kind_of_error else "error"
+            otel.set_attribute(ERROR_TYPE, error_type)
+            # an error message may quote what failed (a tool result, the completion): content, like the rest
+            otel.set_status(Status(StatusCode.ERROR, error[:500] if self.capture_content else error_type))
         otel.end(end_time=_ns(max(end_s if end_s is not None else start_s, start_s)))
+
+
+#: an error's class, when its message starts with one (``UpstreamTimeout: ...``, ``tool_error``); else "error"
+_ERROR_CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}(?=:|$)")
 
 
 def _version() -> str | None:

@@ -148,7 +148,7 @@ def test_failed_attempts_and_rollouts_are_error_spans_each_exported_once() -> No
     root = next(s for s in memory.get_finished_spans() if s.parent is None)
     assert (
         root.attributes["error.type"] == "RolloutTimeout"
-        and root.status.description == "RolloutTimeout: try 1"
+        and root.status.description == "RolloutTimeout"  # the message is content: exported only when asked
     )
 
 
@@ -262,3 +262,37 @@ def test_an_exporter_that_cannot_be_built_drops_and_counts_everything(monkeypatc
     assert export.metrics()["dropped_export_failed"] == 3 and export.metrics()["exported"] == 0
     assert len(store.list_spans(orphans=True)) == 3
     store.close()
+
+
+def test_with_content_capture_off_no_marker_leaves_by_any_attribute_or_status() -> None:
+    """Issue 36 (a contract from public bug reports elsewhere): a tool whose result carries a marker and fails
+    quoting it, a completion carrying it, an attempt and a rollout that fail with it in their error, and a
+    reward whose note quotes the completion: no exported attribute, event or status description holds it."""
+    marker = "MARKER-4f1c-private"
+    store, export, memory = _exported()
+    store.enqueue_rollout(Rollout(agent="desk", max_attempts=1, metadata={"note": marker}))
+    rollout, attempt = store.claim_rollout("worker-1")  # type: ignore[misc]
+    rid = rollout.rollout_id
+    store.add_span(Span(rollout_id=rid, kind=SpanKind.llm, name="chat", llm=_llm(f"your code is {marker}")))
+    store.add_span(Span(rollout_id=rid, kind=SpanKind.tool, name="lookup", status="error",
+                        error=f"the lookup of {marker} failed", attributes={"output": marker}))  # fmt: skip
+    store.add_span(Span(rollout_id=rid, name="step", status="error", error=f"ValueError: bad {marker}"))
+    store.add_reward(Reward(rollout_id=rid, value=0.0, final=True, metadata={"note": f"said {marker}"}))
+    store.finish_attempt(attempt.attempt_id, AttemptState.failed, error=f"agent raised: {marker}")
+    assert export.flush(10)
+    store.close()
+    exported = memory.get_finished_spans()
+    assert len(exported) >= 6
+    for span in exported:
+        texts = [span.name, str(span.status.description), *(str(v) for v in span.attributes.values())]
+        texts += [str(e.attributes) + e.name for e in span.events]
+        assert not any(marker in t for t in texts), (span.name, texts)
+    statuses = {
+        s.name: (s.attributes.get("error.type"), s.status.description)
+        for s in exported
+        if s.status.description
+    }
+    assert statuses["step"] == ("ValueError", "ValueError") and statuses["execute_tool lookup"] == (
+        "error",
+        "error",
+    )
