@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         help="warm-start arms name:learning_rate:scheduler:epochs",
     )
     p.add_argument(
-        "--damage", type=float, nargs="+", default=[0.5, 1.0], help="noise scales of damaged copies"
+        "--damage", type=float, nargs="+", default=[4.0, 8.0, 16.0], help="noise scales of damaged copies"
     )
     p.add_argument("--pool", type=int, default=240, help="gate benchmark: pool tasks")
     p.add_argument("--draws", type=int, default=2000, help="gate benchmark: slices drawn per pair")
