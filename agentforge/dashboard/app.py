@@ -16,6 +16,8 @@ browser never reaches a CDN.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +48,12 @@ _HERE = Path(__file__).parent
 #: The Chart.js bundle ``scripts/setup.sh`` installs from npm (``assets/package.json``).
 CHART_JS = _HERE / "assets" / "node_modules" / "chart.js" / "dist" / "chart.umd.js"
 _COOKIE = "agentforge_dashboard_key"
+
+
+def session_token(api_key: str) -> str:
+    """The login cookie's value: HMAC-SHA256 of a fixed label under the key (hex). It opens the dashboard only:
+    a leaked cookie is not the store API key, which it was (issue 36), and it changes when the key rotates."""
+    return hmac.new(api_key.strip().encode(), b"agentforge dashboard session v1", hashlib.sha256).hexdigest()
 
 
 def token_decoder(tokenizer_dir: str | Path | None | bool) -> Callable[[int], str]:
@@ -83,7 +91,7 @@ class _KeyGuard:
     ``/login`` (a page view) or answer 401."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self._key = app, api_key
+        self.app, self._key, self._session = app, api_key, session_token(api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,9 +99,10 @@ class _KeyGuard:
             return
         request = Request(scope)
         given = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
-        given = given or request.cookies.get(_COOKIE)
+        cookie = request.cookies.get(_COOKIE) or ""
+        session = hmac.compare_digest(cookie.encode(), self._session.encode())
         path = scope["path"][len(scope.get("root_path") or "") :] if scope.get("root_path") else scope["path"]
-        if path == "/login" or key_matches(given, self._key):
+        if path == "/login" or session or key_matches(given, self._key):
             await self.app(scope, receive, send)
             return
         root = scope.get("root_path") or ""
@@ -240,7 +249,7 @@ def create_dashboard_app(
             return page(request, "login.html", failed=True)
         root = request.scope.get("root_path") or ""
         answer = RedirectResponse(f"{root}/runs", status_code=303)
-        answer.set_cookie(_COOKIE, key.strip(), httponly=True, samesite="strict", path=root or "/")
+        answer.set_cookie(_COOKIE, session_token(key), httponly=True, samesite="strict", path=root or "/")
         return answer
 
     app.add_middleware(_KeyGuard, api_key=api_key)

@@ -115,7 +115,13 @@ def test_with_a_key_requests_present_it_or_log_in(filled) -> None:
     assert client.post("/login", data={"key": "wrong" * 5}).text.count("not the store API key") == 1
     login = client.post("/login", data={"key": KEY})
     assert login.status_code == 303 and "httponly" in login.headers["set-cookie"].lower()
+    assert (
+        KEY not in login.headers["set-cookie"]
+    )  # the cookie opens the dashboard; it is not the store API key
     assert client.get("/runs").status_code == 200  # the cookie now
+    other = TestClient(create_dashboard_app(store, KEY, tokenizer=False), follow_redirects=False)
+    other.cookies.set("agentforge_dashboard_key", KEY)  # the raw key as a cookie is no session
+    assert other.get("/runs").status_code == 303
     with pytest.raises(UserError):
         create_dashboard_app(store, "short")
 
