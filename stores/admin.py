@@ -78,15 +78,19 @@ def checked_payload(resource: ResourceVersion, adapter_root: Path | None) -> dic
     """``resource.payload`` with its adapter path resolved by :func:`resolve_adapter_path`.
 
     Returns:
-        The payload to store: unchanged when it names no path, else with ``path`` replaced by the real path.
+        The payload to store: unchanged for a resource that is no adapter (e.g. ``privacy:exports``, whose
+        ``path`` is an exported file) or an adapter that names no path, else with ``path`` replaced by the real
+        path.
 
     Raises:
         UserError: a bad path, or an ``adapter`` resource naming neither a ``path`` nor ``base: true``.
     """
     payload = dict(resource.payload)
+    if resource.kind != "adapter":  # serving loads adapters only (follow.py); other paths name no weights
+        return payload
     if "path" in payload:
         payload["path"] = str(resolve_adapter_path(payload["path"], adapter_root))
-    elif resource.kind == "adapter" and payload.get("base") is not True:
+    elif payload.get("base") is not True:
         raise UserError(
             f"adapter resource {resource.name!r} needs payload.path (or base: true for the base model)"
         )

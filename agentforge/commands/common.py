@@ -198,7 +198,9 @@ def _normalise_version(name: str, value: str, option: str) -> str:
     return str(version) if name == "policy" else str(version.number)
 
 
-def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | None = None) -> Any:
+def open_store_url(
+    url: str | None, *, must_exist: bool = False, api_key: str | None = None, admin_key: str | None = None
+) -> Any:
     """:func:`agentforge.open_store` for a command: a SQLite store's folder must exist, even for a new file.
 
     Args:
@@ -233,7 +235,7 @@ def open_store_url(url: str | None, *, must_exist: bool = False, api_key: str | 
             folder = Path(parsed.database).expanduser().parent
             if not folder.is_dir():
                 raise UserError(f"folder {folder} does not exist (store {url!r})")
-    return open_store(url, api_key=api_key, must_exist=must_exist)
+    return open_store(url, api_key=api_key, admin_key=admin_key, must_exist=must_exist)
 
 
 def print_engine(engine: Any) -> None:

@@ -22,6 +22,8 @@ replay_app = typer.Typer(
 )
 
 StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
+StoreKey = Annotated[str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Bearer key of an http(s) store (set $AGENTFORGE_API_KEY rather than the flag).")]  # fmt: skip
+AdminKey = Annotated[str | None, typer.Option(envvar="AGENTFORGE_ADMIN_KEY", help="Admin key of an http(s) store: logs exports (privacy:exports, which forget lists) and publishes versions.")]  # fmt: skip
 MinReward = Annotated[float | None, typer.Option(help="Keep rollouts whose final reward is >= this.")]
 MaxReward = Annotated[float | None, typer.Option(help="Keep rollouts whose final reward is <= this.")]
 Since = Annotated[str | None, typer.Option(help="Created at or after (epoch seconds or ISO time, e.g. 2026-11-30T08:00).")]  # fmt: skip
@@ -76,16 +78,18 @@ def make_filter(
         raise typer.BadParameter(str(exc)) from None
 
 
-def _store(url: str | None, must_exist: bool = True) -> Any:
+def _store(url: str | None, keys: tuple[str | None, str | None], must_exist: bool = True) -> Any:
     from agentforge.commands.common import open_store_url
 
-    return open_store_url(url, must_exist=must_exist)
+    return open_store_url(url, must_exist=must_exist, api_key=keys[0], admin_key=keys[1])
 
 
 @replay_app.command("export")
 def export(
     out: Annotated[Path, typer.Argument(help="Output: a .jsonl file, or a directory with --format hf.")],
     store_url: StoreUrl = None,
+    store_key: StoreKey = None,
+    admin_key: AdminKey = None,
     format: Annotated[
         str,
         typer.Option(
@@ -118,7 +122,7 @@ def export(
     )
     flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit, **extra)
     with reported():
-        store = _store(store_url)
+        store = _store(store_url, (store_key, admin_key))
         if format == "jsonl":
             from agentforge.trainers.replay import export_jsonl
 
@@ -137,6 +141,8 @@ def export(
 def import_(
     path: Annotated[Path, typer.Argument(help="A JSONL file written by `agentforge replay export`.")],
     store_url: StoreUrl = None,
+    store_key: StoreKey = None,
+    admin_key: AdminKey = None,
     strict: Annotated[
         bool, typer.Option(help="Refuse the whole file (write nothing) if any line is bad.")
     ] = False,
@@ -157,7 +163,7 @@ def import_(
 
     with reported():
         report = import_jsonl(
-            _store(store_url, must_exist=False),
+            _store(store_url, (store_key, admin_key), must_exist=False),
             path,
             on_error="raise" if strict else "skip",
             vocab_size=vocab_size if vocab_size is not None else _vocab_size(model),
@@ -215,6 +221,8 @@ def _device_args(report_to: str = "none") -> dict[str, Any]:
 @replay_app.command("sft")
 def sft(
     store_url: StoreUrl = None,
+    store_key: StoreKey = None,
+    admin_key: AdminKey = None,
     output_dir: OutputDir = Path("runs/replay-sft"),
     model: Model = None,
     min_reward: Annotated[float, typer.Option(help="Train on rollouts whose final reward is >= this.")] = 1.0,
@@ -244,7 +252,7 @@ def sft(
     flt = make_filter(min_reward, None, since, until, agent, task, resource, limit)
     with reported():
         report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
-        store = _store(store_url)
+        store = _store(store_url, (store_key, admin_key))
         select_traces(store, flt)  # EmptySelectionError now, before torch or the model load
         config = ReplaySFTConfig(
             output_dir=str(output_dir), min_reward=min_reward, num_train_epochs=epochs, learning_rate=learning_rate,
@@ -263,6 +271,8 @@ def sft(
 @replay_app.command("grpo")
 def grpo(
     store_url: StoreUrl = None,
+    store_key: StoreKey = None,
+    admin_key: AdminKey = None,
     output_dir: OutputDir = Path("runs/replay-grpo"),
     model: Model = None,
     group_size: Annotated[
@@ -293,7 +303,7 @@ def grpo(
     flt = make_filter(min_reward, max_reward, since, until, agent, task, resource, limit)
     with reported():
         report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
-        store = _store(store_url)
+        store = _store(store_url, (store_key, admin_key))
         select_traces(store, make_filter(min_reward, max_reward, since, until, agent, task, resource, limit,
                                          require_reward=False))  # fmt: skip
         from agentforge.trainers.grpo_config import TrainConfig

@@ -178,3 +178,25 @@ def test_archive_exports_every_state_and_resource_versions_are_normalised(tmp_pa
     assert plain["records"] == 4 and everything["records"] == 5
     pinned = _cli("export", str(tmp_path / "c.jsonl"), "--store-url", url, "--resource", "prompt:triage=v1")
     assert pinned.returncode == 0 and json.loads(pinned.stdout)["records"] == 4, pinned.stderr
+
+
+def test_an_export_from_a_store_server_takes_its_keys_and_is_logged(tmp_path: Path) -> None:
+    """Issue 36, Low: ``replay`` had no store-key option and exports from an HTTP store were never logged in
+    ``privacy:exports`` (the ledger ``forget`` lists); with the keys from the environment both work."""
+    import os
+
+    from fixtures_store import serve_app
+
+    from agentforge.privacy.ledger import EXPORTS
+    from agentforge.stores.server import create_store_app
+
+    url = _traces(tmp_path)
+    key, admin = "replay-store-key-0123456789", "replay-admin-key-0123456789"
+    with SQLStore(url) as store, serve_app(create_store_app(store, api_key=key, admin_key=admin)) as server:
+        env = {**os.environ, "AGENTFORGE_API_KEY": key, "AGENTFORGE_ADMIN_KEY": admin}
+        out = tmp_path / "http.jsonl"
+        done = subprocess.run([*CLI, "export", str(out), "--store-url", server], env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["records"] == 4
+        assert [v.payload["path"] for v in store.list_resources(EXPORTS)] == [str(out)]
