@@ -400,6 +400,12 @@ class EmbeddedServer:
             except render_errors as exc:  # the chat template's complaint
                 what = "messages" if chat else "prompt"
                 raise _RequestError(400, f"cannot render the {what}: {type(exc).__name__}: {exc}") from None
+            vocab = int(self._model.get_input_embeddings().num_embeddings)
+            bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+            if bad is not None:  # vLLM answers 400 for it too; an index error of the model was a 500
+                raise _RequestError(
+                    400, f"prompt token id {bad} is outside the model's vocabulary of {vocab}"
+                )
             limit = self._limit(body, prompt_ids)
             if limit <= 0:
                 raise _RequestError(
