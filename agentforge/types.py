@@ -117,12 +117,12 @@ class _RandomBits:
     _CHUNK = 4096
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._reset()
         os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()  # a lock held by another thread at fork time stays held in the child
+        # a new lock in a forked child too: one held by another thread at fork time would stay held there
+        self._lock = threading.Lock()
         self._buf, self._pos = b"", 0
 
     def bits64(self) -> int:

@@ -185,7 +185,8 @@ def forget(
             )
         )
         hinted = _named_in_metadata(s, "session", sessions) + _named_in_metadata(s, "user", users)
-        return ids, _delete(s, ids), [r for r in dict.fromkeys(hinted) if r not in set(ids)]
+        deleted = set(ids)
+        return ids, _delete(s, ids), [r for r in dict.fromkeys(hinted) if r not in deleted]
 
     ids, counts, named = store._tx.run(run, write=True)
     if vacuum:

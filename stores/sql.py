@@ -32,6 +32,7 @@ from agentforge.stores.tables import (
     RewardRow,
     RolloutRow,
     SpanRow,
+    add_missing_columns,
     attempt_to_row,
     reward_to_row,
     rollout_to_row,
@@ -39,7 +40,7 @@ from agentforge.stores.tables import (
     row_to_span,
     span_to_row,
 )
-from agentforge.stores.tenants import TenantKeys, add_tenant_columns
+from agentforge.stores.tenants import TenantKeys
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -393,6 +394,6 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
 
 
 def _create_tables(s: Session) -> None:
-    """Create missing tables and add the tenant columns older store files lack."""
+    """Create missing tables and add the columns older store files lack."""
     SQLModel.metadata.create_all(s.connection())
-    add_tenant_columns(s.connection())
+    add_missing_columns(s.connection())

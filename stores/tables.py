@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import BigInteger, Column, Integer, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Connection, Integer, Text, UniqueConstraint, inspect, text
 from sqlmodel import Field, SQLModel
 
 from agentforge.errors import UserError
@@ -23,6 +23,8 @@ from agentforge.stores.codec import ID_PATTERN, dumps, fast_dumps, fast_json, id
 from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task, check_tenant
 
 __all__ = [
+    "ADDED_COLUMNS",
+    "add_missing_columns",
     "RolloutRow",
     "AttemptRow",
     "SpanRow",
@@ -425,3 +427,29 @@ def row_to_resource(row: ResourceRow) -> ResourceVersion:
         active=row.active,
         created_at=row.created_at,
     )
+
+
+#: Columns added after the first store files were made, as ``(table, column, SQL type, indexed)``: the tenant
+#: columns (:mod:`agentforge.stores.tenants`) and the rollouts' subjects (``forget --user/--session``).
+ADDED_COLUMNS = (
+    ("af_rollouts", "tenant", "VARCHAR(63)", True),
+    ("af_spans", "tenant", "VARCHAR(63)", False),
+    ("af_rewards", "tenant", "VARCHAR(63)", False),
+    ("af_rollouts", "user_id", "VARCHAR(200)", True),
+    ("af_rollouts", "session_id", "VARCHAR(200)", True),
+)
+
+
+def add_missing_columns(conn: Connection) -> None:
+    """Add the nullable :data:`ADDED_COLUMNS` (and their indexes) that an older store file's tables lack.
+
+    ``create_all`` makes missing tables but never alters existing ones; every existing row keeps ``NULL``
+    (no tenant, no subject).
+    """
+    inspector = inspect(conn)
+    for table, column, sql_type, indexed in ADDED_COLUMNS:
+        if not inspector.has_table(table) or column in {c["name"] for c in inspector.get_columns(table)}:
+            continue
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+        if indexed:
+            conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_{column} ON {table} ({column})"))

@@ -1,4 +1,5 @@
-"""Tenant keys: the key → tenant table of the SQL store, and the tenant columns added to older store files.
+"""Tenant keys: the key → tenant table of the SQL store (older store files get the tenant columns from
+:func:`agentforge.stores.tables.add_missing_columns`).
 
 A tenant is one customer of an app (:func:`agentforge.types.check_tenant` names the rule for its name). Each
 tenant holds one or more **tenant keys**; a request that presents one acts for that tenant only: the gateway
@@ -24,7 +25,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, inspect, text
 from sqlmodel import Field, Session, SQLModel, select
 
 from agentforge.errors import NotFoundError, UserError
@@ -41,7 +41,6 @@ __all__ = [
     "TenantKeys",
     "TenantDirectory",
     "TenantKeyCache",
-    "add_tenant_columns",
 ]
 
 #: Every tenant key starts with this, so a key in a log or a leak scanner is recognisable as one.
@@ -231,34 +230,3 @@ class TenantKeyCache:
         """Drop every remembered answer (after revoking a key in this process)."""
         with self._lock:
             self._seen.clear()
-
-
-#: The tenant columns, by table, that store files made before tenants lack.
-_TENANT_COLUMNS = {"af_rollouts": True, "af_spans": False, "af_rewards": False}
-#: The rollouts' subject columns (``forget --user/--session``) that store files made before them lack.
-_SUBJECT_COLUMNS = ("user_id", "session_id")
-
-
-def add_tenant_columns(conn: Connection) -> None:
-    """Add the nullable ``tenant`` column (and the rollouts' index on it) to store tables made before tenants.
-
-    ``create_all`` makes missing tables but never alters existing ones; every existing row keeps tenant
-    ``NULL`` (no tenant).
-    """
-    inspector = inspect(conn)
-    for table, indexed in _TENANT_COLUMNS.items():
-        if not inspector.has_table(table):
-            continue
-        if "tenant" in {c["name"] for c in inspector.get_columns(table)}:
-            continue
-        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN tenant VARCHAR(63)"))
-        if indexed:
-            conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_tenant ON {table} (tenant)"))
-    if inspector.has_table("af_rollouts"):  # the subject columns came later: existing rows keep NULL
-        have = {c["name"] for c in inspector.get_columns("af_rollouts")}
-        for column in _SUBJECT_COLUMNS:
-            if column not in have:
-                conn.execute(text(f"ALTER TABLE af_rollouts ADD COLUMN {column} VARCHAR(200)"))
-                conn.execute(
-                    text(f"CREATE INDEX IF NOT EXISTS ix_af_rollouts_{column} ON af_rollouts ({column})")
-                )

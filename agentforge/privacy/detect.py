@@ -38,7 +38,7 @@ from typing import Any
 from agentforge.errors import MissingExtraError
 from agentforge.privacy.config import PrivacyConfig
 
-__all__ = ["Finding", "Detector"]
+__all__ = ["Finding", "Detector", "digit_count"]
 
 _STREET_SUFFIX = (
     "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Place|Pl|Way|Terrace|Ter|"
@@ -122,6 +122,11 @@ class Finding:
     value: str
 
 
+def digit_count(text: str) -> int:
+    """How many ASCII digits ``text`` holds (one C-speed pass: the detectors' cheap gates and cost estimate)."""
+    return len(text) - len(text.translate(_NO_DIGITS))
+
+
 def _need(module: str) -> Any:
     try:
         return __import__(module, fromlist=["_"])
@@ -190,7 +195,7 @@ class Detector:
         """The non-overlapping findings in ``text``, in order.
 
         The text is first normalised (:func:`_normalise`: zero-width characters out, Unicode spaces and digits
-        to ASCII, dots between digits to spaces), so ``4111\u200b1111...`` or full-width digits are found like
+        to ASCII, the dots of card-shaped digit groups to spaces), so ``4111\u200b1111...`` or full-width digits are found like
         plain ones; offsets and values are the original text's.
 
         Args:
@@ -210,7 +215,7 @@ class Detector:
 
     def _find(self, text: str) -> list[Finding]:
         found: list[Finding] = []
-        digits = len(text) - len(text.translate(_NO_DIGITS))  # cheap gates: most values need digits
+        digits = digit_count(text)  # cheap gates: most values need digits
         for category, recognizer in self._pattern_recognizers:
             need = _MIN_DIGITS.get(category, 0)
             if digits < need or (category == "EMAIL" and "@" not in text):
@@ -224,7 +229,7 @@ class Detector:
             found.extend(self._birth_dates(text))
         if digits >= 7 and self._phonenumbers is not None:
             rest = _blank(text, found)  # digits already taken (a card, an IBAN) are no phone candidates
-            if len(rest) - len(rest.translate(_NO_DIGITS)) >= 7:
+            if digit_count(rest) >= 7:
                 found.extend(self._phones(rest))
         if self._secret_regexes and _SECRET_HINT_RE.search(text):
             found.extend(self._secrets(text))
@@ -283,7 +288,7 @@ class Detector:
 
 def _normalise(text: str) -> tuple[str, list[int] | None]:
     """``(normalised text, original index of each of its characters)``; the index list is ``None`` when the
-    offsets did not change (the text itself, or dots between digits replaced one for one)."""
+    offsets did not change (the text itself, or the dots of card-shaped digit groups replaced one for one)."""
     if text.isascii():
         if "." in text and _DIGIT_DOT_RE.search(text):
             return _DIGIT_DOT_RE.sub(_undot, text), None

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from agentforge.privacy.config import PLACEHOLDER_RE, PrivacyConfig, PrivacyMode
-from agentforge.privacy.detect import Detector
+from agentforge.privacy.detect import Detector, digit_count
 from agentforge.privacy.mapping import Mapping, split_open_tail
 from agentforge.types import LLMCall
 
@@ -27,7 +27,6 @@ __all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG"]
 #: the flag (and ``not_trainable_reason``) of a span whose ids were withheld in ``redact`` mode
 REDACTED_FLAG = "privacy_redacted"
 
-_NO_DIGITS = str.maketrans("", "", "0123456789")
 _DETECTORS: dict[str, Detector] = {}
 _DETECTORS_LOCK = threading.Lock()
 
@@ -354,7 +353,7 @@ class PrivacyGuard:
         def cost(text: str, _is_json: bool) -> str:
             nonlocal total
             if mapping is None or not mapping.is_cached(text):
-                total += 0.12 * len(text) + 20.0 * (len(text) - len(text.translate(_NO_DIGITS)))
+                total += 0.12 * len(text) + 20.0 * digit_count(text)
             return text
 
         _walk_texts(body, endpoint, cost)
