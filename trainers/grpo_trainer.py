@@ -196,15 +196,7 @@ class LightningTrainer:
         continued adapter as this run loaded it, not the base. (``save_pretrained`` then also writes that copy,
         in the published folder's ``ref/``.)
         """
-        if not config.init_adapter:
-            return self.model_path, config.lora_config()
-        import torch
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        dtype = torch.bfloat16 if config.bf16 else torch.float32
-        base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
-        return PeftModel.from_pretrained(base, config.init_adapter, is_trainable=True), None
+        return config.policy(self.model_path, config.bf16)
 
     @property
     def is_main_process(self) -> bool:

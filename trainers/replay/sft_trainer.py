@@ -231,12 +231,13 @@ class ReplaySFTTrainer:
             from agentforge.trainers.replay.prefix_sft import SharedPrefixSFTTrainer
 
             trainer_cls = SharedPrefixSFTTrainer
+        model, peft_config = self.config.policy(self.model_path, bool(self.config.bf16))
         self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
-            model=self.model_path,
+            model=model,
             args=self.config,
             train_dataset=Dataset.from_list(examples),
             processing_class=tokenizer,
-            peft_config=self.config.lora_config(),
+            peft_config=peft_config,
             callbacks=[self._history],
         )
         show_progress(self.trainer, metrics_path=self.adapter_dir / "metrics.jsonl")  # beside replay.json

@@ -41,6 +41,7 @@ __all__ = [
     "reply_states",
     "score_tool_turn",
     "make_tool_turn_reward_func",
+    "part_weights",
 ]
 
 #: The reward parts, in report order.
@@ -124,7 +125,12 @@ def reply_states(text: str | None, fact: str, alternatives: Sequence[str] = ()) 
     return states(fact) and not any(states(a) for a in alternatives if a.lower() != fact.lower())
 
 
-def _weights(weights: Sequence[float]) -> tuple[float, float, float]:
+def part_weights(weights: Sequence[float]) -> tuple[float, float, float]:
+    """The ``tool``, ``arguments`` and ``reply`` weights normalised to sum 1.
+
+    Raises:
+        UserError: not 3 numbers in [0, 1] with a positive sum.
+    """
     if len(weights) != 3 or any(not 0.0 <= w <= 1.0 for w in weights) or sum(weights) <= 0:
         raise UserError(
             f"tool-turn weights must be 3 numbers in [0, 1] with a positive sum, got {list(weights)}"
@@ -166,7 +172,7 @@ def score_tool_turn(
     Raises:
         UserError: an empty gold tool or fact, gold arguments that are not an object, or bad weights.
     """
-    w = _weights(weights)
+    w = part_weights(weights)
     gold_args = normalize_arguments(gold_arguments)
     if not gold_tool or not gold_fact or gold_args is None:
         raise UserError(
@@ -223,7 +229,7 @@ def make_tool_turn_reward_func(
     """
     if part is not None and part not in (*PARTS, "success"):
         raise UserError(f"unknown tool-turn reward part {part!r}; choose one of {', '.join(PARTS)}, success")
-    _weights(weights)
+    part_weights(weights)
 
     def reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         n = len(completions)

@@ -37,10 +37,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -68,9 +75,18 @@ def sft_trainer(model_dir, tmp_path, data, **kw):  # type: ignore[no-untyped-def
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    args = dict(output_dir=str(tmp_path / "sft"), per_device_train_batch_size=len(data), report_to="none",
-                use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, disable_tqdm=True,
-                save_strategy="no", dataset_num_proc=None)  # fmt: skip
+    args = dict(
+        output_dir=str(tmp_path / "sft"),
+        per_device_train_batch_size=len(data),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+        save_strategy="no",
+        dataset_num_proc=None,
+    )
     args.update(kw)
     torch.manual_seed(0)
     return SharedPrefixSFTTrainer(
@@ -165,8 +181,12 @@ def add_trace(store, task_id: str, calls: list[tuple[list[int], list[int]]]) -> 
     rollout = store.enqueue_rollout(Rollout(task=Task(task_id=task_id), resources={"policy": "policy@v0"}))
     _, attempt = store.claim_rollout("w-test")
     for prompt, completion in calls:
-        call = LLMCall(prompt_token_ids=prompt, completion_token_ids=completion,
-                       logprobs=[-0.5] * len(completion), version="policy@v0")  # fmt: skip
+        call = LLMCall(
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            logprobs=[-0.5] * len(completion),
+            version="policy@v0",
+        )
         store.add_span(
             Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call)
         )
@@ -191,11 +211,25 @@ def test_replay_sft_with_gradient_accumulation_logs_the_same_losses_shared_or_no
     runs = {}
     for share in (False, True):
         config = ReplaySFTConfig(
-            output_dir=str(tmp_path / f"share-{share}"), share_prompt_prefix=share, max_steps=2,
-            per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=1e-3, lora_r=4,
-            lora_alpha=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0, data_seed=0,
-            bf16=False, gradient_checkpointing=False, dataset_num_proc=None, disable_tqdm=True,
-        )  # fmt: skip
+            output_dir=str(tmp_path / f"share-{share}"),
+            share_prompt_prefix=share,
+            max_steps=2,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            learning_rate=1e-3,
+            lora_r=4,
+            lora_alpha=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            seed=0,
+            data_seed=0,
+            bf16=False,
+            gradient_checkpointing=False,
+            dataset_num_proc=None,
+            disable_tqdm=True,
+        )
         job = ReplaySFTTrainer(tiny_model, store, TraceFilter(), config)
         result = job.train()
         runs[share] = ([row for row in result.history if "loss" in row], job)
@@ -208,3 +242,46 @@ def test_replay_sft_with_gradient_accumulation_logs_the_same_losses_shared_or_no
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens"):
         assert math.isclose(again[key], first[key], rel_tol=1e-5, abs_tol=1e-6), key
     assert math.isclose(shared[1]["loss"], plain[1]["loss"], rel_tol=1e-3), "after one update: rounding only"
+
+
+def test_replay_sft_continues_a_saved_adapter(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ReplaySFTConfig.init_adapter`` (a later rejection-sampling round): the job starts from the saved adapter's
+    weights, not a fresh LoRA, and trains them further."""
+    from safetensors.torch import load_file
+
+    store = memory_store()
+    for i in range(4):
+        add_trace(store, f"t{i}", [(HEAD + [200 + i], [300 + i, 301 + i])])
+
+    def config(name: str, **kw: object) -> ReplaySFTConfig:
+        return ReplaySFTConfig(
+            output_dir=str(tmp_path / name),
+            max_steps=2,
+            per_device_train_batch_size=2,
+            learning_rate=1e-2,
+            lora_r=4,
+            lora_alpha=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            seed=0,
+            bf16=False,
+            gradient_checkpointing=False,
+            dataset_num_proc=None,
+            disable_tqdm=True,
+            **kw,
+        )
+
+    first = ReplaySFTTrainer(tiny_model, store, TraceFilter(), config("first")).train()
+    saved = load_file(str(first.adapter_dir / "adapter_model.safetensors"))
+    job = ReplaySFTTrainer(
+        tiny_model, store, TraceFilter(), config("second", init_adapter=str(first.adapter_dir))
+    )
+    start = {k: v.detach().clone() for k, v in job.trainer.model.named_parameters() if "lora_" in k}
+    assert len(start) == len(saved) > 0
+    for name, value in start.items():  # PEFT names the loaded tensors "<module>.lora_A.default.weight"
+        assert torch.equal(value, saved[name.replace(".default", "")]), name
+    second = job.train()
+    after = load_file(str(second.adapter_dir / "adapter_model.safetensors"))
+    assert any(not torch.equal(after[k], saved[k]) for k in saved)  # and it learns on
