@@ -39,15 +39,26 @@ from agentforge.agents.customer_service.prompts import (
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.runtime.context import bound_tool_output
 from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai, tool_error_message
+from agentforge.types import SpanKind
 
 if TYPE_CHECKING:
     from openai import OpenAI
 
     from agentforge.agents.customer_service.knowledge import PolicyKnowledge
     from agentforge.agents.customer_service.tau_retail import RetailDB
+    from agentforge.runtime.context import RolloutContext
     from agentforge.types import ToolCall
 
-__all__ = ["CSState", "assistant_dict", "build_cs_graph", "fit_history", "shape_tool_output", "TRANSFER_TOOL"]
+__all__ = [
+    "CSState",
+    "assistant_dict",
+    "build_cs_graph",
+    "fit_history",
+    "run_tool_calls",
+    "shape_tool_output",
+    "tool_span_recorder",
+    "TRANSFER_TOOL",
+]
 
 #: Calling this tool hands the customer to a human: the conversation ends (as in τ-bench).
 TRANSFER_TOOL = "transfer_to_human_agents"
@@ -141,6 +152,60 @@ def assistant_dict(message: Any) -> dict[str, Any]:
             for c in message.tool_calls
         ]
     return entry
+
+
+def run_tool_calls(
+    message: dict[str, Any],
+    call_tool: Callable[[str, Any], str],
+    max_tool_chars: int,
+    on_tool_call: Callable[[ToolCall, str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The tool messages answering every call of an assistant ``message``, in order.
+
+    Args:
+        message: the assistant message (OpenAI dict, :func:`assistant_dict`).
+        call_tool: ``(name, parsed arguments) -> output`` (a desk's ``call``; must not raise for a bad call).
+        max_tool_chars: longest output shown to the model (:func:`shape_tool_output`).
+        on_tool_call: called with each parsed call and the content sent back (e.g. :func:`tool_span_recorder`).
+
+    Returns:
+        ``[{"role": "tool", "tool_call_id", "content"}]``; malformed arguments get
+        :func:`~agentforge.toolcalls.tool_error_message` instead of a call.
+    """
+    answers = []
+    for raw in message.get("tool_calls") or []:
+        call = tool_call_from_openai(raw)
+        if MALFORMED_ARGUMENTS in call.flags or call.parsed is None:
+            answer = tool_error_message(call)
+        else:
+            content = shape_tool_output(call_tool(call.name, call.parsed), max_tool_chars)
+            answer = {"role": "tool", "tool_call_id": call.id or "", "content": content}
+        if on_tool_call is not None:
+            on_tool_call(call, answer["content"])
+        answers.append(answer)
+    return answers
+
+
+def tool_span_recorder(ctx: RolloutContext) -> Callable[[ToolCall, str], None]:
+    """An ``on_tool_call`` that records one ``tool`` span per call on the rollout (``status="error"`` when the
+    output starts with ``Error``), with the call's arguments, flags and output (bounded to 1,000 characters)."""
+
+    def record(call: ToolCall, output: str) -> None:
+        failed = output.startswith("Error")
+        attributes = {
+            "arguments": call.arguments,
+            "output": bound_tool_output(output, 1000),
+            "flags": call.flags,
+        }
+        ctx.emit_span(
+            call.name,
+            attributes,
+            kind=SpanKind.tool,
+            status="error" if failed else "ok",
+            error=output[:200] if failed else None,
+        )
+
+    return record
 
 
 def build_cs_graph(

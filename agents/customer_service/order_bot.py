@@ -28,13 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from agentforge.agents.customer_service.cs_graph import assistant_dict, shape_tool_output
+from agentforge.agents.customer_service.cs_graph import assistant_dict, run_tool_calls, tool_span_recorder
 from agentforge.agents.customer_service.order_desk import ORDER_TOOLS, OrderDesk
 from agentforge.agents.customer_service.rewards.tool_turn import score_tool_turn
 from agentforge.errors import ConfigError, MissingExtraError, UserError
-from agentforge.runtime.context import bound_tool_output
-from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai, tool_error_message
-from agentforge.types import SpanKind
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -210,21 +207,7 @@ def build_order_bot_graph(
         return {"messages": [*state["messages"], reply], "llm_calls": state.get("llm_calls", 0) + 1}
 
     def tool(state: OrderTurnState) -> OrderTurnState:
-        answers = []
-        for raw in state["messages"][-1].get("tool_calls") or []:
-            call = tool_call_from_openai(raw)
-            if MALFORMED_ARGUMENTS in call.flags or call.parsed is None:
-                answer = tool_error_message(call)
-            else:
-                output = desk.call(call.name, call.parsed)
-                answer = {
-                    "role": "tool",
-                    "tool_call_id": call.id or "",
-                    "content": shape_tool_output(output, max_tool_chars),
-                }
-            if on_tool_call is not None:
-                on_tool_call(call, answer["content"])
-            answers.append(answer)
+        answers = run_tool_calls(state["messages"][-1], desk.call, max_tool_chars, on_tool_call)
         return {"messages": [*state["messages"], *answers]}
 
     def reply(state: OrderTurnState) -> OrderTurnState:
@@ -305,25 +288,13 @@ class OrderDeskAgent:
             )
         desk = OrderDesk(load_tau_retail(self.data_dir).new_db())
 
-        def record_tool(call: ToolCall, output: str) -> None:
-            failed = output.startswith("Error")
-            attributes = {
-                "arguments": call.arguments,
-                "output": bound_tool_output(output, 1000),
-                "flags": call.flags,
-            }
-            ctx.emit_span(
-                call.name, attributes,
-                kind=SpanKind.tool, status="error" if failed else "ok", error=output[:200] if failed else None,
-            )  # fmt: skip
-
         client = ctx.openai_client(max_retries=0)
         try:
             graph = build_order_bot_graph(
                 client, desk=desk, system_prompt=ctx.prompt(ORDER_PROMPT_NAME, default=DEFAULT_ORDER_PROMPT),
                 model=ctx.model, temperature=float(task.input.get("temperature", 1.0)), force_tool=self.force_tool,
                 few_shot=self.few_shot, strict_tools=self.strict_tools, act_max_tokens=self.act_max_tokens,
-                reply_max_tokens=self.reply_max_tokens, on_tool_call=record_tool,
+                reply_max_tokens=self.reply_max_tokens, on_tool_call=tool_span_recorder(ctx),
                 act_sampling=task.input.get("act_sampling"), reply_sampling=task.input.get("reply_sampling"),
             )  # fmt: skip
             state = graph.invoke({"messages": [{"role": "user", "content": text}], "llm_calls": 0})

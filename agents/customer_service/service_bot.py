@@ -26,14 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from agentforge.agents.customer_service.cs_graph import assistant_dict, shape_tool_output
+from agentforge.agents.customer_service.cs_graph import assistant_dict, run_tool_calls, tool_span_recorder
 from agentforge.agents.customer_service.order_bot import sampling_kwargs
 from agentforge.agents.customer_service.rewards.service_turn import score_service_turn
 from agentforge.agents.customer_service.service_desk import KNOWLEDGE_BASE, SERVICE_TOOLS, ServiceDesk
 from agentforge.errors import ConfigError, MissingExtraError, UserError
-from agentforge.runtime.context import bound_tool_output
-from agentforge.toolcalls import MALFORMED_ARGUMENTS, tool_call_from_openai, tool_error_message
-from agentforge.types import SpanKind
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -213,17 +210,7 @@ def build_service_bot_graph(
         return {"messages": [*state["messages"], message], "llm_calls": calls + 1}
 
     def run_tools(state: ServiceTurnState) -> ServiceTurnState:
-        answers = []
-        for raw in state["messages"][-1].get("tool_calls") or []:
-            call = tool_call_from_openai(raw)
-            if MALFORMED_ARGUMENTS in call.flags or call.parsed is None:
-                answer = tool_error_message(call)
-            else:
-                content = shape_tool_output(desk.call(call.name, call.parsed), max_tool_chars)
-                answer = {"role": "tool", "tool_call_id": call.id or "", "content": content}
-            if on_tool_call is not None:
-                on_tool_call(call, answer["content"])
-            answers.append(answer)
+        answers = run_tool_calls(state["messages"][-1], desk.call, max_tool_chars, on_tool_call)
         return {"messages": [*state["messages"], *answers], "tool_rounds": state.get("tool_rounds", 0) + 1}
 
     graph = StateGraph(ServiceTurnState)
@@ -286,21 +273,6 @@ class ServiceDeskAgent:
             )
         desk = ServiceDesk(load_tau_retail(self.data_dir).new_db(), meta.get("user_id"))
 
-        def record_tool(call: ToolCall, output: str) -> None:
-            failed = output.startswith("Error")
-            attributes = {
-                "arguments": call.arguments,
-                "output": bound_tool_output(output, 1000),
-                "flags": call.flags,
-            }
-            ctx.emit_span(
-                call.name,
-                attributes,
-                kind=SpanKind.tool,
-                status="error" if failed else "ok",
-                error=output[:200] if failed else None,
-            )
-
         client = ctx.openai_client(max_retries=0)
         try:
             graph = build_service_bot_graph(
@@ -312,7 +284,7 @@ class ServiceDeskAgent:
                 max_tokens=self.max_tokens,
                 max_tool_rounds=self.max_tool_rounds,
                 first_tool_choice=task.input.get("first_tool_choice", "auto"),
-                on_tool_call=record_tool,
+                on_tool_call=tool_span_recorder(ctx),
                 act_sampling=task.input.get("act_sampling"),
                 reply_sampling=task.input.get("reply_sampling"),
             )
