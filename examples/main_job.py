@@ -344,6 +344,12 @@ class StepLog:
         return served
 
 
+def capture_force_every(args: argparse.Namespace) -> int:
+    """Every how many capture samples the first call is forced (:func:`capture`): 2 on the service desk, whose
+    bot decides whether to call a tool; 0 on the order desk, whose bot is always sent ``tool_choice="required"``."""
+    return 2 if args.desk == "service" else 0
+
+
 def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, temperature: float = 2.0,
             min_p: float = 0.2, force_every: int = 0) -> dict[str, Any]:  # fmt: skip
     """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each (recorded by the gateway): the
@@ -414,7 +420,7 @@ def sft_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, 
     served = publisher.current()
     since = time.time()
     captured = capture(store, tasks, args.warm_samples, served, args.warm_temperature, args.warm_min_p,
-                       force_every=2 if args.desk == "service" else 0)  # fmt: skip
+                       force_every=capture_force_every(args))  # fmt: skip
     config, _ = warm_inputs(args, seed, tasks, served)
     config.output_dir, config.init_adapter = (
         str(args.out / f"seed-{seed}" / f"sft-{rnd}"),
@@ -566,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.base_version,
                 args.warm_temperature,
                 args.warm_min_p,
-                force_every=2 if args.desk == "service" else 0,
+                force_every=capture_force_every(args),
             )
             if warm
             else None

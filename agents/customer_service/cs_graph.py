@@ -54,6 +54,7 @@ __all__ = [
     "assistant_dict",
     "build_cs_graph",
     "fit_history",
+    "offered_tools",
     "run_tool_calls",
     "shape_tool_output",
     "tool_span_recorder",
@@ -152,6 +153,12 @@ def assistant_dict(message: Any) -> dict[str, Any]:
             for c in message.tool_calls
         ]
     return entry
+
+
+def offered_tools(schemas: Sequence[dict[str, Any]], strict: bool) -> list[dict[str, Any]]:
+    """The tool schemas as sent, each marked ``"strict": true`` when ``strict`` (vLLM then pins a forced call's
+    arguments to the schema, not only its frame and name)."""
+    return [{**t, "function": {**t["function"], "strict": True}} if strict else dict(t) for t in schemas]
 
 
 def run_tool_calls(

@@ -28,7 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from agentforge.agents.customer_service.cs_graph import assistant_dict, run_tool_calls, tool_span_recorder
+from agentforge.agents.customer_service.cs_graph import (
+    assistant_dict,
+    offered_tools,
+    run_tool_calls,
+    tool_span_recorder,
+)
 from agentforge.agents.customer_service.order_desk import ORDER_TOOLS, OrderDesk
 from agentforge.agents.customer_service.rewards.tool_turn import score_tool_turn
 from agentforge.errors import ConfigError, MissingExtraError, UserError
@@ -190,9 +195,7 @@ def build_order_bot_graph(
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("langgraph", "agents", "the order bot") from exc
     head = [{"role": "system", "content": system_prompt}, *(worked_example() if few_shot else [])]
-    tools = [
-        {**t, "function": {**t["function"], "strict": True}} if strict_tools else dict(t) for t in ORDER_TOOLS
-    ]
+    tools = offered_tools(ORDER_TOOLS, strict_tools)
 
     def llm(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         out = client.chat.completions.create(

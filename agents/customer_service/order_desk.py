@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentforge.agents.customer_service.datasets import load_bitext
 from agentforge.agents.customer_service.rewards.triage import normalize_entity
@@ -48,7 +48,11 @@ __all__ = [
     "OrderDesk",
     "order_desk_tasks",
     "order_for_row",
+    "round_robin",
+    "row_choice",
 ]
+
+T = TypeVar("T")
 
 #: ``metadata["dataset"]`` of every order-desk task.
 DATASET = "order_desk"
@@ -132,6 +136,22 @@ class OrderDesk:
         )
 
 
+def row_choice(env: TauRetail, table: str, label: str) -> str:
+    """A deterministic pick for a Bitext row: the id at ``sha256(label)`` among the table's sorted ids.
+
+    Args:
+        env: the loaded τ-retail environment.
+        table: ``"orders"`` or ``"users"``.
+        label: what is hashed, e.g. ``"bitext/<row>"``.
+
+    Returns:
+        One id of ``table``.
+    """
+    ids = sorted(key for key, _ in env.data.items(table))
+    digest = hashlib.sha256(label.encode()).digest()
+    return ids[int.from_bytes(digest[:8], "big") % len(ids)]
+
+
 def order_for_row(env: TauRetail, row: int) -> str:
     """The τ-retail order id a Bitext row is given: sorted ``orders.json`` ids at ``sha256("bitext/<row>")``.
 
@@ -142,9 +162,12 @@ def order_for_row(env: TauRetail, row: int) -> str:
     Returns:
         An order id like ``"#W2378156"``.
     """
-    ids = sorted(key for key, _ in env.data.items("orders"))
-    digest = hashlib.sha256(f"bitext/{row}".encode()).digest()
-    return ids[int.from_bytes(digest[:8], "big") % len(ids)]
+    return row_choice(env, "orders", f"bitext/{row}")
+
+
+def round_robin(queues: Sequence[Sequence[T]]) -> list[T]:
+    """One item of each queue in turn; a queue that runs out drops away: ``[[a1, a2], [b1]]`` → ``[a1, b1, a2]``."""
+    return [q[k] for k in range(max(map(len, queues), default=0)) for q in queues if k < len(q)]
 
 
 def _task(source: Task, env: TauRetail, temperature: float) -> Task:
@@ -212,8 +235,7 @@ def order_desk_tasks(
             [t for t in rows if t.metadata["split"] == split and t.metadata["intent"] == i]
             for i in INTENT_TOOL
         ]
-        ordered = [q[k] for k in range(max(map(len, by_intent))) for q in by_intent if k < len(q)]
-        tasks = [_task(t, env, temperature) for t in ordered]
+        tasks = [_task(t, env, temperature) for t in round_robin(by_intent)]
         if size is not None and not 0 <= size <= len(tasks):
             raise UserError(f"order_desk_tasks: {split} size must be in [0, {len(tasks)}], got {size}")
         out.append(tasks[:size])

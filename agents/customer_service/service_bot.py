@@ -26,7 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from agentforge.agents.customer_service.cs_graph import assistant_dict, run_tool_calls, tool_span_recorder
+from agentforge.agents.customer_service.cs_graph import (
+    assistant_dict,
+    offered_tools,
+    run_tool_calls,
+    tool_span_recorder,
+)
 from agentforge.agents.customer_service.order_bot import sampling_kwargs
 from agentforge.agents.customer_service.rewards.service_turn import score_service_turn
 from agentforge.agents.customer_service.service_desk import KNOWLEDGE_BASE, SERVICE_TOOLS, ServiceDesk
@@ -188,10 +193,7 @@ def build_service_bot_graph(
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("langgraph", "agents", "the service bot") from exc
     head = [{"role": "system", "content": system_prompt}, *(service_examples() if examples else [])]
-    tools = [
-        {**t, "function": {**t["function"], "strict": True}} if strict_tools else dict(t)
-        for t in SERVICE_TOOLS
-    ]
+    tools = offered_tools(SERVICE_TOOLS, strict_tools)
 
     def llm(state: ServiceTurnState) -> ServiceTurnState:
         calls, rounds = state.get("llm_calls", 0), state.get("tool_rounds", 0)
@@ -200,11 +202,11 @@ def build_service_bot_graph(
             choice = "none"
         out = client.chat.completions.create(
             model=model,
-            messages=[*head, *state["messages"]],
-            tools=tools,
-            max_tokens=max_tokens,  # type: ignore[arg-type]
-            tool_choice=choice,
-            **{"temperature": temperature, **(reply_extra if calls else act_extra)},  # type: ignore[arg-type]
+            messages=[*head, *state["messages"]],  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            tool_choice=choice,  # type: ignore[arg-type]
+            **{"temperature": temperature, **(reply_extra if calls else act_extra)},
         )
         message = assistant_dict(out.choices[0].message)
         return {"messages": [*state["messages"], message], "llm_calls": calls + 1}

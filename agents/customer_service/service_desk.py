@@ -42,7 +42,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentforge.agents.customer_service.datasets import load_bitext
-from agentforge.agents.customer_service.order_desk import INTENT_TOOL, STATUSES, OrderDesk, order_for_row
+from agentforge.agents.customer_service.order_desk import (
+    INTENT_TOOL,
+    STATUSES,
+    OrderDesk,
+    order_for_row,
+    round_robin,
+    row_choice,
+)
 from agentforge.agents.customer_service.rewards.triage import normalize_entity
 from agentforge.errors import UserError
 from agentforge.types import Task
@@ -81,6 +88,12 @@ ENTITY_TOOL: dict[str, tuple[str, str]] = {
     "switch_account": ("account_type", "switch_account"),
 }
 _ACCOUNT_TOOLS = ("edit_account", "close_account", "switch_account")
+#: The answer field a reply must state, per tool (the order tools: ``status``).
+_FACT_FIELD = {
+    "get_invoice": "amount",
+    "send_invoice": "sent_to",
+    **dict.fromkeys(_ACCOUNT_TOOLS, "reference"),
+}
 #: The second half of a two-call turn is joined to the first with this.
 JOIN = ". Also, "
 
@@ -196,12 +209,6 @@ class ServiceDesk:
         )
 
 
-def _user_for_row(env: TauRetail, row: int) -> str:
-    ids = sorted(key for key, _ in env.data.items("users"))
-    digest = hashlib.sha256(f"bitext-user/{row}".encode()).digest()
-    return ids[int.from_bytes(digest[:8], "big") % len(ids)]
-
-
 def _part(source: Task, env: TauRetail) -> dict[str, Any]:
     """One Bitext message as a desk request: its text with the id replaced, the gold call, the user."""
     meta, text = source.metadata, source.input["text"]
@@ -214,21 +221,19 @@ def _part(source: Task, env: TauRetail) -> dict[str, Any]:
         _, tool = ENTITY_TOOL[intent]
         old = meta["entity"]
         if tool in _ACCOUNT_TOOLS:
-            new, user = old, _user_for_row(env, row)
+            new, user = old, row_choice(env, "users", f"bitext-user/{row}")
         else:
             new, user = invoice_for_order(order_for_row(env, row)), None
     start = text.find(old)
     if start < 0:  # pragma: no cover - load_bitext takes the entity from the text itself
         raise UserError(f"Bitext row {row}: entity {old!r} not in its message")
     argument = _ARGUMENT[tool]
-    value = normalize_entity(new) if argument == "account_type" else new
+    value = str(normalize_entity(new)).lower() if argument == "account_type" else new
     return {
         "text": text[:start] + new + text[start + len(old) :],
         "user_id": user,
         "entity": old,
-        "calls": [
-            {"name": tool, "arguments": {argument: value.lower() if argument == "account_type" else value}}
-        ],
+        "calls": [{"name": tool, "arguments": {argument: value}}],
     }
 
 
@@ -242,8 +247,7 @@ def _facts(parts: list[dict[str, Any]], intents: list[str], env: TauRetail) -> l
             continue
         call = part["calls"][0]
         out = json.loads(ServiceDesk(db, part["user_id"]).call(call["name"], call["arguments"]))
-        key = {"get_invoice": "amount", "send_invoice": "sent_to"}.get(call["name"], "status")
-        facts.append(out["reference"] if "reference" in out else out[key])
+        facts.append(out[_FACT_FIELD.get(call["name"], "status")])
     return facts
 
 
@@ -328,7 +332,7 @@ def service_desk_tasks(
         firsts.sort(key=lambda t: hashlib.sha256(f"pair/{t.metadata['index']}".encode()).digest())
         pairs = [[a, b] for a, b in zip(firsts, seconds[::-1], strict=False)]
         kinds.append(pairs[: sum(map(len, kinds)) // len(kinds)])  # as many as a single kind on average
-        ordered = [q[k] for k in range(max(map(len, kinds))) for q in kinds if k < len(q)]
+        ordered = round_robin(kinds)
         if size is not None and not 0 <= size <= len(ordered):
             raise UserError(f"service_desk_tasks: {split} size must be in [0, {len(ordered)}], got {size}")
         out.append([_task(s, env, temperature) for s in ordered[:size]])
