@@ -54,6 +54,7 @@ from agentforge.stores.wire import (
     json_bytes,
     parse,
     patch_of,
+    write_accepted,
 )
 from agentforge.types import AttemptState, Reward, Rollout, RolloutState, Span, SpanKind
 
@@ -102,25 +103,21 @@ def batch_results(store: TraceStore, items: list[BatchItem | str], ack: str = "f
     Raises:
         StoreError: the batch failed as a whole.
     """
-    objs: list[Span | Reward] = []
-    invalid: dict[int, str] = {}
+    entries: list[Span | Reward | str] = []  # an item, or the message that refused it
     for i, item in enumerate(items):
         if isinstance(item, str):
-            invalid[i] = item
+            entries.append(item)
         elif (item.span is None) == (item.reward is None):
-            invalid[i] = f"batch item {i} must hold exactly one of 'span' and 'reward'"
+            entries.append(f"batch item {i} must hold exactly one of 'span' and 'reward'")
         else:
-            objs.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
-    written = iter(zip(objs, store.write_batch(objs) if objs else [], strict=True))
+            entries.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
     out: list[BatchResult] = []
-    for i in range(len(items)):
-        if i in invalid:
-            out.append(BatchResult(error="ValidationError", message=invalid[i]))
-            continue
-        sent, result = next(written)
-        if isinstance(result, Exception):
+    for sent, result in zip(entries, write_accepted(store, entries), strict=True):
+        if isinstance(result, str):
+            out.append(BatchResult(error="ValidationError", message=result))
+        elif isinstance(result, Exception):
             out.append(BatchResult(error=type(result).__name__, message=str(result)))
-        elif ack == "patch" and (patch := patch_of(sent, result)) is not None:
+        elif ack == "patch" and (patch := patch_of(sent, result)) is not None:  # type: ignore[arg-type]
             out.append(BatchResult(patch=patch))
         elif isinstance(result, Span):
             out.append(BatchResult(span=result))

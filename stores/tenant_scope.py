@@ -20,6 +20,7 @@ from typing import Any
 
 from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundError, UserError
 from agentforge.ports import TraceStore
+from agentforge.stores.wire import write_accepted
 from agentforge.types import Attempt, ResourceVersion, Reward, Rollout, Span, SpanKind, tenant_of_name
 
 __all__ = ["IdInUseError", "TenantForbidden", "TenantView"]
@@ -133,22 +134,16 @@ class TenantView:
 
     def write_batch(self, items: Sequence[Span | Reward]) -> list[Span | Reward | AgentForgeError]:
         """Write items of this tenant; an item naming another tenant or its rollout fails alone."""
-        checked: list[Span | Reward] = []
-        refused: dict[int, AgentForgeError] = {}
-        for i, item in enumerate(items):
+        entries: list[Span | Reward | AgentForgeError] = []
+        for item in items:
             try:
-                checked.append(self._item(item))
+                entries.append(self._item(item))
             except (NotFoundError, TenantForbidden) as exc:
-                refused[i] = exc
-        written = iter(self.store.write_batch(checked) if checked else [])
+                entries.append(exc)
         out: list[Span | Reward | AgentForgeError] = []
-        for i, item in enumerate(items):
-            if i in refused:
-                out.append(refused[i])
-                continue
-            stored = next(written)
+        for item, result in zip(items, write_accepted(self.store, entries), strict=True):
             try:
-                out.append(stored if isinstance(stored, AgentForgeError) else self._kept(item, stored))
+                out.append(result if isinstance(result, AgentForgeError) else self._kept(item, result))  # type: ignore[arg-type]
             except IdInUseError as exc:
                 out.append(exc)
         return out

@@ -13,13 +13,17 @@ cannot carry (lone surrogates) falls back to ASCII-escaped JSON, which parses th
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
 from agentforge.stores.tables import fast_json
 from agentforge.types import Reward, Span
+
+if TYPE_CHECKING:
+    from agentforge.ports import TraceStore
 
 __all__ = [
     "MAX_BATCH",
@@ -34,9 +38,11 @@ __all__ = [
     "Encoded",
     "encode_item",
     "batch_body",
+    "write_accepted",
 ]
 
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E")
 
 #: Most items one ``POST /api/batch`` may carry.
 MAX_BATCH = 4096
@@ -160,3 +166,27 @@ def encode_item(item: Span | Reward) -> bytes:
 def batch_body(items: list[bytes], ack: Literal["full", "patch"] = "patch") -> bytes:
     """The body of ``POST /api/batch`` from items encoded by :func:`encode_item` (at most :data:`MAX_BATCH`)."""
     return b'{"items":[' + b",".join(items) + b'],"ack":"' + ack.encode("ascii") + b'"}'
+
+
+def write_accepted(
+    store: TraceStore, entries: Sequence[Span | Reward | E]
+) -> list[Span | Reward | Exception | E]:
+    """Write the spans and rewards among ``entries`` in one ``store.write_batch``; answer every entry, in order.
+
+    The server's ``/api/batch`` and a tenant's view both refuse some items before writing (an item that did not
+    validate, one naming another tenant's rollout): those fail alone and the others are written together.
+
+    Args:
+        store: the store to write to.
+        entries: per item, the span or reward to write, or what refused it (an error, a message).
+
+    Returns:
+        Per entry: what the store returned for a written one (the stored item, or the error it rejected that
+        item alone with); a refused entry itself.
+
+    Raises:
+        StoreError: the batch failed as a whole (``store.write_batch``).
+    """
+    accepted = [e for e in entries if isinstance(e, Span | Reward)]
+    written = iter(store.write_batch(accepted) if accepted else [])
+    return [next(written) if isinstance(e, Span | Reward) else e for e in entries]
