@@ -11,6 +11,8 @@ and gradient norms with sharing on and off.
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,6 +100,26 @@ def sft_trainer(model_dir, tmp_path, data, **kw):  # type: ignore[no-untyped-def
             r=4, target_modules="all-linear", init_lora_weights=False, task_type="CAUSAL_LM"
         ),
     )
+
+
+def replay_config(output_dir: Path, **overrides: Any) -> ReplaySFTConfig:
+    """A float32 replay-SFT config for the tiny model: 2 optimizer steps of 2 rows, rank-4 LoRA, nothing saved."""
+    settings: dict[str, Any] = dict(
+        max_steps=2,
+        per_device_train_batch_size=2,
+        lora_r=4,
+        lora_alpha=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        bf16=False,
+        gradient_checkpointing=False,
+        dataset_num_proc=None,
+        disable_tqdm=True,
+    )
+    return ReplaySFTConfig(output_dir=str(output_dir), **{**settings, **overrides})
 
 
 def both_losses(trainer, batch, num_items_in_batch):  # type: ignore[no-untyped-def]
@@ -210,25 +232,12 @@ def test_replay_sft_with_gradient_accumulation_logs_the_same_losses_shared_or_no
         add_trace(store, f"t{i}", calls)
     runs = {}
     for share in (False, True):
-        config = ReplaySFTConfig(
-            output_dir=str(tmp_path / f"share-{share}"),
+        config = replay_config(
+            tmp_path / f"share-{share}",
             share_prompt_prefix=share,
-            max_steps=2,
-            per_device_train_batch_size=2,
             gradient_accumulation_steps=2,
             learning_rate=1e-3,
-            lora_r=4,
-            lora_alpha=8,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=True,
-            seed=0,
             data_seed=0,
-            bf16=False,
-            gradient_checkpointing=False,
-            dataset_num_proc=None,
-            disable_tqdm=True,
         )
         job = ReplaySFTTrainer(tiny_model, store, TraceFilter(), config)
         result = job.train()
@@ -254,24 +263,7 @@ def test_replay_sft_continues_a_saved_adapter(tiny_model, tmp_path) -> None:  # 
         add_trace(store, f"t{i}", [(HEAD + [200 + i], [300 + i, 301 + i])])
 
     def config(name: str, **kw: object) -> ReplaySFTConfig:
-        return ReplaySFTConfig(
-            output_dir=str(tmp_path / name),
-            max_steps=2,
-            per_device_train_batch_size=2,
-            learning_rate=1e-2,
-            lora_r=4,
-            lora_alpha=8,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=True,
-            seed=0,
-            bf16=False,
-            gradient_checkpointing=False,
-            dataset_num_proc=None,
-            disable_tqdm=True,
-            **kw,
-        )
+        return replay_config(tmp_path / name, learning_rate=1e-2, **kw)
 
     first = ReplaySFTTrainer(tiny_model, store, TraceFilter(), config("first")).train()
     saved = load_file(str(first.adapter_dir / "adapter_model.safetensors"))
