@@ -35,7 +35,16 @@ from agentforge.errors import AgentForgeError, InvalidTransitionError, NotFoundE
 from agentforge.queries import RolloutPage, RolloutQuery
 from agentforge.stores.codec import stamped
 from agentforge.stores.tables import dumps
-from agentforge.stores.wire import MAX_BATCH, BatchResults, Encoded, batch_body, encode_item, parse
+from agentforge.stores.wire import (
+    BATCH_BYTES,
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    BatchResults,
+    Encoded,
+    batch_body,
+    encode_item,
+    parse,
+)
 from agentforge.stores.writer import GroupCommitWriter
 from agentforge.types import (
     Attempt,
@@ -309,19 +318,40 @@ class HTTPStore:
 
     # --- spans and rewards ------------------------------------------------------------------------
     def write_batch(self, items: Sequence[Span | Reward | Encoded]) -> list[Span | Reward | AgentForgeError]:
-        """See :meth:`TraceStore.write_batch` (one ``POST /api/batch``; safe to retry: ids are idempotent;
-        items :meth:`submit_many` encoded already are sent as they are)."""
+        """See :meth:`TraceStore.write_batch` (``POST /api/batch``; safe to retry: ids are idempotent; items
+        :meth:`submit_many` encoded already are sent as they are). Items go in requests of at most
+        :data:`MAX_BATCH` items and about :data:`BATCH_BYTES` bytes; an item whose own encoding is over the
+        server's :data:`MAX_BODY_BYTES` fails alone with a ``UserError``, unsent."""
+        encoded = [i if isinstance(i, Encoded) else Encoded(i, encode_item(i)) for i in items]
         out: list[Span | Reward | AgentForgeError] = []
-        for start in range(0, len(items), MAX_BATCH):  # the server takes at most MAX_BATCH per request
-            out.extend(self._write_chunk(items[start : start + MAX_BATCH]))
+        chunk: list[Encoded] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal size
+            if chunk:
+                out.extend(self._write_chunk(chunk))
+                chunk.clear()
+                size = 0
+
+        for item in encoded:
+            if len(item.json) > MAX_BODY_BYTES - 64:
+                flush()
+                what = "span" if isinstance(item.item, Span) else "reward"
+                limit = f"over the store server's limit of {MAX_BODY_BYTES} bytes a request"
+                out.append(UserError(f"{what} is {len(item.json)} bytes encoded, {limit}"))
+                continue
+            if len(chunk) == MAX_BATCH or (chunk and size + len(item.json) > BATCH_BYTES):
+                flush()
+            chunk.append(item)
+            size += len(item.json) + 1
+        flush()
         return out
 
-    def _write_chunk(
-        self, chunk: Sequence[Span | Reward | Encoded]
-    ) -> list[Span | Reward | AgentForgeError | None]:
-        body = batch_body([i.json if isinstance(i, Encoded) else encode_item(i) for i in chunk])
-        items = [i.item if isinstance(i, Encoded) else i for i in chunk]
-        keep = [not isinstance(i, Encoded) or i.keep for i in chunk]
+    def _write_chunk(self, chunk: Sequence[Encoded]) -> list[Span | Reward | AgentForgeError | None]:
+        body = batch_body([i.json for i in chunk])
+        items = [i.item for i in chunk]
+        keep = [i.keep for i in chunk]
         answer = self._request("POST", "/api/batch", content=body, raw=True)
         patched = _patched(items, answer, keep)
         if patched is not None:

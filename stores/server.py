@@ -7,8 +7,8 @@ Wire format: JSON bodies, **ASCII-escaped** both ways (``\\uXXXX``), so every st
 (lone surrogates included) and non-finite floats inside attributes cross the wire unchanged. Errors
 come back as ``{"detail": {"error": <class name>, "message": str}}`` with status 404 (``NotFoundError``),
 409 (``InvalidTransitionError``), 400 (other ``UserError``), 401 (bad API key), 403 (the store key, or
-no admin key configured, on an admin route) or 503 (``StoreError``); request bodies that do not validate
-get FastAPI's 422.
+no admin key configured, on an admin route), 413 (a body over ``max_request_bytes``, 16 MiB by default) or
+503 (``StoreError``); request bodies that do not validate get FastAPI's 422.
 
 Two keys (:mod:`agentforge.stores.auth`): the store key for every route, and a distinct admin key for the
 admin routes ``POST /api/resources`` and ``POST /api/resources/activate``, which also check adapter paths
@@ -36,6 +36,7 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException, Qu
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from agentforge.bodylimit import BodyLimit
 from agentforge.errors import InvalidTransitionError, NotFoundError, StoreError, UserError
 from agentforge.loopback import LoopbackGuard
 from agentforge.ports import TraceStore
@@ -47,6 +48,7 @@ from agentforge.stores.tenant_scope import TenantForbidden, TenantView
 from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
     MAX_BATCH,
+    MAX_BODY_BYTES,
     BatchItem,
     BatchRequest,
     BatchResult,
@@ -386,6 +388,7 @@ def create_store_app(
     admin_key: str | None = None,
     adapter_root: str | Path | None = None,
     tenants: TenantDirectory | None = None,
+    max_request_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """A FastAPI app serving only :func:`store_router` (run it with uvicorn, on any interface; a process
     that serves it should call :func:`agentforge.config.serving_gc` once it has started).
@@ -398,6 +401,8 @@ def create_store_app(
 
     Args:
         store, api_key, admin_key, adapter_root, tenants: as for :func:`store_router`.
+        max_request_bytes: the largest request body taken (bytes); a larger one is a 413 that never reaches a
+            route (:class:`~agentforge.bodylimit.BodyLimit`). :class:`HTTPStore` splits its batches below it.
 
     Returns:
         The app.
@@ -409,6 +414,7 @@ def create_store_app(
     app.include_router(
         store_router(store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root, tenants=tenants)
     )
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
     if api_key is None:
         app.add_middleware(LoopbackGuard, what="store server")
     return app

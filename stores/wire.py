@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_BODY_BYTES",
+    "BATCH_BYTES",
     "PATCH_FIELDS",
     "BatchItem",
     "BatchRequest",
@@ -46,6 +48,14 @@ E = TypeVar("E")
 
 #: Most items one ``POST /api/batch`` may carry.
 MAX_BATCH = 4096
+
+#: The largest request body the store API takes (bytes; :class:`agentforge.bodylimit.BodyLimit` answers a
+#: larger one 413): room for a span of a long-context call (a 32k-token prompt's ids, text and logprobs are
+#: under 1 MiB), far below what would let one client fill the store.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+#: About how many bytes :class:`~agentforge.stores.http.HTTPStore` puts in one ``POST /api/batch``.
+BATCH_BYTES = 4 * 1024 * 1024
 
 
 class BatchItem(BaseModel):

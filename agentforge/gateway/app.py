@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentforge.bodylimit import BodyLimit
 from agentforge.errors import NotFoundError, ServingError
 from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.call import (
@@ -434,9 +435,13 @@ def create_gateway(
     if include_store_api:
         try:
             from agentforge.stores.server import store_router
+            from agentforge.stores.wire import MAX_BODY_BYTES
         except ImportError:
             logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
+            app.add_middleware(
+                BodyLimit, limit=MAX_BODY_BYTES
+            )  # the store routes (LLM calls: the fast path's)
             app.include_router(
                 store_router(
                     store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root, tenants=tenants

@@ -18,7 +18,6 @@ never pile up on the connection pool and starve the others.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agentforge.bodylimit import read_body, replay_body
 from agentforge.gateway.server import DISCONNECT_HOOK
 from agentforge.gateway.wire import Endpoint, error_body
 from agentforge.loopback import LoopbackGuard
@@ -98,12 +98,12 @@ class FastPathMiddleware:
             return
         endpoint, rollout_id = route
         scope["path_params"] = {} if rollout_id is None else {"rollout_id": rollout_id}
-        body = await _read_body(scope, receive, self._max)
+        body = await read_body(scope, receive, self._max)
         if body is None:
             logger.warning("refused a request body over %d bytes on %s", self._max, path)
             await _too_large(self._max)(scope, receive, send)
             return
-        request = Request(scope, _replay(body, receive))
+        request = Request(scope, replay_body(body, receive))
         task = asyncio.current_task()
         watch = _Watch(scope, receive, task)
         try:
@@ -174,45 +174,6 @@ class _Watch:
             await send(message)
 
         return wrapped
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or ``None`` once it is known to exceed ``limit`` bytes (from
-    ``Content-Length`` before reading, else while reading)."""
-    for name, value in scope.get("headers") or ():
-        if name == b"content-length":
-            with contextlib.suppress(ValueError):
-                if int(value) > limit:
-                    return None
-            break
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break  # the client left while sending: the handler sees a truncated body and answers 400
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the already-read body once, then the connection's own messages."""
-    sent = False
-
-    async def replay() -> Any:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bool:

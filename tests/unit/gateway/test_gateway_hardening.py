@@ -142,6 +142,24 @@ def test_a_body_over_the_limit_is_a_413_and_reaches_neither_the_engine_nor_the_s
     assert upstream.served == 1 and len(store.list_spans()) == 1
 
 
+def test_the_gateways_store_routes_refuse_a_body_over_the_store_limit(monkeypatch) -> None:
+    """The store API the gateway mounts has the store server's limit (its LLM routes keep their own)."""
+    monkeypatch.setattr("agentforge.stores.wire.MAX_BODY_BYTES", 64 * 1024)
+    upstream, store = ScriptedUpstream(["x"], cycle=True), memory_store()
+    app = create_gateway(store, upstream.router(), transport=upstream.transport())
+    with AppServer(app) as server:
+        span = {"kind": "custom", "name": "big", "attributes": {"x": "a" * 100_000}}
+        r = httpx.post(f"{server.url}/api/spans", json=span, timeout=10)
+        assert r.status_code == 413 and "65536 bytes" in r.json()["detail"]["message"], r.text
+        ok = httpx.post(
+            f"{server.url}/api/spans", json={**span, "name": "small", "attributes": {}}, timeout=10
+        )
+        assert ok.status_code == 200, ok.text
+        chat = {**CHAT, "messages": [{"role": "user", "content": "b" * 100_000}]}  # under the 4 MiB LLM limit
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=10).status_code == 200
+    assert [s.name for s in store.list_spans() if s.kind.value == "custom"] == ["small"]
+
+
 def _lan_address() -> str | None:
     """An IPv4 address of this machine that is not loopback, or ``None`` (no network interface)."""
     import psutil

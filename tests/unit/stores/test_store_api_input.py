@@ -14,6 +14,7 @@ import httpx
 import pytest
 from fixtures_store import serve_app
 
+from agentforge.errors import UserError
 from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
 from agentforge.types import Rollout, RolloutState
@@ -125,3 +126,64 @@ def test_one_schema_invalid_item_fails_alone_not_its_batch(api) -> None:
     assert len(store.list_spans(rollout_id=ro.rollout_id)) == 99
     bad_envelope = httpx.post(f"{url}/api/batch", json={"items": "nope"}, headers=AUTH)
     assert bad_envelope.status_code == 422  # the request itself is wrong: nothing to salvage
+
+
+def test_a_body_over_the_limit_is_a_413_and_writes_nothing(tmp_path: Path, monkeypatch) -> None:
+    """Issue 36 (low): a 30 MB span was accepted. Over the limit, with Content-Length or chunked, the answer
+    is a 413 in the store's error shape before any route runs; HTTPStore splits a large batch below the limit
+    and an item too big on its own fails alone, the others written."""
+    from agentforge.stores.http import HTTPStore
+    from agentforge.types import Reward, Span, SpanKind
+
+    limit = 64 * 1024
+    with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
+        with serve_app(create_store_app(store, api_key=KEY, max_request_bytes=limit)) as url:
+            ro = store.enqueue_rollout(Rollout())
+            huge = Span(
+                rollout_id=ro.rollout_id, kind=SpanKind.custom, name="big", attributes={"x": "a" * limit}
+            )
+            raw = huge.model_dump_json().encode()
+            headers = {**AUTH, "Content-Type": "application/json"}
+            resp = httpx.post(f"{url}/api/spans", content=raw, headers=headers)
+            assert resp.status_code == 413, resp.text
+            assert _detail(resp)["error"] == "UserError" and str(limit) in _detail(resp)["message"]
+
+            def chunks() -> Iterator[bytes]:  # no Content-Length: refused while reading
+                for start in range(0, len(raw), 4096):
+                    yield raw[start : start + 4096]
+
+            resp = httpx.post(f"{url}/api/spans", content=chunks(), headers=headers)
+            assert resp.status_code == 413, resp.text
+            assert store.list_spans(ro.rollout_id) == []
+            small = Span(
+                rollout_id=ro.rollout_id, kind=SpanKind.custom, name="ok", attributes={"x": "b" * 100}
+            )
+            assert (
+                httpx.post(f"{url}/api/spans", content=small.model_dump_json(), headers=headers).status_code
+                == 200
+            )
+
+            monkeypatch.setattr("agentforge.stores.http.MAX_BODY_BYTES", limit)  # the client's view of it
+            monkeypatch.setattr("agentforge.stores.http.BATCH_BYTES", limit // 2)
+            client = HTTPStore(url, api_key=KEY)
+            try:  # many items whose sum is over the limit: split into requests under it, all written
+                many = [
+                    Span(
+                        rollout_id=ro.rollout_id,
+                        kind=SpanKind.custom,
+                        name=f"s{i}",
+                        attributes={"x": "c" * 2000},
+                    )
+                    for i in range(60)
+                ]
+                out = client.write_batch(
+                    [*many[:30], huge, *many[30:], Reward(rollout_id=ro.rollout_id, value=1.0)]
+                )
+            finally:
+                client.close()
+            assert isinstance(out[30], UserError) and "limit" in str(out[30])
+            assert [type(o).__name__ for o in out[:30] + out[31:]] == ["Span"] * 60 + ["Reward"]
+            assert sorted(s.name for s in store.list_spans(ro.rollout_id)) == sorted(
+                ["ok", *(s.name for s in many)]
+            )
+            assert [r.value for r in store.list_rewards(ro.rollout_id)] == [1.0]
