@@ -18,9 +18,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BodyLimit", "read_body", "replay_body"]
+__all__ = ["API_MAX_BODY_BYTES", "BodyLimit", "read_body", "replay_body"]
 
 logger = logging.getLogger("agentforge.bodylimit")
+
+#: The largest request body the store API takes by default (bytes; the gateway's LLM routes have their own 4 MiB):
+#: room for a span of a long-context call (a 32k-token prompt's ids, text and logprobs are under 1 MiB), far
+#: below what would let one client fill the store.
+API_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
@@ -75,7 +80,7 @@ class BodyLimit:
 
     Args:
         app: the app to guard.
-        limit: the largest body taken, in bytes (> 0).
+        limit: the largest body taken, in bytes (> 0); ``None``: :data:`API_MAX_BODY_BYTES` as it is now.
         error: the JSON body of the 413 for a given limit (default: the store API's shape).
 
     Raises:
@@ -83,8 +88,9 @@ class BodyLimit:
     """
 
     def __init__(
-        self, app: ASGIApp, limit: int, error: Callable[[int], dict[str, Any]] = store_error
+        self, app: ASGIApp, limit: int | None = None, error: Callable[[int], dict[str, Any]] = store_error
     ) -> None:
+        limit = API_MAX_BODY_BYTES if limit is None else limit
         if limit <= 0:
             raise ValueError(f"body limit must be a positive number of bytes, got {limit}")
         self.app, self._limit, self._error = app, limit, error

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
+from agentforge.bodylimit import API_MAX_BODY_BYTES
 from agentforge.stores.tables import fast_json
 from agentforge.types import Reward, Span
 
@@ -50,9 +51,8 @@ E = TypeVar("E")
 MAX_BATCH = 4096
 
 #: The largest request body the store API takes (bytes; :class:`agentforge.bodylimit.BodyLimit` answers a
-#: larger one 413): room for a span of a long-context call (a 32k-token prompt's ids, text and logprobs are
-#: under 1 MiB), far below what would let one client fill the store.
-MAX_BODY_BYTES = 16 * 1024 * 1024
+#: larger one 413).
+MAX_BODY_BYTES = API_MAX_BODY_BYTES
 
 #: About how many bytes :class:`~agentforge.stores.http.HTTPStore` puts in one ``POST /api/batch``.
 BATCH_BYTES = 4 * 1024 * 1024

@@ -435,13 +435,10 @@ def create_gateway(
     if include_store_api:
         try:
             from agentforge.stores.server import store_router
-            from agentforge.stores.wire import MAX_BODY_BYTES
         except ImportError:
             logger.debug("agentforge.stores.server is not available; the store API is not mounted")
         else:
-            app.add_middleware(
-                BodyLimit, limit=MAX_BODY_BYTES
-            )  # the store routes (LLM calls: the fast path's)
+            app.add_middleware(BodyLimit)  # the store routes' limit (LLM calls have the fast path's)
             app.include_router(
                 store_router(
                     store, api_key=api_key, admin_key=admin_key, adapter_root=adapter_root, tenants=tenants

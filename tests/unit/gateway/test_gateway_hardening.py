@@ -144,7 +144,7 @@ def test_a_body_over_the_limit_is_a_413_and_reaches_neither_the_engine_nor_the_s
 
 def test_the_gateways_store_routes_refuse_a_body_over_the_store_limit(monkeypatch) -> None:
     """The store API the gateway mounts has the store server's limit (its LLM routes keep their own)."""
-    monkeypatch.setattr("agentforge.stores.wire.MAX_BODY_BYTES", 64 * 1024)
+    monkeypatch.setattr("agentforge.bodylimit.API_MAX_BODY_BYTES", 64 * 1024)
     upstream, store = ScriptedUpstream(["x"], cycle=True), memory_store()
     app = create_gateway(store, upstream.router(), transport=upstream.transport())
     with AppServer(app) as server:
