@@ -64,7 +64,8 @@ def token_decoder(tokenizer_dir: str | Path | None | bool) -> Callable[[int], st
             ``False``: none (ids only).
 
     Returns:
-        A cached decoder; without any tokenizer it shows the id itself (``⟨1234⟩``).
+        A cached decoder; without any tokenizer it shows the id itself (``⟨1234⟩``), and so it shows an id outside
+        the tokenizer's vocabulary (negative, or past its size: the tokenizer's own decode raises on some).
 
     Raises:
         UserError: ``tokenizer_dir`` is given but holds no ``tokenizer.json``.
@@ -83,7 +84,16 @@ def token_decoder(tokenizer_dir: str | Path | None | bool) -> Callable[[int], st
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(path))
-    return functools.lru_cache(maxsize=65536)(lambda token: tok.decode([token], skip_special_tokens=False))
+    size = tok.get_vocab_size(with_added_tokens=True)
+
+    def decode(
+        token: int,
+    ) -> str:  # an id the tokenizer has no entry for (a bad or crafted span) is shown as such
+        if not 0 <= token < size:
+            return f"⟨{token}: not in the vocabulary⟩"
+        return tok.decode([token], skip_special_tokens=False)
+
+    return functools.lru_cache(maxsize=65536)(decode)
 
 
 class _KeyGuard:

@@ -163,3 +163,22 @@ async def test_mounted_on_the_gateway_behind_its_key(filled) -> None:
         assert (
             await client.get("/dashboard/static/chart.umd.js", headers={"X-Api-Key": KEY})
         ).status_code == 200
+
+
+def test_a_span_with_token_ids_outside_the_vocabulary_is_shown_not_a_500(tmp_path) -> None:
+    """Issue 36 (low): one span whose ids the tokenizer cannot decode (here -1 and 2**40: the tokenizers
+    library raises OverflowError) made its rollout page a 500. The ids show as what they are."""
+    from agentforge.model import default_model_dir, is_prepared
+
+    if not is_prepared():
+        pytest.skip("the default model's tokenizer is not prepared (make setup)")
+    with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
+        ro = store.enqueue_rollout(Rollout(agent="triage"))
+        call = LLMCall(model="policy", request={"messages": [{"role": "user", "content": "hi"}]},
+                       prompt_token_ids=[1, -1, 3], completion_token_ids=[2**40, 5], logprobs=[-0.1, -0.2],
+                       response_text="x")  # fmt: skip
+        store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.llm, llm=call))
+        client = TestClient(create_dashboard_app(store, tokenizer=default_model_dir()))
+        page = client.get(f"/rollouts/{ro.rollout_id}")
+        assert page.status_code == 200, page.text[:500]
+        assert "⟨-1: not in the vocabulary⟩" in page.text and f"⟨{2**40}: not in the vocabulary⟩" in page.text
