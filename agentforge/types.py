@@ -218,10 +218,20 @@ def check_transition(current: RolloutState, target: RolloutState) -> None:
         raise InvalidTransitionError(f"rollout cannot go from {current} to {target}; allowed: {names}")
 
 
-class Task(BaseModel):
-    """One unit of work for an agent: an input payload plus metadata (dataset, split, gold answer)."""
+#: A name or id that is text, not layout: no control characters (C0, DEL), so it prints on one line in a log,
+#: a table or a page and cannot forge a line of its own.
+_ONE_LINE = r"^[^\x00-\x1f\x7f]*$"
 
-    task_id: str = Field(default_factory=lambda: new_id("task"))
+
+class Task(BaseModel):
+    """One unit of work for an agent: an input payload plus metadata (dataset, split, gold answer).
+
+    ``task_id``: 1-500 characters, no control characters (e.g. ``bitext/123``; it groups a task's rollouts
+    and names it in reports). Raises ``pydantic.ValidationError`` otherwise (a 422 at the store API)."""
+
+    task_id: str = Field(
+        default_factory=lambda: new_id("task"), min_length=1, max_length=500, pattern=_ONE_LINE
+    )
     input: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -241,12 +251,13 @@ class Rollout(BaseModel):
             application that knows them (its own login, its own session), once, when the rollout is enqueued.
             ``agentforge forget --user/--session`` deletes by these fields only, never by ``metadata`` or the
             task, which carry what clients wrote (:mod:`agentforge.stores.forget`). At most 200 characters.
+        agent: the agent's name (workers claim by it): at most 200 characters, no control characters.
     """
 
     rollout_id: str = Field(default_factory=lambda: new_id("ro"))
     task: Task = Field(default_factory=Task)
     state: RolloutState = RolloutState.queued
-    agent: str = ""
+    agent: str = Field(default="", max_length=200, pattern=_ONE_LINE)
     group_id: str | None = None
     resources: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -187,3 +187,24 @@ def test_a_body_over_the_limit_is_a_413_and_writes_nothing(tmp_path: Path, monke
                 ["ok", *(s.name for s in many)]
             )
             assert [r.value for r in store.list_rewards(ro.rollout_id)] == [1.0]
+
+
+def test_agent_names_and_task_ids_are_validated(api) -> None:
+    """Issue 36 (low): agent names and task ids were taken as any string (control characters that forge a log
+    or table line, megabytes of name). Now: a 422 naming the field, nothing stored; ordinary ones (with '/')
+    pass."""
+    url, store = api
+    for body, field in (
+        ({"agent": "bot\nINFO forged line"}, "agent"),
+        ({"agent": "a" * 201}, "agent"),
+        ({"task": {"task_id": ""}}, "task_id"),
+        ({"task": {"task_id": "t\x00"}}, "task_id"),
+        ({"task": {"task_id": "t" * 501}}, "task_id"),
+    ):
+        resp = httpx.post(f"{url}/api/rollouts", json=body, headers=AUTH)
+        assert resp.status_code == 422 and field in resp.text, (body, resp.text)
+    assert store.list_rollouts() == []
+    ok = httpx.post(
+        f"{url}/api/rollouts", json={"agent": "order-bot", "task": {"task_id": "bitext/12"}}, headers=AUTH
+    )
+    assert ok.status_code == 200 and [r.task.task_id for r in store.list_rollouts()] == ["bitext/12"]
