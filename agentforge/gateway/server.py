@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import uvicorn
 
-from agentforge.config import HTTP_KEEP_ALIVE_S
+from agentforge.config import HTTP_KEEP_ALIVE_S, HTTP_REQUEST_READ_S
 from agentforge.errors import ServingError
 from agentforge.loopback import check_bind, is_loopback
 from agentforge.types import rollout_base_url
@@ -95,23 +95,58 @@ class HeadWithBody:
         return getattr(self._transport, name)
 
 
-def _http_protocol() -> Any:
-    """uvicorn's ``httptools`` protocol whose transport is a :class:`HeadWithBody` and whose requests carry
-    :data:`DISCONNECT_HOOK`, or ``"auto"`` (uvicorn's choice) when ``httptools`` is not installed."""
+def _http_protocol(read_timeout_s: float = HTTP_REQUEST_READ_S) -> Any:
+    """uvicorn's ``httptools`` protocol whose transport is a :class:`HeadWithBody`, whose requests carry
+    :data:`DISCONNECT_HOOK` and which closes slow connections, or ``"auto"`` (uvicorn's choice) when
+    ``httptools`` is not installed.
+
+    Slow connections: uvicorn itself waits for ever for the rest of a request once its first byte came (and for
+    the first byte of a connection's first request). Here a request must arrive whole within ``read_timeout_s``
+    seconds of its first byte (head and body; the app then sees ``http.disconnect``), and a new connection must
+    send its first byte within the keep-alive time, as an idle kept-alive one must."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "auto"
 
     class HeadWithBodyProtocol(HttpToolsProtocol):
+        _read_timer: asyncio.TimerHandle | None = None
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+            # the keep-alive timer, which uvicorn arms only after a response: any byte received cancels it
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._stop_read_timer()
+            self._read_timer = self.loop.call_later(read_timeout_s, self._read_too_slow)
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]
 
+        def on_message_complete(self) -> None:
+            self._stop_read_timer()
+            super().on_message_complete()
+
+        def _stop_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_too_slow(self) -> None:
+            self._read_timer = None
+            if not self.transport.is_closing():
+                self.logger.info(
+                    "closed a connection whose request took over %.0f s to arrive", read_timeout_s
+                )
+                self.transport.close()  # the app, if the head came, sees http.disconnect (connection_lost)
+
         def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_read_timer()
             cycle = self.cycle
             hook = None
             if cycle is not None and not cycle.response_complete:
@@ -157,13 +192,20 @@ class AppServer:
         host: interface to bind.
         port: TCP port (0: any free port; read :attr:`port` after :meth:`start`).
         startup_timeout_s: seconds to wait for the server to accept connections.
+        read_timeout_s: seconds a request may take to arrive, from its first byte to its last (slow clients
+            are disconnected; :data:`~agentforge.config.HTTP_REQUEST_READ_S`).
     """
 
     def __init__(
-        self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 10.0
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 10.0,
+        read_timeout_s: float = HTTP_REQUEST_READ_S,
     ) -> None:
         self.app, self.host, self.port = app, host, port
-        self._startup_timeout_s = startup_timeout_s
+        self._startup_timeout_s, self.read_timeout_s = startup_timeout_s, read_timeout_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -188,7 +230,7 @@ class AppServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
             self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False,
-            http=_http_protocol(), timeout_keep_alive=HTTP_KEEP_ALIVE_S,
+            http=_http_protocol(self.read_timeout_s), timeout_keep_alive=HTTP_KEEP_ALIVE_S,
         )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

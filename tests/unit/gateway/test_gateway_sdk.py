@@ -179,7 +179,7 @@ def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk(
 
     monkeypatch.setattr(fastpath, "_cancel_on_disconnect", counted)
     if server == "uvicorn":
-        monkeypatch.setattr(server_module, "_http_protocol", lambda: "httptools")
+        monkeypatch.setattr(server_module, "_http_protocol", lambda *_: "httptools")
     span, inflight, waited = _leave_after_first_event(ScriptedTurn("a b c", chunk_delay_s=30))
     assert waited < 5 and span.attributes["client_disconnected"] is True and inflight == 0
     assert bool(watchers) == (server == "uvicorn")
