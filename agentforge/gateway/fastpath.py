@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentforge.bodylimit import read_body, replay_body
-from agentforge.gateway.server import DISCONNECT_HOOK
 from agentforge.gateway.wire import Endpoint, error_body
 from agentforge.loopback import LoopbackGuard
 from agentforge.types import ROLLOUT_PATH_PREFIX
@@ -35,7 +34,21 @@ from agentforge.types import ROLLOUT_PATH_PREFIX
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["FastPathMiddleware", "GatewayApp", "match_llm_route", "DEFAULT_MAX_REQUEST_BYTES"]
+__all__ = [
+    "FastPathMiddleware",
+    "GatewayApp",
+    "match_llm_route",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DISCONNECT_HOOK",
+]
+
+#: A scope key that :class:`~agentforge.gateway.server.AppServer`'s HTTP protocol sets to ``None`` on every
+#: request: an app may put a callable there, which the protocol calls (on the event loop's thread) when the client's connection is lost
+#: before the response of the request the connection is serving is complete (uvicorn's current cycle: a
+#: request pipelined behind another is not told, just as uvicorn's own ``http.disconnect`` does not reach it).
+#: The gateway's fast path uses it instead of a task per call that waits on ``receive()`` for
+#: ``http.disconnect`` (which it still uses under other ASGI servers).
+DISCONNECT_HOOK = "agentforge.disconnect_hook"
 
 #: The largest request body the gateway takes by default (bytes): far above any context window's worth
 #: of text, far below what would let one client fill the trace store.

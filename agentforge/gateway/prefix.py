@@ -53,8 +53,8 @@ from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
 from agentforge.gateway.wire import decode_json, encode_json, error_body
 
 if TYPE_CHECKING:
-    from agentforge.gateway.app import _Gateway
     from agentforge.gateway.call import CallContext
+    from agentforge.gateway.host import CallHost
     from agentforge.gateway.router import Upstream
     from agentforge.types import LLMCall
 
@@ -231,7 +231,7 @@ class Continuations:
 
     # --- the token-in path ----------------------------------------------------------------------
     async def forward(
-        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
+        self, gateway: CallHost, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
     ) -> Response | None:
         """Answer ``ctx`` with a token-id prompt when it continues a remembered call of its rollout; answer a
         guided call and record it with the policy's own logprobs (:mod:`agentforge.gateway.guided`).
@@ -260,7 +260,7 @@ class Continuations:
 
     async def _continue(
         self,
-        gateway: _Gateway,
+        gateway: CallHost,
         ctx: CallContext,
         upstream: Upstream,
         turns: list[_Turn],
@@ -290,7 +290,7 @@ class Continuations:
 
     async def _tokenize(
         self,
-        gateway: _Gateway,
+        gateway: CallHost,
         upstream: Upstream,
         messages: list[Any],
         tools: Any,
@@ -319,7 +319,7 @@ class Continuations:
         data = decode_json(response.content or b"")
         return data if isinstance(data, dict) and isinstance(data.get("tokens"), list) else None
 
-    async def _closing(self, gateway: _Gateway, upstream: Upstream) -> list[int] | None:
+    async def _closing(self, gateway: CallHost, upstream: Upstream) -> list[int] | None:
         root = upstream.base_url
         if root not in self._closings:
             probes = await asyncio.gather(
@@ -340,7 +340,7 @@ class Continuations:
         return self._closings[root]
 
     async def _prompt(
-        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, turn: _Turn
+        self, gateway: CallHost, ctx: CallContext, upstream: Upstream, turn: _Turn
     ) -> tuple[list[int], int] | str | None:
         """``(ids, max_model_len)`` of the continued prompt, a break reason, or ``None`` (render failed)."""
         messages, tools = ctx.body["messages"], ctx.body.get("tools")
@@ -363,7 +363,7 @@ class Continuations:
 
     async def _generate(
         self,
-        gateway: _Gateway,
+        gateway: CallHost,
         ctx: CallContext,
         upstream: Upstream,
         ids: list[int],
@@ -395,7 +395,7 @@ class Continuations:
         return await answer_client(gateway, ctx, answer, [CONTINUED], check)
 
     async def _guided(
-        self, gateway: _Gateway, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
+        self, gateway: CallHost, ctx: CallContext, upstream: Upstream, release: Callable[[], None]
     ) -> Response:
         """A guided chat call: answered as the engine answers it, recorded with the policy's own logprobs and
         the masked ones in ``attributes["guided_logprobs"]`` (:func:`~.guided.recompute_logprobs`)."""

@@ -24,8 +24,8 @@ from agentforge.gateway.wire import (
 )
 
 if TYPE_CHECKING:
-    from agentforge.gateway.app import _Gateway
     from agentforge.gateway.call import CallContext
+    from agentforge.gateway.host import CallHost
     from agentforge.gateway.router import Upstream
     from agentforge.types import LLMCall
 
@@ -33,7 +33,7 @@ __all__ = ["engine_call", "answer_client"]
 
 
 async def engine_call(
-    gateway: _Gateway,
+    gateway: CallHost,
     ctx: CallContext,
     upstream: Upstream,
     endpoint: Endpoint,
@@ -80,7 +80,7 @@ async def engine_call(
 
 
 async def answer_client(
-    gateway: _Gateway,
+    gateway: CallHost,
     ctx: CallContext,
     answer: dict[str, Any],
     flags: list[str],

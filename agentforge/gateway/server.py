@@ -17,6 +17,7 @@ import uvicorn
 
 from agentforge.config import HTTP_KEEP_ALIVE_S, HTTP_REQUEST_READ_S
 from agentforge.errors import ServingError
+from agentforge.gateway.fastpath import DISCONNECT_HOOK
 from agentforge.loopback import check_bind, is_loopback
 from agentforge.types import rollout_base_url
 
@@ -36,14 +37,6 @@ __all__ = [
     "bind_socket",
     "check_port",
 ]
-
-#: A scope key that :class:`AppServer`'s HTTP protocol sets to ``None`` on every request: an app may put a
-#: callable there, which the protocol calls (on the event loop's thread) when the client's connection is lost
-#: before the response of the request the connection is serving is complete (uvicorn's current cycle: a
-#: request pipelined behind another is not told, just as uvicorn's own ``http.disconnect`` does not reach it).
-#: The gateway's fast path uses it instead of a task per call that waits on ``receive()`` for
-#: ``http.disconnect`` (which it still uses under other ASGI servers).
-DISCONNECT_HOOK = "agentforge.disconnect_hook"
 
 
 class HeadWithBody:

@@ -42,8 +42,8 @@ from agentforge.gateway.wire import (
 logger = logging.getLogger("agentforge.gateway")
 
 if TYPE_CHECKING:
-    from agentforge.gateway.app import _Gateway
     from agentforge.gateway.call import CallContext
+    from agentforge.gateway.host import CallHost
 
 __all__ = ["SSEReader", "sse_batches", "StreamRelay", "relay_response"]
 
@@ -143,7 +143,7 @@ class StreamRelay:
 
     def __init__(
         self,
-        gateway: _Gateway,
+        gateway: CallHost,
         ctx: CallContext,
         response: UpstreamResponse,
         ask: ClientAsk,
