@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentforge.bodylimit import BodyLimit
 from agentforge.errors import NotFoundError, ServingError
+from agentforge.gateway.anthropic import DIALECT_KEY, messages_route
 from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.call import (
     CallContext,
@@ -157,6 +158,7 @@ class _Gateway(SpanRecorder):
                 error_body("request body must be a JSON object", "invalid_request_error", "invalid_json"), 400
             )
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
+        ctx.dialect = request.scope.get(DIALECT_KEY)
         if self.privacy is not None:  # personal data masked before anything sees or stores it
             ctx.body, ctx.privacy = await self.privacy.abegin(rollout_id, endpoint, body)  # off the loop
         problem = validate_body(body, endpoint)
@@ -412,7 +414,12 @@ def create_gateway(
         gateway.pins.loads_tenants = tenant_models is not None
         gateway.pins.own_lineage = tenant_models.serves_own if tenant_models is not None else None
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
-    app.serve_llm_routes(gateway.handle, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
+    messages = messages_route(gateway.handle)  # the Anthropic Messages API over the chat handler
+
+    async def llm_call(request: Request, endpoint: str) -> Response:
+        return await (messages(request) if endpoint == "messages" else gateway.handle(request, endpoint))  # type: ignore[arg-type]
+
+    app.serve_llm_routes(llm_call, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
 
     if tenants is not None and isinstance(app._entry, ApiKeyMiddleware):  # tenant keys pass the key check
         app._entry.tenants = tenants
@@ -426,6 +433,7 @@ def create_gateway(
     for prefix in ("", ROLLOUT_PATH_PREFIX + "{rollout_id}"):
         app.add_api_route(prefix + "/v1/chat/completions", handler("chat"), methods=["POST"])
         app.add_api_route(prefix + "/v1/completions", handler("completions"), methods=["POST"])
+        app.add_api_route(prefix + "/v1/messages", messages, methods=["POST"])
         app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])
 
     async def health() -> JSONResponse:

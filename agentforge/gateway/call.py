@@ -44,6 +44,8 @@ class CallContext:
         tenant: the tenant the call acts for (recorded on the span; ``None``: none).
         privacy: what the gateway's privacy policy did to this call (``None``: nothing; ``body`` is then
             the client's own).
+        dialect: the API the client spoke when not the chat route's own (``"anthropic"``: the Messages API,
+            translated to this chat call by :mod:`agentforge.gateway.anthropic`); recorded on the span.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class CallContext:
         self.tenant: str | None = None
         self.logprobs_mode: str | None = None
         self.privacy: CallPrivacy | None = None
+        self.dialect: str | None = None
 
     @property
     def model(self) -> str:

@@ -59,6 +59,7 @@ logger = logging.getLogger("agentforge.gateway")
 _SUFFIXES: tuple[tuple[str, Endpoint], ...] = (
     ("/v1/chat/completions", "chat"),
     ("/v1/completions", "completions"),
+    ("/v1/messages", "messages"),  # type: ignore[arg-type]  # the Anthropic dialect (gateway/anthropic.py)
 )
 _PREFIX = ROLLOUT_PATH_PREFIX
 

@@ -29,8 +29,12 @@ _WARN_EVERY_S = 60.0
 
 
 def _mode(ctx: CallContext) -> dict[str, str]:
-    """The engine's log-prob mode as a span attribute (``trainers.logprob_match`` reads it), when known."""
-    return {"logprobs_mode": ctx.logprobs_mode} if ctx.logprobs_mode else {}
+    """The engine's log-prob mode (``trainers.logprob_match`` reads it) and the client's dialect as span
+    attributes, when known."""
+    out = {"logprobs_mode": ctx.logprobs_mode} if ctx.logprobs_mode else {}
+    if ctx.dialect is not None:
+        out["dialect"] = ctx.dialect
+    return out
 
 
 class SpanRecorder:
