@@ -21,6 +21,8 @@ approximation's prediction and the old gate's (exact sign test, p ≤ 0.1, 20 ta
     python benchmarks/learning.py --ablation                     # 3 arms × 2 seeds
     python benchmarks/learning.py --gate
     python benchmarks/learning.py --warm --seeds 0 1 2          # warm-start schedules × seeds, one capture
+    python benchmarks/learning.py --ablation --desk service --parent runs/main-job/seed-0/sft-1/adapters/<id> \
+        --arms 5e-5:5e-5:1 2e-4:2e-4:1 5e-4:5e-4:1 --rounds 2 --steps 4 --seeds 0   # GRPO on the service desk
 
 ``--warm``: how much the warm start's held-out success hangs on its seed. One capture of the base policy;
 each arm (``name:learning_rate:scheduler:epochs``) trains the replay SFT once per seed; each adapter is
@@ -100,7 +102,7 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
     for seed in args.seeds:
         base = stack.swapper.reset_to_base()
         stack.swapper.wait_drained(timeout_s=120)
-        parent_dir = warm_adapter(mj, args, seed, store, stack, model, ctx["warm"], base)
+        parent_dir = args.parent or warm_adapter(mj, args, seed, store, stack, model, ctx["warm"], base)
         parent = GatedPublisher(stack.swapper, store).publish(parent_dir, 0)  # no checks: recorded, served
         board(parent)
         parent_score = board.held[parent]["parts"]["success"]
@@ -283,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--damage", type=float, nargs="+", default=[4.0, 8.0, 16.0], help="noise scales of damaged copies"
     )
+    p.add_argument(
+        "--parent",
+        type=Path,
+        default=None,
+        help="ablation: start every seed's arms from this saved adapter (e.g. a main job's SFT round) instead of "
+        "a warm start trained here (no capture then)",
+    )
     p.add_argument("--pool", type=int, default=240, help="gate benchmark: pool tasks")
     p.add_argument("--draws", type=int, default=2000, help="gate benchmark: slices drawn per pair")
     ours, rest = p.parse_known_args(argv)
@@ -293,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("say --ablation, --gate and/or --warm")
     from agentforge import LocalStack, open_store, prepare_default_model
     from agentforge.agents.customer_service.order_bot import OrderDeskAgent
+    from agentforge.agents.customer_service.service_bot import ServiceDeskAgent
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ("traces.db", "traces.db-wal", "traces.db-shm"):
@@ -300,10 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     gate_slice, warm, train, held_out = mj.split_tasks(args)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    with LocalStack(store, OrderDeskAgent(), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
+    agent = ServiceDeskAgent() if args.desk == "service" else OrderDeskAgent()
+    with LocalStack(store, agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
                     vllm_args=("--block-size", "32")) as stack:  # fmt: skip
         board = mj.Scoreboard(store, [], held_out)
-        mj.capture(store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p)
+        needs_capture = (
+            args.gate or args.warm or not args.parent
+        )  # an ablation from a saved parent needs none
+        if needs_capture:
+            mj.capture(store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p,
+                       force_every=mj.capture_force_every(args))  # fmt: skip
         ctx = {"store": store, "stack": stack, "model": model, "board": board, "warm": warm, "train": train,
                "pool": mj.greedy(gate_slice + train)[: args.pool]}  # fmt: skip
         if args.warm:

@@ -21,6 +21,7 @@ rollouts, ``extra_trajectories`` (what the trainer's batch report counts), and t
     python benchmarks/one_trajectory.py --engine embedded --rollouts 4
     python benchmarks/one_trajectory.py --engine vllm --rollouts 8 --json
     python benchmarks/one_trajectory.py --engine vllm --dtype bfloat16   # the trainer side in bf16, as on CPU
+    python benchmarks/one_trajectory.py --engine vllm --dialect anthropic --modes on   # Messages API conversations
 """
 
 from __future__ import annotations
@@ -179,10 +180,73 @@ def step1_ratios(traj: Trajectory, model: Any) -> tuple[float, float]:
     return math.exp(float(delta.sum())), float(delta.exp().mean())
 
 
+def _anthropic_history() -> list[dict[str, Any]]:
+    """:data:`EXAMPLE` and the first question in the Messages API's shape (tool_use / tool_result blocks)."""
+    return [
+        {"role": "user", "content": "What is the weather in London?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "call_london", "name": "get_weather", "input": {"city": "London"}}
+            ],
+        },  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "call_london", "content": "rainy, 12 C"}],
+        },
+        {"role": "assistant", "content": "It is rainy and 12 C in London."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+
+
+def anthropic_conversation(
+    root: str, model: str, *, force_first: bool, turns: int = 4, max_tokens: int = 48
+) -> list[str]:
+    """:func:`conversation` spoken in the Anthropic Messages API with the official ``anthropic`` SDK, pointed
+    at ``root`` (a rollout's ``<gateway>/rollouts/<id>``): ``tool_choice`` ``any`` first when ``force_first``,
+    then ``auto``; the third call streamed (the SDK's accumulated message goes into the history)."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=root, api_key="unused", max_retries=0, timeout=600)
+    tool = {"name": "get_weather", "description": WEATHER_TOOL["function"]["description"],
+            "input_schema": WEATHER_TOOL["function"]["parameters"]}  # fmt: skip
+    messages = _anthropic_history()
+    added: list[str] = []
+    for turn in range(turns):
+        kwargs: dict[str, Any] = {
+            "model": model, "messages": messages, "tools": [tool], "max_tokens": max_tokens,
+            "tool_choice": {"type": "any" if force_first and turn == 0 else "auto"},
+            "extra_body": {"temperature": 1.0},
+        }  # fmt: skip
+        if turn == 2:
+            with client.messages.stream(**kwargs) as stream:
+                answer = stream.get_final_message()
+        else:
+            answer = client.messages.create(**kwargs)
+        blocks = [b.model_dump(exclude_none=True) for b in answer.content]
+        messages.append({"role": "assistant", "content": blocks})
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        if uses:
+            results = [{"type": "tool_result", "tool_use_id": b["id"], "content": TOOL_ANSWER} for b in uses]
+            messages.append({"role": "user", "content": results})
+            added.extend(TOOL_ANSWER for _ in uses)
+        else:
+            messages.append({"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]})
+            added.append(FOLLOW_UPS[turn % len(FOLLOW_UPS)])
+    return added[: turns - 1]
+
+
 def run_mode(
-    engine: Any, token_in: bool, rollouts: int, force_first: bool, model: Any, tokenizer: Any
+    engine: Any,
+    token_in: bool,
+    rollouts: int,
+    force_first: bool,
+    model: Any,
+    tokenizer: Any,
+    dialect: str = "chat",
 ) -> dict:
-    """``rollouts`` conversations through a fresh gateway; the per-mode summary."""
+    """``rollouts`` conversations through a fresh gateway (spoken as chat calls, or as the Anthropic Messages
+    API with ``dialect="anthropic"``); the per-mode summary."""
     router = ModelRouter()
     upstream = Upstream(
         base_url=engine.base_url, model=engine.base_model_name, api_key=engine.api_key, token_in=token_in
@@ -195,7 +259,11 @@ def run_mode(
     with GatewayServer(store, router) as gateway:
         for _ in range(rollouts):
             rollout_id = store.enqueue_rollout(Rollout()).rollout_id
-            added = conversation(gateway.rollout_base_url(rollout_id), "policy", force_first=force_first)
+            if dialect == "anthropic":
+                root = f"{gateway.url}/rollouts/{rollout_id}"
+                added = anthropic_conversation(root, "policy", force_first=force_first)
+            else:
+                added = conversation(gateway.rollout_base_url(rollout_id), "policy", force_first=force_first)
             spans = [s for s in store.list_spans(rollout_id=rollout_id) if s.llm is not None]
             trajectories = build_trajectories(spans)
             last = trajectories[-1]
@@ -215,6 +283,7 @@ def run_mode(
             )
     store.close()
     return {
+        "dialect": dialect,
         "token_in": token_in,
         "rollouts": rollouts,
         "one_trajectory_share": sum(r["trajectories"] == 1 for r in rows) / rollouts,
@@ -249,6 +318,9 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="float32", help="the trainer-side model's dtype (float32, bfloat16)"
     )
+    parser.add_argument(
+        "--dialect", choices=("chat", "anthropic"), default="chat", help="the API the conversations speak"
+    )
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON line last")
     args = parser.parse_args()
     import torch
@@ -263,7 +335,9 @@ def main() -> None:
         engine.start()
     try:
         summaries = [
-            run_mode(engine, mode == "on", args.rollouts, args.engine == "vllm", model, tokenizer)
+            run_mode(
+                engine, mode == "on", args.rollouts, args.engine == "vllm", model, tokenizer, args.dialect
+            )
             for mode in args.modes.split(",")
         ]
     finally:
@@ -271,7 +345,7 @@ def main() -> None:
             engine.stop()
     for s in summaries:
         print(
-            f"{args.engine} token_in={'on ' if s['token_in'] else 'off'}: one trajectory in "
+            f"{args.engine} {s['dialect']} token_in={'on ' if s['token_in'] else 'off'}: one trajectory in "
             f"{s['one_trajectory_share']:.0%} of {s['rollouts']} rollouts, extra_trajectories={s['extra_trajectories']}, "
             f"ids match {s['ids_match_share']:.0%}, tool outputs masked {s['tool_masked_share']:.0%}, "
             f"step-1 IS ratio: sequence {s['sequence_ratio_mean']:.3f}, token {s['token_ratio_mean']:.3f} "

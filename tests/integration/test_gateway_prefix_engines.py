@@ -51,3 +51,13 @@ def test_vllm_conversation_is_one_trajectory(vllm_tool_server: Any, reference: t
     summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference)
     _check(summary)  # the forced first call's logprobs are the policy's (else its ratio would be ~0.001)
     assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
+
+
+@pytest.mark.vllm
+def test_vllm_anthropic_conversation_is_one_trajectory(
+    vllm_tool_server: Any, reference: tuple[Any, Any]
+) -> None:
+    """The same conversation spoken with the anthropic SDK (Messages API, issue 38): one trajectory too."""
+    summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference, dialect="anthropic")
+    _check(summary)
+    assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
