@@ -32,6 +32,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from agentforge.gateway.call import DIALECT_KEY
 from agentforge.gateway.wire import decode_json, encode_json
 
 __all__ = [
@@ -494,10 +495,6 @@ def messages_route(
         return JSONResponse(messages_response(data, body))
 
     return route
-
-
-#: The scope key a dialect route sets so that the span records which dialect the client spoke.
-DIALECT_KEY = "agentforge.dialect"
 
 
 def _error_message(answer: Response) -> str:

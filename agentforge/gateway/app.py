@@ -42,9 +42,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentforge.bodylimit import BodyLimit
 from agentforge.errors import NotFoundError, ServingError
-from agentforge.gateway.anthropic import DIALECT_KEY, messages_route
+from agentforge.gateway.anthropic import messages_route
 from agentforge.gateway.auth import ApiKeyMiddleware
 from agentforge.gateway.call import (
+    DIALECT_KEY,
     CallContext,
     health_response,
     http_error,
@@ -58,6 +59,7 @@ from agentforge.gateway.pins import PinCache
 from agentforge.gateway.prefix_wire import engine_headers
 from agentforge.gateway.probation import VersionRefused
 from agentforge.gateway.record import SpanRecorder
+from agentforge.gateway.responses import responses_route
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.stream import StreamRelay, relay_response
 from agentforge.gateway.tenancy import GatewayTenants, TenantModels, TenantRefused
@@ -414,10 +416,14 @@ def create_gateway(
         gateway.pins.loads_tenants = tenant_models is not None
         gateway.pins.own_lineage = tenant_models.serves_own if tenant_models is not None else None
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
-    messages = messages_route(gateway.handle)  # the Anthropic Messages API over the chat handler
+    dialects = {  # other APIs over the chat handler: gateway/anthropic.py, gateway/responses.py
+        "messages": messages_route(gateway.handle),  # type: ignore[arg-type]
+        "responses": responses_route(gateway.handle),  # type: ignore[arg-type]
+    }
 
     async def llm_call(request: Request, endpoint: str) -> Response:
-        return await (messages(request) if endpoint == "messages" else gateway.handle(request, endpoint))  # type: ignore[arg-type]
+        dialect = dialects.get(endpoint)
+        return await (dialect(request) if dialect is not None else gateway.handle(request, endpoint))  # type: ignore[arg-type]
 
     app.serve_llm_routes(llm_call, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
 
@@ -433,7 +439,8 @@ def create_gateway(
     for prefix in ("", ROLLOUT_PATH_PREFIX + "{rollout_id}"):
         app.add_api_route(prefix + "/v1/chat/completions", handler("chat"), methods=["POST"])
         app.add_api_route(prefix + "/v1/completions", handler("completions"), methods=["POST"])
-        app.add_api_route(prefix + "/v1/messages", messages, methods=["POST"])
+        for name, dialect in dialects.items():
+            app.add_api_route(f"{prefix}/v1/{name}", dialect, methods=["POST"])
         app.add_api_route(prefix + "/v1/models", gateway.models, methods=["GET"])
 
     async def health() -> JSONResponse:

@@ -29,6 +29,11 @@ __all__ = [
 ]
 
 
+#: The scope key a dialect route (:mod:`agentforge.gateway.anthropic`, :mod:`agentforge.gateway.responses`) sets on
+#: the chat request it hands the gateway, so that the span records which API the client spoke.
+DIALECT_KEY = "agentforge.dialect"
+
+
 class CallContext:
     """Everything known about one call before the engine answers (shared by the unary and stream paths).
 

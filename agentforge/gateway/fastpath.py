@@ -60,6 +60,7 @@ _SUFFIXES: tuple[tuple[str, Endpoint], ...] = (
     ("/v1/chat/completions", "chat"),
     ("/v1/completions", "completions"),
     ("/v1/messages", "messages"),  # type: ignore[arg-type]  # the Anthropic dialect (gateway/anthropic.py)
+    ("/v1/responses", "responses"),  # type: ignore[arg-type]  # the Responses dialect (gateway/responses.py)
 )
 _PREFIX = ROLLOUT_PATH_PREFIX
 
