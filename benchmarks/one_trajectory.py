@@ -22,6 +22,7 @@ rollouts, ``extra_trajectories`` (what the trainer's batch report counts), and t
     python benchmarks/one_trajectory.py --engine vllm --rollouts 8 --json
     python benchmarks/one_trajectory.py --engine vllm --dtype bfloat16   # the trainer side in bf16, as on CPU
     python benchmarks/one_trajectory.py --engine vllm --dialect anthropic --modes on   # Messages API conversations
+    python benchmarks/one_trajectory.py --engine vllm --dialect responses --modes on   # Responses API conversations
 """
 
 from __future__ import annotations
@@ -236,6 +237,62 @@ def anthropic_conversation(
     return added[: turns - 1]
 
 
+def responses_conversation(
+    url: str, model: str, *, force_first: bool, turns: int = 4, max_tokens: int = 48
+) -> list[str]:
+    """:func:`conversation` spoken in the OpenAI Responses API with the official ``openai`` SDK (the whole history
+    sent as input items each call, as the OpenAI Agents SDK does), pointed at ``url`` (a rollout's ``.../v1``):
+    ``tool_choice`` ``required`` first when ``force_first``, then ``auto``; the third call streamed (the SDK's
+    accumulated response goes into the history)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "What is the weather in London?"},
+        {
+            "type": "function_call",
+            "call_id": "call_london",
+            "name": "get_weather",
+            "arguments": '{"city": "London"}',
+        },
+        {"type": "function_call_output", "call_id": "call_london", "output": "rainy, 12 C"},
+        {"role": "assistant", "content": "It is rainy and 12 C in London."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    added: list[str] = []
+    for turn in range(turns):
+        kwargs: dict[str, Any] = {
+            "model": model, "input": items, "tools": [tool], "max_output_tokens": max_tokens, "temperature": 1.0,
+            "tool_choice": "required" if force_first and turn == 0 else "auto",
+        }  # fmt: skip
+        if turn == 2:
+            with client.responses.stream(**kwargs) as stream:
+                answer = stream.get_final_response()
+        else:
+            answer = client.responses.create(**kwargs)
+        calls = []
+        for out in answer.output:
+            if out.type == "message":
+                items.append(
+                    {
+                        "role": "assistant",
+                        "content": "".join(c.text for c in out.content if c.type == "output_text"),
+                    }
+                )
+            elif out.type == "function_call":
+                calls.append(out.call_id)
+                items.append({"type": "function_call", "call_id": out.call_id, "name": out.name,
+                              "arguments": out.arguments})  # fmt: skip
+        if calls:
+            items.extend({"type": "function_call_output", "call_id": c, "output": TOOL_ANSWER} for c in calls)
+            added.extend(TOOL_ANSWER for _ in calls)
+        else:
+            items.append({"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]})
+            added.append(FOLLOW_UPS[turn % len(FOLLOW_UPS)])
+    return added[: turns - 1]
+
+
 def run_mode(
     engine: Any,
     token_in: bool,
@@ -246,7 +303,7 @@ def run_mode(
     dialect: str = "chat",
 ) -> dict:
     """``rollouts`` conversations through a fresh gateway (spoken as chat calls, or as the Anthropic Messages
-    API with ``dialect="anthropic"``); the per-mode summary."""
+    API with ``dialect="anthropic"``, or the Responses API with ``dialect="responses"``); the per-mode summary."""
     router = ModelRouter()
     upstream = Upstream(
         base_url=engine.base_url, model=engine.base_model_name, api_key=engine.api_key, token_in=token_in
@@ -259,7 +316,11 @@ def run_mode(
     with GatewayServer(store, router) as gateway:
         for _ in range(rollouts):
             rollout_id = store.enqueue_rollout(Rollout()).rollout_id
-            if dialect == "anthropic":
+            if dialect == "responses":
+                added = responses_conversation(
+                    gateway.rollout_base_url(rollout_id), "policy", force_first=force_first
+                )
+            elif dialect == "anthropic":
                 root = f"{gateway.url}/rollouts/{rollout_id}"
                 added = anthropic_conversation(root, "policy", force_first=force_first)
             else:
@@ -319,7 +380,10 @@ def main() -> None:
         "--dtype", default="float32", help="the trainer-side model's dtype (float32, bfloat16)"
     )
     parser.add_argument(
-        "--dialect", choices=("chat", "anthropic"), default="chat", help="the API the conversations speak"
+        "--dialect",
+        choices=("chat", "anthropic", "responses"),
+        default="chat",
+        help="the API the conversations speak",
     )
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON line last")
     args = parser.parse_args()

@@ -54,10 +54,12 @@ def test_vllm_conversation_is_one_trajectory(vllm_tool_server: Any, reference: t
 
 
 @pytest.mark.vllm
-def test_vllm_anthropic_conversation_is_one_trajectory(
-    vllm_tool_server: Any, reference: tuple[Any, Any]
+@pytest.mark.parametrize("dialect", ["anthropic", "responses"])
+def test_vllm_conversation_in_another_dialect_is_one_trajectory(
+    vllm_tool_server: Any, reference: tuple[Any, Any], dialect: str
 ) -> None:
-    """The same conversation spoken with the anthropic SDK (Messages API, issue 38): one trajectory too."""
-    summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference, dialect="anthropic")
+    """The same conversation spoken with the anthropic SDK (Messages API) or the openai SDK's Responses API
+    (issue 38): one trajectory too."""
+    summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference, dialect=dialect)
     _check(summary)
     assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
