@@ -60,7 +60,8 @@ _KNOWN = frozenset({"model", "input", "instructions", "tools", "tool_choice", "p
                     "max_output_tokens", "temperature", "top_p", "user", "text", "stream", "previous_response_id",
                     "store", "metadata", "truncation", "include", "reasoning", "background", "service_tier",
                     "prompt_cache_key", "safety_identifier", "stream_options", "top_logprobs", "max_tool_calls",
-                    "conversation", "prompt"})  # fmt: skip
+                    "conversation", "prompt", "prompt_cache_retention", "prompt_cache_options",
+                    "context_management"})  # fmt: skip
 
 
 class ResponsesError(ValueError):
@@ -221,9 +222,10 @@ def chat_request(
         raise ResponsesError("required (a string)", "model")
     if body.get("background"):
         raise ResponsesError("background mode is not supported by this gateway", "background")
-    if body.get("conversation") is not None or body.get("prompt") is not None:
-        field = "conversation" if body.get("conversation") is not None else "prompt"
-        raise ResponsesError(f"stored {field}s are not supported by this gateway", field)
+    for field in ("conversation", "prompt", "context_management"):
+        if body.get(field) is not None:
+            what = "context management" if field == "context_management" else f"stored {field}s"
+            raise ResponsesError(f"{what} is not supported by this gateway", field)
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
         raise ResponsesError("reasoning settings are not supported by this gateway", "reasoning")

@@ -1,8 +1,10 @@
-"""AutoGen AgentChat and Semantic Kernel agents (examples/autogen_agent.py, examples/semantic_kernel_agent.py),
-pointed at the gateway and nothing else, are recorded token-exactly.
+"""AutoGen AgentChat, Semantic Kernel, OpenAI Agents SDK and Anthropic-SDK agents (examples/autogen_agent.py,
+semantic_kernel_agent.py, openai_agents_agent.py, anthropic_agent.py), pointed at the gateway and nothing else, are
+recorded token-exactly (the last two speak the Responses and the Messages API, translated by the gateway).
 
-Each example runs in its own virtual environment (``.venv-autogen``, ``.venv-sk``: their pins conflict
-with the project's, see ``scripts/setup.sh``) as a subprocess, exactly as a user would run it. Without
+Each example runs as a subprocess, exactly as a user would run it: AutoGen and Semantic Kernel in their own
+virtual environments (``.venv-autogen``, ``.venv-sk``: their pins conflict with the project's, see
+``scripts/setup.sh``), the other two in the project's. Without
 that environment the tests skip, unless ``AGENTFORGE_REQUIRE_FRAMEWORKS`` is set: then they fail.
 
 Fast tests: a scripted engine behind a real gateway port; the script makes one tool call, so the
@@ -52,6 +54,9 @@ class Framework:
 FRAMEWORKS = [
     Framework("autogen", "examples/autogen_agent.py", ".venv-autogen", "get_order_status"),
     Framework("semantic_kernel", "examples/semantic_kernel_agent.py", ".venv-sk", "orders-get_order_status"),
+    # the gateway's other dialects (issue 38): the Responses API and the Anthropic Messages API
+    Framework("openai_agents", "examples/openai_agents_agent.py", ".venv", "get_order_status"),
+    Framework("anthropic", "examples/anthropic_agent.py", ".venv", "get_order_status"),
 ]
 
 
