@@ -27,6 +27,7 @@ the same ratio of the byte-copying relay and of the engine, whose per-event cost
     python benchmarks/gateway.py --privacy mask --unique --pii   # and each carrying a card and an email
     python benchmarks/gateway.py --clients 32 --prompt-tokens 2000   # an agent's prompt: 2,000 ids, ~16 kB of text
     python benchmarks/gateway.py --clients 32 --lean   # and the leanest capture proxy (benchmarks/lean_capture.py)
+    python benchmarks/gateway.py --clients 32 --dialects   # and the Responses / Messages routes beside chat
 
 ``--lean`` adds a fifth phase after the relay: the same requests through :mod:`lean_capture`, the least work
 any gateway with durable token-exact capture must do (one decode and one encode of each body or event, one
@@ -191,8 +192,26 @@ def engine_script(answer: str = ANSWER, prompt_tokens: int = 0) -> str:
     return _UPSTREAM.format(answer=answer, prompt_ids=engine_prompt_ids(prompt_tokens))
 
 
+def dialect_body(body: dict[str, Any], dialect: str) -> dict[str, Any]:
+    """A chat request body as the same call in another API the gateway serves: the Responses API
+    (``responses``: instructions, input, max_output_tokens) or the Anthropic Messages API (``messages``:
+    system, messages, max_tokens)."""
+    system, *rest = body["messages"]
+    if dialect == "responses":
+        return {"model": body["model"], "instructions": system["content"], "input": rest,
+                "max_output_tokens": body["max_tokens"], "stream": body["stream"]}  # fmt: skip
+    return {"model": body["model"], "system": system["content"], "messages": rest, "max_tokens": body["max_tokens"],
+            "stream": body["stream"]}  # fmt: skip
+
+
 def _bodies(
-    model: str, stream: bool, unique: bool, pii: bool, capture: bool = False, prompt_tokens: int = 0
+    model: str,
+    stream: bool,
+    unique: bool,
+    pii: bool,
+    capture: bool = False,
+    prompt_tokens: int = 0,
+    dialect: str = "chat",
 ) -> Iterator[bytes]:
     """The request bodies: one body over and over, or (``unique``) a new user text per request; ``capture``:
     each as the gateway sends it to the engine (``wire.upstream_body``: with the sampled tokens' ids and
@@ -204,6 +223,9 @@ def _bodies(
     for n in itertools.count(1000):
         messages = [system, {"role": "user", "content": text.format(n=n if unique else 1234)}]
         body = {**BODY, "messages": messages, "model": model, "stream": stream}
+        if dialect != "chat":
+            yield json.dumps(dialect_body(body, dialect)).encode()
+            continue
         yield json.dumps(upstream_body(body, "chat", engine) if capture else body).encode()
 
 
@@ -217,12 +239,13 @@ async def _load(
     pii: bool = False,
     capture: bool = False,
     prompt_tokens: int = 0,
+    dialect: str = "chat",
 ) -> tuple[list[float], int, int]:
     """Closed-loop clients, one per URL: latencies (s) of the requests started after the warm-up, errors,
     and all requests answered (warm-up included)."""
     latencies: list[float] = []
     errors = answered = 0
-    bodies = _bodies(model, stream, unique, pii, capture, prompt_tokens)
+    bodies = _bodies(model, stream, unique, pii, capture, prompt_tokens, dialect)
     body = next(bodies)
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=len(urls))  # aiohttp: a load generator cheaper than the server
@@ -264,6 +287,7 @@ def run_phase(
     capture: bool = False,
     model: str | None = None,
     prompt_tokens: int = 0,
+    dialect: str = "chat",
 ) -> Phase:
     """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway, or the
     relay); ``engine``: the engine, whose CPU per request is reported too; ``capture``: the requests are sent
@@ -273,7 +297,7 @@ def run_phase(
     engine0 = engine.cpu_s() if engine else 0.0
     model = model or ("base" if cpu is None else "policy")
     latencies, errors, answered = asyncio.run(
-        _load(urls, model, stream, seconds, 1.0, unique, pii, capture, prompt_tokens)
+        _load(urls, model, stream, seconds, 1.0, unique, pii, capture, prompt_tokens, dialect)
     )
     n = len(latencies)
     cpu_ms = engine_ms = None
@@ -322,8 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure the leanest capture proxy (benchmarks/lean_capture.py): the floor with capture",
     )
+    p.add_argument(
+        "--dialects",
+        action="store_true",
+        help="also measure the same calls through the gateway's Responses API and Anthropic Messages API routes "
+        "(their CPU per call beside the chat route's, within each round)",
+    )
     args = p.parse_args(argv)
     phases: list[Phase] = []
+    dialects: list[tuple[Phase, Phase]] = []  # (chat gateway phase, dialect phase) of one round
     with (
         tempfile.TemporaryDirectory() as tmp,
         ExitStack() as children,
@@ -378,9 +409,18 @@ def main(argv: list[str] | None = None) -> int:
                     for phase in measured:
                         phase.round = round_
                         phases.append(phase)
+                    for dialect in ("responses", "messages") if args.dialects else ():
+                        urls = [u.replace("/chat/completions", f"/{dialect}") for u in gw_urls]
+                        before = _count(store, rollout_ids)
+                        other = run_phase(f"gateway-{dialect}", urls, stream, args.seconds, gateway, engine=upstream,
+                                          dialect=dialect, **load)  # fmt: skip
+                        other.spans_stored, other.round = _count(store, rollout_ids) - before, round_
+                        dialects.append((ph, other))
     _report(phases)
-    if args.json:
-        print(json.dumps([asdict(ph) for ph in phases]))
+    if dialects:
+        _dialect_report(dialects)
+    if args.json:  # the dialect phases (--dialects) after the others
+        print(json.dumps([asdict(ph) for ph in phases] + [asdict(other) for _, other in dialects]))
     return 0
 
 
@@ -495,6 +535,28 @@ def _report(phases: list[Phase]) -> None:
                 f"(median; rounds: {' '.join(f'{r:.2f}' for r in per_round)}); the same ratio of the byte-copying "
                 f"relay: {relay:.2f}×, of the engine answering direct+capture: {engine:.2f}×{lean_ratio}"
             )
+
+
+def _dialect_report(pairs: list[tuple[Phase, Phase]]) -> None:
+    """The other dialects' routes beside the chat route: CPU per call and its ratio to the chat route's in the
+    same round (issue 38's target: within 1.3×), throughput, and requests answered = spans stored."""
+    groups: dict[tuple[str, int, bool], list[tuple[Phase, Phase]]] = {}
+    for chat, other in pairs:
+        groups.setdefault((other.target, other.clients, other.stream), []).append((chat, other))
+    print(f"\n{'route':>18} {'clients':>7} {'stream':>6} {'r/s':>8} {'chat r/s':>8} {'CPU ms/req':>10} "
+          f"{'chat CPU':>8} {'CPU ratio (rounds)':>28} {'sent':>6} {'spans':>6} {'err':>4}")  # fmt: skip
+    for (target, clients, stream), runs in sorted(groups.items()):
+        ratios = [
+            o.cpu_ms_per_req / c.cpu_ms_per_req for c, o in runs if o.cpu_ms_per_req and c.cpu_ms_per_req
+        ]
+        rounds = " ".join(f"{r:.2f}" for r in ratios)
+        median = statistics.median(ratios) if ratios else float("nan")
+        print(f"{target:>18} {clients:>7} {str(stream):>6} {statistics.median(o.req_per_s for _, o in runs):>8,.0f} "
+              f"{statistics.median(c.req_per_s for c, _ in runs):>8,.0f} "
+              f"{statistics.median(o.cpu_ms_per_req or float('nan') for _, o in runs):>10.3f} "
+              f"{statistics.median(c.cpu_ms_per_req or float('nan') for c, _ in runs):>8.3f} "
+              f"{median:>6.2f}× ({rounds:>18}) {sum(o.answered for _, o in runs):>6} "
+              f"{sum(o.spans_stored or 0 for _, o in runs):>6} {sum(o.errors for _, o in runs):>4}")  # fmt: skip
 
 
 def _row(clients: int, stream: bool, row: dict[str, float]) -> str:

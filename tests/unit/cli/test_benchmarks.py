@@ -166,6 +166,23 @@ def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase(
     assert ", of the leanest capture proxy: " in out and " errors; the gateway reaches " in out
 
 
+@pytest.mark.slow
+def test_gateway_benchmark_dialects_measure_the_responses_and_messages_routes() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "2", "--seconds", "0.5", "--rounds", "1",
+         "--dialects", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    phases = json.loads(out.strip().splitlines()[-1])
+    others = [ph for ph in phases if ph["target"].startswith("gateway-")]
+    assert sorted((ph["target"], ph["stream"]) for ph in others) == sorted(
+        (f"gateway-{d}", s) for d in ("responses", "messages") for s in (False, True)
+    )
+    for ph in others:  # every call through a dialect route answered and left its span
+        assert ph["errors"] == 0 and ph["cpu_ms_per_req"] > 0 and ph["answered"] == ph["spans_stored"] > 0, ph
+    assert "gateway-responses" in out and "gateway-messages" in out and "CPU ratio (rounds)" in out
+
+
 @contextmanager
 def _lean_proxy(bench: ModuleType, spine: ModuleType, engine_code: str, db: str) -> Iterator[str]:
     """A fake engine running ``engine_code`` and the leanest capture proxy in front of it, storing into
