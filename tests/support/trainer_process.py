@@ -37,13 +37,30 @@ from agentforge.types import Task
 
 
 def letter_agent(task, ctx):
-    out = ctx.openai_client().chat.completions.create(
-        model="policy",
-        messages=[{"role": "user", "content": f"Say a word that starts with {task.input['letter']}."}],
-        max_tokens=4,
-        temperature=1.0,
-    )
-    text = (out.choices[0].message.content or "").strip().lower()
+    """Asks for a word starting with ``task.input["letter"]``, in the API ``task.input["dialect"]`` names (chat by
+    default; ``responses`` or ``anthropic``: the gateway's other dialects, through their official SDKs)."""
+    ask = f"Say a word that starts with {task.input['letter']}."
+    dialect = task.input.get("dialect", "chat")
+    if dialect == "responses":
+        text = (
+            ctx.openai_client()
+            .responses.create(model="policy", input=ask, max_output_tokens=4, temperature=1.0)
+            .output_text
+        )
+    elif dialect == "anthropic":
+        import anthropic
+
+        client = anthropic.Anthropic(base_url=ctx.base_url.removesuffix("/v1"), api_key=ctx.api_key,
+                                     default_headers=ctx.default_headers, max_retries=0)  # fmt: skip
+        answer = client.messages.create(model="policy", max_tokens=4, messages=[{"role": "user", "content": ask}],
+                                        extra_body={"temperature": 1.0})  # fmt: skip
+        text = "".join(b.text for b in answer.content if b.type == "text")
+    else:
+        out = ctx.openai_client().chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": ask}], max_tokens=4, temperature=1.0
+        )
+        text = out.choices[0].message.content or ""
+    text = text.strip().lower()
     if task.input.get("parity"):  # the tiny random model never spells a word: reward the text's length parity
         return float(len(text) % 2)
     return 1.0 if text.startswith(task.input["letter"]) else 0.0

@@ -18,7 +18,7 @@ from agentforge.gate import EvalGate, list_decisions
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.model import prepare_default_model
-from agentforge.runtime import Runner, task_scores
+from agentforge.runtime import Runner, enqueue_tasks, task_scores, wait_for_rollouts
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.promoter import GatedPublisher
@@ -200,3 +200,32 @@ def test_trained_rollouts_sample_the_staged_adapter_while_the_gate_keeps_the_liv
     assert staged != live and staged not in swapper.router.models() and publisher.staged is None
     assert [len(report.rewards) for report in trainer.source.reports] == [12, 12]
     assert all(report.groups == 2 and report.dropped_groups == 1 for report in trainer.source.reports)
+
+
+def test_rollouts_in_other_dialects_train_a_step_and_the_new_version_serves_them(stack) -> None:
+    """Issue 38: rollouts whose agent speaks the Responses API or the Anthropic Messages API (their official SDKs,
+    through the gateway) are trained on like chat rollouts; after the hot-swap the next ones are served by the new
+    version, in their own dialect."""
+    tmp, store, swapper = stack
+    before = swapper.router.alias("policy")
+    tasks = [Task(task_id=f"dialect-{d}-{w}", input={"letter": w[0], "dialect": d})
+             for d in ("responses", "anthropic") for w in WORDS[:1]]  # fmt: skip
+    config = TrainConfig(output_dir=str(tmp / "dialects"), num_generations=4, tasks_per_step=2, max_steps=1,
+                         swap_every=1, learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no",
+                         report_to="none", use_cpu=True, bf16=False, seed=0, max_completion_length=8,
+                         rollout_timeout_s=120, wait_timeout_s=300)  # fmt: skip
+    trainer = LightningTrainer(default_model_dir(), store, tasks, config, HotSwapPublisher(swapper, store))
+    result = trainer.train()
+    assert result["steps"] == 1 and swapper.router.alias("policy") != before
+    trained = [r for r in store.list_rollouts() if r.metadata.get("trainer_run") == trainer.run_id]
+    assert len(trained) == 8 and {r.metadata["trained_step"] for r in trained} == {0}
+    for rollout in trained:  # every call recorded token-exactly, marked with the dialect its agent spoke
+        (span,) = store.list_spans(rollout_id=rollout.rollout_id)
+        assert span.attributes["dialect"] == rollout.task.input["dialect"] and span.llm.trainable
+        assert len(span.llm.logprobs) == len(span.llm.completion_token_ids) > 0
+    queued = enqueue_tasks(store, tasks, 1)  # the module's runner answers them
+    done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=120)
+    new = swapper.router.alias("policy")
+    for rollout in done:
+        (span,) = store.list_spans(rollout_id=rollout.rollout_id)
+        assert span.llm.version == new and span.attributes["dialect"] == rollout.task.input["dialect"]
