@@ -637,9 +637,14 @@ def parts_line(summary: dict[str, Any]) -> str:
     return f"{parts}  tools {summary['tools_chosen']} (collapse ratio {summary['collapse_ratio']:.2f})"
 
 
-def results_table(before: dict[str, Any], results: list[dict[str, Any]]) -> Table:
+#: Each desk's name in the report and on the reward curve.
+DESK_NAMES = {"order": "order desk", "service": "service desk"}
+
+
+def results_table(before: dict[str, Any], results: list[dict[str, Any]], desk: str = "order") -> Table:
     """The before/after table: the base policy, each seed's served version, the mean over seeds; per part."""
-    table = Table(title="Held-out order desk (Bitext test split × τ-retail orders, greedy)", box=box.SIMPLE_HEAD,
+    title = f"Held-out {DESK_NAMES[desk]} (Bitext test split × τ-retail, greedy)"
+    table = Table(title=title, box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     table.add_column("policy", no_wrap=True)
     for col in (*PARTS, "Δ success", "top/gold"):
@@ -688,7 +693,7 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
            wall: dict[str, Any], captured: dict[str, Any] | None) -> None:  # fmt: skip
     """Print the table; write results.json, reward_curve.png, report.md and promotions.md."""
     save(args, before, results, captured, wall)
-    console.print(results_table(before, results))
+    console.print(results_table(before, results, args.desk))
     curves = {
         f"seed {r['seed']}": [(h["step"], h.get("batch/reward_mean")) for h in r["history"]] for r in results
     }
@@ -702,10 +707,10 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
         ]
     markers = {f"seed {r['seed']}": [(e["step"], e["outcome"]) for e in r["promotions"]
                                      if e["outcome"] in ("promoted", "refused")] for r in results}  # fmt: skip
-    png = plot_reward_curves(curves, args.out / "reward_curve.png", title="Order bot: batch reward per step",
+    png = plot_reward_curves(curves, args.out / "reward_curve.png", title=f"{DESK_NAMES[args.desk].capitalize()}: batch reward per step",
                              evals=evals, markers=markers)  # fmt: skip
     b = before["parts"]
-    lines = ["# agentforge main job report: the order bot", "",
+    lines = [f"# agentforge main job report: the {DESK_NAMES[args.desk]}", "",
              f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
              f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
              f"- {args.rounds} GRPO rounds × {args.steps} steps × {args.tasks_per_step} tasks × G={args.group_size} per "
