@@ -61,7 +61,7 @@ def worked_example(order_id: str) -> list[dict[str, Any]]:
                     "input": {"order_id": order_id},
                 }
             ],
-        },  # fmt: skip
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": status}]},
         {"role": "assistant", "content": f"Your order {order_id} is {status.split(',')[0]}."},
     ]
@@ -80,8 +80,9 @@ def converse(base_url: str, model: str, user_turns: list[str], max_tokens: int =
     Returns:
         ``{"replies": [str, ...], "tool_calls": [{"name", "arguments", "result"}, ...]}``.
     """
-    client = anthropic.Anthropic(base_url=base_url.removesuffix("/").removesuffix("/v1"), api_key="unused-on-loopback",
-                                 max_retries=0)  # fmt: skip
+    client = anthropic.Anthropic(
+        base_url=base_url.removesuffix("/").removesuffix("/v1"), api_key="unused-on-loopback", max_retries=0
+    )
     messages: list[dict[str, Any]] = worked_example("W0001") + worked_example("W0002")
     replies: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -89,8 +90,14 @@ def converse(base_url: str, model: str, user_turns: list[str], max_tokens: int =
         messages.append({"role": "user", "content": text})
         reply = ""
         for _ in range(3):
-            answer = client.messages.create(model=model, system=SYSTEM, messages=messages, tools=TOOLS,
-                                            max_tokens=max_tokens, extra_body={"temperature": 0.0})  # fmt: skip
+            answer = client.messages.create(
+                model=model,
+                system=SYSTEM,
+                messages=messages,
+                tools=TOOLS,
+                max_tokens=max_tokens,
+                extra_body={"temperature": 0.0},
+            )
             blocks = [b.model_dump(exclude_none=True) for b in answer.content]
             messages.append({"role": "assistant", "content": blocks})
             reply = "".join(b.get("text", "") for b in blocks if b["type"] == "text")
@@ -99,8 +106,11 @@ def converse(base_url: str, model: str, user_turns: list[str], max_tokens: int =
                 break
             results = []
             for use in uses:
-                result = get_order_status(use["input"].get("order_id", "")) if use["name"] == "get_order_status" \
-                    else f"Error: unknown tool {use['name']!r}"  # fmt: skip
+                result = (
+                    get_order_status(use["input"].get("order_id", ""))
+                    if use["name"] == "get_order_status"
+                    else f"Error: unknown tool {use['name']!r}"
+                )
                 calls.append({"name": use["name"], "arguments": json.dumps(use["input"]), "result": result})
                 results.append({"type": "tool_result", "tool_use_id": use["id"], "content": result})
             messages.append({"role": "user", "content": results})

@@ -64,7 +64,7 @@ def worked_example(order_id: str) -> list[dict[str, Any]]:
             "call_id": call_id,
             "name": "get_order_status",
             "arguments": json.dumps({"order_id": order_id}),
-        },  # fmt: skip
+        },
         {"type": "function_call_output", "call_id": call_id, "output": status},
         {"role": "assistant", "content": f"Your order {order_id} is {status.split(',')[0]}."},
     ]

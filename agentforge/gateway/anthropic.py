@@ -32,7 +32,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.call import DIALECT_KEY
+from agentforge.gateway.dialect_io import chat_call, translate_stream
 from agentforge.gateway.wire import decode_json, encode_json
 
 __all__ = [
@@ -45,9 +45,15 @@ __all__ = [
 ]
 
 #: HTTP status → Anthropic's error type (what the SDK maps to ``BadRequestError``, ``NotFoundError``, ...).
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                529: "overloaded_error"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 _STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -55,17 +61,49 @@ _STOP_REASONS = {
     "function_call": "tool_use",
 }
 #: Request fields passed on under the chat route's name.
-_SAMPLING = {"max_tokens": "max_tokens", "stop_sequences": "stop", "temperature": "temperature",
-             "top_p": "top_p", "top_k": "top_k"}  # fmt: skip
+_SAMPLING = {
+    "max_tokens": "max_tokens",
+    "stop_sequences": "stop",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+}
 #: Request fields the gateway does not serve, with what to say.
-_UNSUPPORTED = {"thinking": "extended thinking", "mcp_servers": "MCP servers", "container": "code-execution containers",
-                "context_management": "context management"}  # fmt: skip
+_UNSUPPORTED = {
+    "thinking": "extended thinking",
+    "mcp_servers": "MCP servers",
+    "container": "code-execution containers",
+    "context_management": "context management",
+}
 #: Fields that steer Anthropic's platform, not what the model writes: taken and left aside (prompt caching, for
 #: one, is automatic in vLLM's prefix cache).
-_PLATFORM = frozenset({"cache_control", "service_tier", "speed", "inference_geo", "diagnostics", "user_profile_id",
-                       "workspace_id"})  # fmt: skip
-_KNOWN = frozenset({"model", "max_tokens", "messages", "system", "tools", "tool_choice", "metadata", "stream",
-                    "output_config", *_SAMPLING, *_UNSUPPORTED, *_PLATFORM})  # fmt: skip
+_PLATFORM = frozenset(
+    {
+        "cache_control",
+        "service_tier",
+        "speed",
+        "inference_geo",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
+_KNOWN = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "metadata",
+        "stream",
+        "output_config",
+        *_SAMPLING,
+        *_UNSUPPORTED,
+        *_PLATFORM,
+    }
+)
 
 
 class MessagesError(ValueError):
@@ -102,9 +140,15 @@ def _text_of(blocks: Any, where: str) -> str:
 
 
 def _unsupported_block(kind: Any, where: str) -> MessagesError:
-    name = {"image": "images", "document": "documents", "thinking": "extended thinking",
-            "redacted_thinking": "extended thinking", "search_result": "search results",
-            "server_tool_use": "hosted server tools", "web_search_tool_result": "hosted server tools"}.get(kind)  # fmt: skip
+    name = {
+        "image": "images",
+        "document": "documents",
+        "thinking": "extended thinking",
+        "redacted_thinking": "extended thinking",
+        "search_result": "search results",
+        "server_tool_use": "hosted server tools",
+        "web_search_tool_result": "hosted server tools",
+    }.get(kind)
     what = name or f"content blocks of type {kind!r}"
     return MessagesError(f"{where}: {what} are not supported by this gateway")
 
@@ -127,8 +171,13 @@ def _message(role: str, content: Any, where: str) -> list[dict[str, Any]]:
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise MessagesError(f"{at}: a tool_use block needs a string id and name")
             arguments = encode_json(block.get("input", {})).decode()
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": arguments}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": arguments},
+                }
+            )
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise MessagesError(f"{at}: a tool_result block needs a string tool_use_id")
@@ -320,15 +369,31 @@ def messages_response(data: dict[str, Any], request: dict[str, Any]) -> dict[str
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        content.append({"type": "tool_use", "id": call.get("id") or f"toolu_{secrets.token_hex(12)}",
-                        "name": function.get("name", ""), "input": _input_of(function.get("arguments"))})  # fmt: skip
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or f"toolu_{secrets.token_hex(12)}",
+                "name": function.get("name", ""),
+                "input": _input_of(function.get("arguments")),
+            }
+        )
     reason, sequence = _stop(
         choice.get("finish_reason"), choice.get("stop_reason"), request.get("stop_sequences") or []
     )
     usage = data.get("usage") or {}
-    return {"id": _message_id(data.get("id")), "type": "message", "role": "assistant", "model": data.get("model"),
-            "content": content, "stop_reason": reason, "stop_sequence": sequence,
-            "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0)}}  # fmt: skip
+    return {
+        "id": _message_id(data.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": data.get("model"),
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+        },
+    }
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -353,28 +418,10 @@ class MessagesStream:
         self._index = -1
         self._finish: tuple[str | None, str | None] = (None, None)
         self._usage: dict[str, Any] = {}
-        self._buffer = b""
 
-    async def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Translate the chat SSE byte stream ``chunks`` into Messages SSE bytes (closing ``chunks`` when done
-        or closed early, so the relay under it ends and records the call)."""
-        try:
-            async for piece in chunks:
-                self._buffer += piece if isinstance(piece, bytes) else str(piece).encode()
-                out = []
-                while b"\n\n" in self._buffer:
-                    event, self._buffer = self._buffer.split(b"\n\n", 1)
-                    out.extend(
-                        self._chunk(line[5:].strip())
-                        for line in event.split(b"\n")
-                        if line.startswith(b"data:")
-                    )
-                if any(out):
-                    yield b"".join(out)
-        finally:
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()
+    def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
+        return translate_stream(chunks, self._chunk)
 
     def _chunk(self, data: bytes) -> bytes:
         if data == b"[DONE]":
@@ -398,19 +445,38 @@ class MessagesStream:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 out.append(self._open(("text", 0), {"type": "text", "text": ""}))
-                out.append(_event("content_block_delta", {"type": "content_block_delta", "index": self._index,
-                                                          "delta": {"type": "text_delta", "text": delta["content"]}}))  # fmt: skip
+                out.append(
+                    _event(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": self._index,
+                            "delta": {"type": "text_delta", "text": delta["content"]},
+                        },
+                    )
+                )
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 key = ("tool", int(call.get("index", 0)))
                 if self._block != key:
-                    block = {"type": "tool_use", "id": call.get("id") or f"toolu_{secrets.token_hex(12)}",
-                             "name": function.get("name", ""), "input": {}}  # fmt: skip
+                    block = {
+                        "type": "tool_use",
+                        "id": call.get("id") or f"toolu_{secrets.token_hex(12)}",
+                        "name": function.get("name", ""),
+                        "input": {},
+                    }
                     out.append(self._open(key, block))
                 if function.get("arguments"):
-                    out.append(_event("content_block_delta", {"type": "content_block_delta", "index": self._index,
-                                                              "delta": {"type": "input_json_delta",
-                                                                        "partial_json": function["arguments"]}}))  # fmt: skip
+                    out.append(
+                        _event(
+                            "content_block_delta",
+                            {
+                                "type": "content_block_delta",
+                                "index": self._index,
+                                "delta": {"type": "input_json_delta", "partial_json": function["arguments"]},
+                            },
+                        )
+                    )
             if choice.get("finish_reason") is not None:
                 self._finish = _stop(choice["finish_reason"], choice.get("stop_reason"), self._stops)
         return b"".join(out)
@@ -418,9 +484,16 @@ class MessagesStream:
     def _start(self, chunk: dict[str, Any]) -> bytes:
         self._started = True
         usage = chunk.get("usage") or {}
-        message = {"id": _message_id(chunk.get("id")), "type": "message", "role": "assistant",
-                   "model": chunk.get("model", self._model), "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": 0}}  # fmt: skip
+        message = {
+            "id": _message_id(chunk.get("id")),
+            "type": "message",
+            "role": "assistant",
+            "model": chunk.get("model", self._model),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": 0},
+        }
         return _event("message_start", {"type": "message_start", "message": message})
 
     def _open(self, key: tuple[str, int], block: dict[str, Any]) -> bytes:
@@ -428,8 +501,10 @@ class MessagesStream:
             return b""
         out = self._close()
         self._block, self._index = key, self._index + 1
-        return out + _event("content_block_start", {"type": "content_block_start", "index": self._index,
-                                                    "content_block": block})  # fmt: skip
+        return out + _event(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._index, "content_block": block},
+        )
 
     def _close(self) -> bytes:
         if self._block is None:
@@ -440,8 +515,11 @@ class MessagesStream:
     def _finish_message(self) -> bytes:
         out = b"" if self._started else self._start({})
         reason, sequence = self._finish
-        delta = {"type": "message_delta", "delta": {"stop_reason": reason or "end_turn", "stop_sequence": sequence},
-                 "usage": {"output_tokens": self._usage.get("completion_tokens", 0)}}  # fmt: skip
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason or "end_turn", "stop_sequence": sequence},
+            "usage": {"output_tokens": self._usage.get("completion_tokens", 0)},
+        }
         return (
             out
             + self._close()
@@ -471,19 +549,7 @@ def messages_route(
             chat = chat_request(body)
         except MessagesError as exc:
             return messages_error(exc.status, str(exc))
-        sent = False
-        encoded = encode_json(chat)
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": encoded, "more_body": False}
-            return await request.receive()
-
-        scope = dict(request.scope)
-        scope[DIALECT_KEY] = "anthropic"
-        answer = await handle(Request(scope, receive), "chat")
+        answer = await handle(chat_call(request, encode_json(chat), "anthropic"), "chat")
         if answer.status_code >= 400:
             return messages_error(answer.status_code, _error_message(answer))
         if isinstance(

@@ -40,7 +40,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.call import DIALECT_KEY
+from agentforge.gateway.dialect_io import chat_call, translate_stream
 from agentforge.gateway.wire import decode_json, encode_json, error_body
 
 __all__ = [
@@ -54,14 +54,54 @@ __all__ = [
 
 #: Stored conversations this process keeps for ``previous_response_id`` (least recently used go first).
 MAX_RESPONSES = 4096
-_HOSTED = {"web_search", "web_search_preview", "file_search", "computer_use_preview", "computer_use",
-           "code_interpreter", "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}  # fmt: skip
-_KNOWN = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-                    "max_output_tokens", "temperature", "top_p", "user", "text", "stream", "previous_response_id",
-                    "store", "metadata", "truncation", "include", "reasoning", "background", "service_tier",
-                    "prompt_cache_key", "safety_identifier", "stream_options", "top_logprobs", "max_tool_calls",
-                    "conversation", "prompt", "prompt_cache_retention", "prompt_cache_options",
-                    "context_management"})  # fmt: skip
+_HOSTED = {
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "computer_use_preview",
+    "computer_use",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "custom",
+}
+_KNOWN = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "user",
+        "text",
+        "stream",
+        "previous_response_id",
+        "store",
+        "metadata",
+        "truncation",
+        "include",
+        "reasoning",
+        "background",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "stream_options",
+        "top_logprobs",
+        "max_tool_calls",
+        "conversation",
+        "prompt",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "context_management",
+    }
+)
 
 
 class ResponsesError(ValueError):
@@ -100,8 +140,12 @@ class ResponseMemory:
         """The conversation ``response_id`` ended. Raises: ``ResponsesError`` (404) when it is not kept."""
         messages = self._items.get(response_id)
         if messages is None:
-            raise ResponsesError(f"previous response {response_id!r} not found (it was not stored, or this gateway "
-                                 "has restarted or forgotten it)", "previous_response_id", 404)  # fmt: skip
+            raise ResponsesError(
+                f"previous response {response_id!r} not found (it was not stored, or this gateway "
+                "has restarted or forgotten it)",
+                "previous_response_id",
+                404,
+            )
         self._items.move_to_end(response_id)
         return [dict(m) for m in messages]
 
@@ -147,8 +191,11 @@ def _items(items: Any, messages: list[dict[str, Any]]) -> None:
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name")):
                 raise ResponsesError("a function_call item needs string call_id and name", where)
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item.get("arguments") or ""}}  # fmt: skip
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item.get("arguments") or ""},
+            }
             last = messages[-1] if messages else None
             if (
                 last is not None and last["role"] == "assistant"
@@ -245,8 +292,13 @@ def chat_request(
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    for field, name in (("parallel_tool_calls", "parallel_tool_calls"), ("max_output_tokens", "max_tokens"),
-                        ("temperature", "temperature"), ("top_p", "top_p"), ("user", "user")):  # fmt: skip
+    for field, name in (
+        ("parallel_tool_calls", "parallel_tool_calls"),
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("user", "user"),
+    ):
         if body.get(field) is not None:
             chat[name] = body[field]
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
@@ -272,32 +324,64 @@ def _new_id(prefix: str) -> str:
 def _envelope(body: dict[str, Any], response_id: str, created: int, model: Any) -> dict[str, Any]:
     """The request-echo fields every ``response`` object carries."""
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
-    return {"id": response_id, "object": "response", "created_at": created, "status": "in_progress",
-            "model": model or body.get("model"), "output": [], "error": None, "incomplete_details": None,
-            "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
-            "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
-            "previous_response_id": body.get("previous_response_id"), "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [], "text": {"format": fmt or {"type": "text"}}, "truncation": "disabled",
-            "store": body.get("store", True), "user": body.get("user"), "usage": None}  # fmt: skip
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "model": model or body.get("model"),
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "previous_response_id": body.get("previous_response_id"),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "text": {"format": fmt or {"type": "text"}},
+        "truncation": "disabled",
+        "store": body.get("store", True),
+        "user": body.get("user"),
+        "usage": None,
+    }
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
     i, o = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    return {"input_tokens": i, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": o,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": i + o}  # fmt: skip
+    return {
+        "input_tokens": i,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": o,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": i + o,
+    }
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}  # fmt: skip
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
 def _call_item(
     item_id: str, call_id: str, name: str, arguments: str, status: str = "completed"
 ) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}  # fmt: skip
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def _finish(response: dict[str, Any], finish_reason: Any) -> None:
@@ -324,8 +408,14 @@ def response_object(
         response["output"].append(_message_item(_new_id("msg"), message["content"]))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        response["output"].append(_call_item(_new_id("fc"), call.get("id") or _new_id("call"), function.get("name", ""),
-                                              function.get("arguments") or "{}"))  # fmt: skip
+        response["output"].append(
+            _call_item(
+                _new_id("fc"),
+                call.get("id") or _new_id("call"),
+                function.get("name", ""),
+                function.get("arguments") or "{}",
+            )
+        )
     _finish(response, choice.get("finish_reason"))
     response["usage"] = _usage(data.get("usage") or {})
     assistant = {"role": "assistant", "content": message.get("content")}
@@ -351,28 +441,11 @@ class ResponsesStream:
         self._open: dict[str, Any] | None = None  # the item being written
         self._open_key: tuple[str, int] | None = None
         self._finish_reason: Any = None
-        self._buffer = b""
         self.assistant: dict[str, Any] | None = None  #: set when the stream completed
 
-    async def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Translate the chat SSE byte stream ``chunks`` (closing it when done or closed early)."""
-        try:
-            async for piece in chunks:
-                self._buffer += piece if isinstance(piece, bytes) else str(piece).encode()
-                out: list[bytes] = []
-                while b"\n\n" in self._buffer:
-                    event, self._buffer = self._buffer.split(b"\n\n", 1)
-                    out.extend(
-                        self._chunk(line[5:].strip())
-                        for line in event.split(b"\n")
-                        if line.startswith(b"data:")
-                    )
-                if any(out):
-                    yield b"".join(out)
-        finally:
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()
+    def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
+        return translate_stream(chunks, self._chunk)
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         data = {"type": kind, **data, "sequence_number": self._seq}
@@ -408,8 +481,9 @@ class ResponsesStream:
         return b"".join(out)
 
     def _start(self, chunk: dict[str, Any]) -> bytes:
-        self._response = _envelope(self._body, self.response_id, int(chunk.get("created") or time.time()),
-                                   chunk.get("model"))  # fmt: skip
+        self._response = _envelope(
+            self._body, self.response_id, int(chunk.get("created") or time.time()), chunk.get("model")
+        )
         return self._event("response.created", {"response": self._response}) + self._event(
             "response.in_progress", {"response": self._response}
         )
@@ -427,13 +501,23 @@ class ResponsesStream:
             self._open, self._open_key = item, ("text", 0)
             out += self._event("response.output_item.added", {"output_index": self._index(), "item": item})
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out += self._event("response.content_part.added", {"item_id": item["id"], "output_index": self._index(),
-                                                               "content_index": 0, "part": part})  # fmt: skip
+            out += self._event(
+                "response.content_part.added",
+                {"item_id": item["id"], "output_index": self._index(), "content_index": 0, "part": part},
+            )
             item["content"].append(dict(part))
         assert self._open is not None
         self._open["content"][0]["text"] += text
-        return out + self._event("response.output_text.delta", {"item_id": self._open["id"], "output_index": self._index(),
-                                                                 "content_index": 0, "delta": text, "logprobs": []})  # fmt: skip
+        return out + self._event(
+            "response.output_text.delta",
+            {
+                "item_id": self._open["id"],
+                "output_index": self._index(),
+                "content_index": 0,
+                "delta": text,
+                "logprobs": [],
+            },
+        )
 
     def _call(self, call: dict[str, Any]) -> bytes:
         function = call.get("function") or {}
@@ -451,8 +535,10 @@ class ResponsesStream:
         assert self._open is not None
         if function.get("arguments"):
             self._open["arguments"] += function["arguments"]
-            out += self._event("response.function_call_arguments.delta",
-                               {"item_id": self._open["id"], "output_index": self._index(), "delta": function["arguments"]})  # fmt: skip
+            out += self._event(
+                "response.function_call_arguments.delta",
+                {"item_id": self._open["id"], "output_index": self._index(), "delta": function["arguments"]},
+            )
         return out
 
     def _close(self) -> bytes:
@@ -463,14 +549,26 @@ class ResponsesStream:
         out = b""
         if item["type"] == "message":
             part = item["content"][0]
-            out += self._event("response.output_text.done", {"item_id": item["id"], "output_index": index,
-                                                              "content_index": 0, "text": part["text"], "logprobs": []})  # fmt: skip
-            out += self._event("response.content_part.done", {"item_id": item["id"], "output_index": index,
-                                                               "content_index": 0, "part": part})  # fmt: skip
+            out += self._event(
+                "response.output_text.done",
+                {
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "text": part["text"],
+                    "logprobs": [],
+                },
+            )
+            out += self._event(
+                "response.content_part.done",
+                {"item_id": item["id"], "output_index": index, "content_index": 0, "part": part},
+            )
         else:
             item["arguments"] = item["arguments"] or "{}"
-            out += self._event("response.function_call_arguments.done", {"item_id": item["id"], "output_index": index,
-                                                                          "arguments": item["arguments"]})  # fmt: skip
+            out += self._event(
+                "response.function_call_arguments.done",
+                {"item_id": item["id"], "output_index": index, "arguments": item["arguments"]},
+            )
         item["status"] = "completed"
         assert self._response is not None
         self._response["output"].append(item)
@@ -487,8 +585,15 @@ class ResponsesStream:
         if response["usage"] is None:
             response["usage"] = _usage({})
         text = "".join(i["content"][0]["text"] for i in response["output"] if i["type"] == "message")
-        calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-                 for i in response["output"] if i["type"] == "function_call"]  # fmt: skip
+        calls = [
+            {
+                "id": i["call_id"],
+                "type": "function",
+                "function": {"name": i["name"], "arguments": i["arguments"]},
+            }
+            for i in response["output"]
+            if i["type"] == "function_call"
+        ]
         self.assistant = {
             "role": "assistant",
             "content": text or None,
@@ -510,24 +615,15 @@ def responses_route(
         try:
             body = decode_json(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            return JSONResponse(error_body(f"request body is not valid JSON: {exc}", "invalid_request_error",
-                                           "invalid_json"), status_code=400)  # fmt: skip
+            return JSONResponse(
+                error_body(f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json"),
+                status_code=400,
+            )
         try:
             chat, history = chat_request(body, memory)
         except ResponsesError as exc:
             return _error(exc)
-        encoded, sent = encode_json(chat), False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": encoded, "more_body": False}
-            return await request.receive()
-
-        scope = dict(request.scope)
-        scope[DIALECT_KEY] = "responses"
-        answer = await handle(Request(scope, receive), "chat")
+        answer = await handle(chat_call(request, encode_json(chat), "responses"), "chat")
         if answer.status_code >= 400:
             return answer  # OpenAI's error shape already
         response_id = _new_id("resp")

@@ -50,10 +50,18 @@ def letter_agent(task, ctx):
     elif dialect == "anthropic":
         import anthropic
 
-        client = anthropic.Anthropic(base_url=ctx.base_url.removesuffix("/v1"), api_key=ctx.api_key,
-                                     default_headers=ctx.default_headers, max_retries=0)  # fmt: skip
-        answer = client.messages.create(model="policy", max_tokens=4, messages=[{"role": "user", "content": ask}],
-                                        extra_body={"temperature": 1.0})  # fmt: skip
+        client = anthropic.Anthropic(
+            base_url=ctx.base_url.removesuffix("/v1"),
+            api_key=ctx.api_key,
+            default_headers=ctx.default_headers,
+            max_retries=0,
+        )
+        answer = client.messages.create(
+            model="policy",
+            max_tokens=4,
+            messages=[{"role": "user", "content": ask}],
+            extra_body={"temperature": 1.0},
+        )
         text = "".join(b.text for b in answer.content if b.type == "text")
     else:
         out = ctx.openai_client().chat.completions.create(
@@ -101,12 +109,27 @@ def main(argv: list[str]) -> None:
     parity = args.model is not None
     tasks = [Task(task_id=f"letter-{c}", input={"letter": c, "parity": parity}) for c in "abst"]
     config = TrainConfig(
-        output_dir=str(out / "run"), num_generations=4, tasks_per_step=1 if not parity else 2,
-        max_steps=args.max_steps, swap_every=1, learning_rate=5e-4, lr_scheduler_type="cosine", lora_r=8,
-        logging_steps=1, save_strategy="steps", save_steps=args.save_steps, save_only_model=args.adapter_only,
-        report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0,
-        max_completion_length=8, rollout_timeout_s=120, wait_timeout_s=300,
-    )  # fmt: skip
+        output_dir=str(out / "run"),
+        num_generations=4,
+        tasks_per_step=1 if not parity else 2,
+        max_steps=args.max_steps,
+        swap_every=1,
+        learning_rate=5e-4,
+        lr_scheduler_type="cosine",
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_only_model=args.adapter_only,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
     trainer = LightningTrainer(model, store, tasks, config, HotSwapPublisher(swapper, store))
     trainer.trainer.add_callback(_Report(out / "report.jsonl", trainer))
     if args.kill_at is not None:

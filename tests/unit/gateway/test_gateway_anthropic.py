@@ -17,8 +17,13 @@ from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream,
 from agentforge.types import Rollout
 
 TURN = ScriptedTurn("It is noon in Paris.", logprobs=[-0.5, -0.25, -0.125, -0.0625, -0.03125])
-TOOLS = [{"name": "get_time", "description": "The time in a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]  # fmt: skip
+TOOLS = [
+    {
+        "name": "get_time",
+        "description": "The time in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 CALL = ScriptedTurn(tool_calls=[ScriptedToolCall("get_time", '{"city": "Paris"}', id="call_7")])
 ASK = [{"role": "user", "content": "What time is it in Paris?"}]
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
@@ -69,15 +74,19 @@ def test_tool_use_then_a_tool_result_in_the_next_turn(served) -> None:
     upstream.add(CALL, TURN)
     rid = server.store.enqueue_rollout(Rollout()).rollout_id
     client = _client(server, rid)
-    first = client.messages.create(model="policy", max_tokens=64, messages=ASK, tools=TOOLS,
-                                   tool_choice={"type": "any"})  # fmt: skip
+    first = client.messages.create(
+        model="policy", max_tokens=64, messages=ASK, tools=TOOLS, tool_choice={"type": "any"}
+    )
     assert first.stop_reason == "tool_use"
     (use,) = first.content
     assert (use.type, use.id, use.name, use.input) == ("tool_use", "call_7", "get_time", {"city": "Paris"})
     assert upstream.requests[0].body["tool_choice"] == "required"
     assert upstream.requests[0].body["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
-    history = [*ASK, {"role": "assistant", "content": [u.model_dump() for u in first.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_7", "content": "12:00"}]}]  # fmt: skip
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [u.model_dump() for u in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_7", "content": "12:00"}]},
+    ]
     second = client.messages.create(model="policy", max_tokens=64, messages=history, tools=TOOLS)
     assert second.content[0].text == TURN.text
     sent = upstream.requests[1].body["messages"]
@@ -119,11 +128,16 @@ def test_errors_reach_the_sdk_as_its_own_typed_exceptions(served) -> None:
     with pytest.raises(anthropic.BadRequestError, match="images are not supported"):
         client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError, match="hosted server tools"):
-        client.messages.create(model="policy", max_tokens=8, messages=ASK,
-                               tools=[{"type": "web_search_20250305", "name": "web_search"}])  # fmt: skip
+        client.messages.create(
+            model="policy",
+            max_tokens=8,
+            messages=ASK,
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )
     with pytest.raises(anthropic.BadRequestError, match="extended thinking"):
-        client.messages.create(model="policy", max_tokens=8, messages=ASK,
-                               thinking={"type": "enabled", "budget_tokens": 1024})  # fmt: skip
+        client.messages.create(
+            model="policy", max_tokens=8, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
     with pytest.raises(anthropic.BadRequestError, match="frobnicate: unknown field"):
         client.messages.create(model="policy", max_tokens=8, messages=ASK, extra_body={"frobnicate": 1})
     with pytest.raises(anthropic.NotFoundError, match="does not exist"):

@@ -16,8 +16,14 @@ from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream,
 from agentforge.types import Rollout
 
 TURN = ScriptedTurn("It is noon in Paris.", logprobs=[-0.5, -0.25, -0.125, -0.0625, -0.03125])
-TOOLS = [{"type": "function", "name": "get_time", "description": "The time in a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_time",
+        "description": "The time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 CALL = ScriptedTurn(tool_calls=[ScriptedToolCall("get_time", '{"city": "Paris"}', id="call_7")])
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
 
@@ -52,8 +58,10 @@ def test_a_plain_answer_and_its_span(served) -> None:
         response.output_text == TURN.text and response.status == "completed" and response.model == "policy@v1"
     )
     (sent,) = upstream.requests
-    assert sent.body["messages"] == [{"role": "system", "content": "Be brief."},
-                                     {"role": "user", "content": "What time is it?"}]  # fmt: skip
+    assert sent.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What time is it?"},
+    ]
     assert (sent.body["max_tokens"], sent.body["temperature"]) == (64, 0.5)
     (span,) = server.store.list_spans(rollout_id=rid)
     assert (
@@ -69,8 +77,9 @@ def test_a_function_call_then_its_output_by_previous_response_id(served) -> None
     upstream.add(CALL, TURN, TURN)
     rid = server.store.enqueue_rollout(Rollout()).rollout_id
     client = _client(server, rid)
-    first = client.responses.create(model="policy", input="What time is it in Paris?", tools=TOOLS,
-                                    tool_choice="required")  # fmt: skip
+    first = client.responses.create(
+        model="policy", input="What time is it in Paris?", tools=TOOLS, tool_choice="required"
+    )
     (call,) = first.output
     assert (call.type, call.call_id, call.name, call.arguments) == (
         "function_call",
@@ -110,8 +119,16 @@ def test_the_sdks_stream_accumulator_equals_the_plain_answer_and_the_span(served
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
 
     def shape(r) -> list:
-        return [(o.type, getattr(o, "name", None), getattr(o, "arguments", None), getattr(o, "call_id", None),
-                 [c.text for c in getattr(o, "content", [])]) for o in r.output]  # fmt: skip
+        return [
+            (
+                o.type,
+                getattr(o, "name", None),
+                getattr(o, "arguments", None),
+                getattr(o, "call_id", None),
+                [c.text for c in getattr(o, "content", [])],
+            )
+            for o in r.output
+        ]
 
     assert shape(streamed) == shape(plain) and streamed.output_text == plain.output_text
     assert (streamed.status, streamed.usage.output_tokens) == (plain.status, plain.usage.output_tokens)

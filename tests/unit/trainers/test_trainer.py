@@ -101,10 +101,21 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
     # Every logged step carries the issue's metrics; they came through TRL's logs (so the progress bar and
     # report_to integrations show them) and went to the store and metrics.jsonl as well.
     required = {
-        "reward", "reward_std", "batch/reward_mean", "batch/reward_std", "batch/zero_variance_share",
-        "frac_reward_zero_std", "completions/clipped_ratio", "clip_ratio/region_mean", "kl",
-        "train/tokens_per_s", "train/step_s", "policy/version", "version", "loss",
-    }  # fmt: skip
+        "reward",
+        "reward_std",
+        "batch/reward_mean",
+        "batch/reward_std",
+        "batch/zero_variance_share",
+        "frac_reward_zero_std",
+        "completions/clipped_ratio",
+        "clip_ratio/region_mean",
+        "kl",
+        "train/tokens_per_s",
+        "train/step_s",
+        "policy/version",
+        "version",
+        "loss",
+    }
     assert len(trainer.history) == 3
     for row in trainer.history:
         assert required <= set(row), required - set(row)
@@ -141,10 +152,23 @@ def test_lightning_trainer_publishes_through_the_promotion_gate(stack) -> None:
     tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
     held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bdmp"]
     config = TrainConfig(
-        output_dir=str(tmp / "gated"), num_generations=4, tasks_per_step=2, max_steps=2, swap_every=1,
-        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=1, max_completion_length=8, rollout_timeout_s=120, wait_timeout_s=300,
-    )  # fmt: skip
+        output_dir=str(tmp / "gated"),
+        num_generations=4,
+        tasks_per_step=2,
+        max_steps=2,
+        swap_every=1,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=1,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
     # a gain above 1.0 is impossible for 0/1 rewards: the gate refuses every adapter, deterministically
     gate = EvalGate(max_p=None, min_gain=1.0)
     evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
@@ -178,11 +202,25 @@ def test_trained_rollouts_sample_the_staged_adapter_while_the_gate_keeps_the_liv
     tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
     held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bd"]
     config = TrainConfig(
-        output_dir=str(tmp / "staged"), num_generations=4, tasks_per_step=2, extra_tasks_per_step=1,
-        max_steps=2, swap_every=2, rollout_version="trained", learning_rate=5e-4, lora_r=8, logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=1, max_completion_length=8,
-        rollout_timeout_s=120, wait_timeout_s=300,
-    )  # fmt: skip
+        output_dir=str(tmp / "staged"),
+        num_generations=4,
+        tasks_per_step=2,
+        extra_tasks_per_step=1,
+        max_steps=2,
+        swap_every=2,
+        rollout_version="trained",
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=1,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
     evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
     publisher = GatedPublisher(swapper, store, evaluate=evaluate, gate=EvalGate(max_p=None, min_gain=1.0))
     live = publisher.current()
@@ -208,12 +246,29 @@ def test_rollouts_in_other_dialects_train_a_step_and_the_new_version_serves_them
     version, in their own dialect."""
     tmp, store, swapper = stack
     before = swapper.router.alias("policy")
-    tasks = [Task(task_id=f"dialect-{d}-{w}", input={"letter": w[0], "dialect": d})
-             for d in ("responses", "anthropic") for w in WORDS[:1]]  # fmt: skip
-    config = TrainConfig(output_dir=str(tmp / "dialects"), num_generations=4, tasks_per_step=2, max_steps=1,
-                         swap_every=1, learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no",
-                         report_to="none", use_cpu=True, bf16=False, seed=0, max_completion_length=8,
-                         rollout_timeout_s=120, wait_timeout_s=300)  # fmt: skip
+    tasks = [
+        Task(task_id=f"dialect-{d}-{w}", input={"letter": w[0], "dialect": d})
+        for d in ("responses", "anthropic")
+        for w in WORDS[:1]
+    ]
+    config = TrainConfig(
+        output_dir=str(tmp / "dialects"),
+        num_generations=4,
+        tasks_per_step=2,
+        max_steps=1,
+        swap_every=1,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
     trainer = LightningTrainer(default_model_dir(), store, tasks, config, HotSwapPublisher(swapper, store))
     result = trainer.train()
     assert result["steps"] == 1 and swapper.router.alias("policy") != before
