@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_store import adapter_root
+from pydantic import ValidationError
 
 from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
 from agentforge.queries import RolloutQuery
@@ -569,7 +570,11 @@ def test_unstorable_scalar_text_is_rejected_clearly(store: TraceStore) -> None:
         with pytest.raises(UserError, match="attributes/metadata"):
             store.add_span(Span(rollout_id=ro.rollout_id, name=bad))
         with pytest.raises(UserError, match="attributes/metadata"):
-            store.enqueue_rollout(Rollout(agent=bad))
+            store.enqueue_rollout(Rollout(error=bad))
+    with pytest.raises(
+        ValidationError, match="agent"
+    ):  # a control character in an agent name: refused earlier
+        Rollout(agent="nul \x00")
     assert store.list_spans(rollout_id=ro.rollout_id) == []
     assert len(store.list_rollouts()) == 1
     fine = store.add_span(Span(rollout_id=ro.rollout_id, name="emoji 👩‍👩‍👧 中文 “ok”"))

@@ -347,7 +347,7 @@ def _bad_file(tmp_path: Path) -> tuple[Path, list[bytes]]:
     bad_state = json.dumps({**obj, "rollout": {**obj["rollout"], "state": "exploded"}}).encode() + b"\n"
     spans = [{**obj["spans"][0], "rollout_id": "ro-other"}, *obj["spans"][1:]]
     foreign = json.dumps({**obj, "spans": spans}).encode() + b"\n"
-    nul_id = json.dumps({**obj, "rollout": {**obj["rollout"], "agent": "a\x00b"}}).encode() + b"\n"
+    nul_id = json.dumps({**obj, "rollout": {**obj["rollout"], "error": "a\x00b"}}).encode() + b"\n"
     bad = tmp_path / "bad.jsonl"
     content = [
         lines[0],  # 1 ok
