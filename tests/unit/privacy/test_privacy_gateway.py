@@ -235,3 +235,36 @@ def test_every_free_text_field_is_masked_not_only_message_text(served) -> None:
     assert '"name": "lookup"' in sent and '"enum": ["a", "b"]' in sent  # names the engine matches on stay
     stored = json.dumps([s.llm.request for s in server.store.list_spans(rollout_id=rid) if s.llm])
     assert stored != "[]" and email not in stored and VISA not in stored
+
+
+def test_other_dialects_are_masked_in_flight_too(served) -> None:
+    """Issue 38 with privacy on (serve's default): a Messages or Responses call, plain or streamed (a placeholder
+    split across deltas), reaches the engine and the store with placeholders and its SDK client with the values."""
+    import anthropic
+    import openai
+
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    split = {"pieces": ["Done <CA", "RD_1", ">."], "token_ids": [7, 8, 9]}
+    upstream.add(*[ScriptedTurn("Done <CARD_1>.", **split) for _ in range(4)])
+    claude = anthropic.Anthropic(base_url=f"{server.url}/rollouts/{rid}", api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": USER["content"]}]
+    plain = claude.messages.create(model="policy", max_tokens=16, messages=ask)
+    with claude.messages.stream(model="policy", max_tokens=16, messages=ask) as stream:
+        streamed = stream.get_final_message()
+    assert plain.content[0].text == streamed.content[0].text == f"Done {VISA}."
+    responses = openai.OpenAI(
+        base_url=server.rollout_base_url(rid), api_key="unused", max_retries=0
+    ).responses
+    assert responses.create(model="policy", input=USER["content"]).output_text == f"Done {VISA}."
+    with responses.stream(model="policy", input=USER["content"]) as stream:
+        assert stream.get_final_response().output_text == f"Done {VISA}."
+    for request in upstream.requests:
+        assert (
+            request.body["messages"][-1]["content"]
+            == "Charge my card <CARD_1> for account <ACCOUNT_1>, key <SECRET_1>"
+        )
+    spans = server.store.list_spans(rollout_id=rid)
+    assert [s.attributes["dialect"] for s in spans] == ["anthropic"] * 2 + ["responses"] * 2
+    stored = "".join(s.model_dump_json() for s in spans)
+    assert all(value not in stored for value in (VISA, ACCOUNT, "AKIAIOSFODNN7EXAMPLE"))
