@@ -159,3 +159,48 @@ def test_errors_reach_the_sdk_as_its_own_typed_exceptions(served) -> None:
         client.responses.create(model="nope", input="hi")
     with pytest.raises(openai.InternalServerError, match="script exhausted"):  # the engine's 500
         client.responses.create(model="policy", input="hi")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"model": "policy", "input": "hi", "stream": True}),
+        (
+            "/v1/messages",
+            {
+                "model": "policy",
+                "max_tokens": 16,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        ),
+    ],
+    ids=["responses", "messages"],
+)
+def test_a_client_leaving_a_dialect_stream_is_recorded_and_releases_the_version(
+    path: str, body: dict
+) -> None:
+    """The engine sends one event, then stalls: the client that hangs up is noticed, the call's span is recorded
+    (client_disconnected) and the version's in-flight count released, as on the chat route."""
+    import time
+
+    import httpx
+
+    store = memory_store()
+    upstream = ScriptedUpstream([ScriptedTurn("a b c", chunk_delay_s=30)])
+    with upstream.serve() as engine:
+        router = upstream.router(base_url=f"{engine.url}/v1")
+        with GatewayServer(store, router) as gateway:
+            with httpx.Client(timeout=5) as client:
+                with client.stream("POST", f"{gateway.url}{path}", json=body) as r:
+                    assert r.status_code == 200
+                    next(r.iter_lines())  # the first event arrived; now hang up
+            left = time.monotonic()
+            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
+                time.sleep(0.02)
+            (span,) = store.list_spans(orphans=True)
+            assert time.monotonic() - left < 5 and router.inflight("policy@v1") == 0
+    store.close()
+    assert span.attributes["client_disconnected"] is True and span.attributes["dialect"] == path.split("/")[
+        -1
+    ].replace("messages", "anthropic")
