@@ -201,6 +201,5 @@ def test_a_client_leaving_a_dialect_stream_is_recorded_and_releases_the_version(
             (span,) = store.list_spans(orphans=True)
             assert time.monotonic() - left < 5 and router.inflight("policy@v1") == 0
     store.close()
-    assert span.attributes["client_disconnected"] is True and span.attributes["dialect"] == path.split("/")[
-        -1
-    ].replace("messages", "anthropic")
+    dialect = {"/v1/responses": "responses", "/v1/messages": "anthropic"}[path]
+    assert span.attributes["client_disconnected"] is True and span.attributes["dialect"] == dialect
