@@ -52,15 +52,13 @@ def stack(tmp_path_factory):
     store.close()
 
 
-def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> None:
-    tmp, store, swapper = stack
-    tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
-    config = TrainConfig(
-        output_dir=str(tmp / "run"),
+def _config(tmp, name: str, **changes) -> TrainConfig:
+    """The module's GRPO config (G = 4, 2 tasks a step, lr 5e-4, LoRA r 8, float32 on CPU, 8-token answers) in
+    ``tmp / name``, with ``changes``."""
+    return TrainConfig(
+        output_dir=str(tmp / name),
         num_generations=4,
         tasks_per_step=2,
-        max_steps=3,
-        swap_every=1,
         learning_rate=5e-4,
         lora_r=8,
         logging_steps=1,
@@ -68,12 +66,18 @@ def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> No
         report_to="none",
         use_cpu=True,
         bf16=False,
-        seed=0,
         max_completion_length=8,
-        beta=0.04,  # DeepSeekMath's KL coefficient: TRL logs ``kl`` only when beta > 0
         rollout_timeout_s=120,
         wait_timeout_s=300,
+        **changes,
     )
+
+
+def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> None:
+    tmp, store, swapper = stack
+    tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
+    # beta: DeepSeekMath's KL coefficient (TRL logs ``kl`` only when beta > 0)
+    config = _config(tmp, "run", max_steps=3, swap_every=1, seed=0, beta=0.04)
     publisher = HotSwapPublisher(swapper, store)
     trainer = LightningTrainer(default_model_dir(), store, tasks, config, publisher)
     before = {k: v.detach().clone() for k, v in trainer.trainer.model.named_parameters()}
@@ -151,24 +155,7 @@ def test_lightning_trainer_publishes_through_the_promotion_gate(stack) -> None:
     tmp, store, swapper = stack
     tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
     held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bdmp"]
-    config = TrainConfig(
-        output_dir=str(tmp / "gated"),
-        num_generations=4,
-        tasks_per_step=2,
-        max_steps=2,
-        swap_every=1,
-        learning_rate=5e-4,
-        lora_r=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=1,
-        max_completion_length=8,
-        rollout_timeout_s=120,
-        wait_timeout_s=300,
-    )
+    config = _config(tmp, "gated", max_steps=2, swap_every=1, seed=1)
     # a gain above 1.0 is impossible for 0/1 rewards: the gate refuses every adapter, deterministically
     gate = EvalGate(max_p=None, min_gain=1.0)
     evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
@@ -201,25 +188,8 @@ def test_trained_rollouts_sample_the_staged_adapter_while_the_gate_keeps_the_liv
     tmp, store, swapper = stack
     tasks = [Task(task_id=f"letter-{w}", input={"letter": w[0]}) for w in WORDS]
     held_out = [Task(task_id=f"held-{c}", input={"letter": c}) for c in "bd"]
-    config = TrainConfig(
-        output_dir=str(tmp / "staged"),
-        num_generations=4,
-        tasks_per_step=2,
-        extra_tasks_per_step=1,
-        max_steps=2,
-        swap_every=2,
-        rollout_version="trained",
-        learning_rate=5e-4,
-        lora_r=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=1,
-        max_completion_length=8,
-        rollout_timeout_s=120,
-        wait_timeout_s=300,
+    config = _config(
+        tmp, "staged", extra_tasks_per_step=1, max_steps=2, swap_every=2, rollout_version="trained", seed=1
     )
     evaluate = lambda v: task_scores(store, held_out, {"policy": v}, label="gate", timeout_s=300)  # noqa: E731
     publisher = GatedPublisher(swapper, store, evaluate=evaluate, gate=EvalGate(max_p=None, min_gain=1.0))
@@ -251,24 +221,7 @@ def test_rollouts_in_other_dialects_train_a_step_and_the_new_version_serves_them
         for d in ("responses", "anthropic")
         for w in WORDS[:1]
     ]
-    config = TrainConfig(
-        output_dir=str(tmp / "dialects"),
-        num_generations=4,
-        tasks_per_step=2,
-        max_steps=1,
-        swap_every=1,
-        learning_rate=5e-4,
-        lora_r=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        max_completion_length=8,
-        rollout_timeout_s=120,
-        wait_timeout_s=300,
-    )
+    config = _config(tmp, "dialects", max_steps=1, swap_every=1, seed=0)
     trainer = LightningTrainer(default_model_dir(), store, tasks, config, HotSwapPublisher(swapper, store))
     result = trainer.train()
     assert result["steps"] == 1 and swapper.router.alias("policy") != before
