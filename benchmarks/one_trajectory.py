@@ -266,9 +266,14 @@ def responses_conversation(
             "model": model, "input": items, "tools": [tool], "max_output_tokens": max_tokens, "temperature": 1.0,
             "tool_choice": "required" if force_first and turn == 0 else "auto",
         }  # fmt: skip
-        if turn == 2:
-            with client.responses.stream(**kwargs) as stream:
-                answer = stream.get_final_response()
+        if (
+            turn == 2
+        ):  # the finished response of either kind (a turn cut by max_output_tokens ends "incomplete",
+            with client.responses.stream(
+                **kwargs
+            ) as stream:  # for which the SDK's get_final_response raises)
+                ends = ("response.completed", "response.incomplete")
+                answer = next(e.response for e in stream if e.type in ends)
         else:
             answer = client.responses.create(**kwargs)
         calls = []

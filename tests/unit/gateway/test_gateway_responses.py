@@ -203,3 +203,18 @@ def test_a_client_leaving_a_dialect_stream_is_recorded_and_releases_the_version(
     store.close()
     dialect = {"/v1/responses": "responses", "/v1/messages": "anthropic"}[path]
     assert span.attributes["client_disconnected"] is True and span.attributes["dialect"] == dialect
+
+
+def test_a_turn_cut_by_max_output_tokens_is_incomplete_plain_and_streamed(served) -> None:
+    server, upstream = served
+    cut = ScriptedTurn("It is noon in", finish_reason="length")
+    upstream.add(cut, cut)
+    client = _client(server)
+    plain = client.responses.create(model="policy", input="What time is it?", max_output_tokens=4)
+    assert plain.status == "incomplete" and plain.incomplete_details.reason == "max_output_tokens"
+    with client.responses.stream(model="policy", input="What time is it?", max_output_tokens=4) as stream:
+        events = list(stream)
+    assert (
+        events[-1].type == "response.incomplete"
+    )  # the API's own end of a cut stream (not response.completed)
+    assert events[-1].response.output_text == plain.output_text == "It is noon in"
