@@ -32,7 +32,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.dialect_io import chat_call, translate_stream
+from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
 from agentforge.gateway.wire import decode_json, encode_json
 
 __all__ = [
@@ -423,20 +423,13 @@ class MessagesStream:
         """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
         return translate_stream(chunks, self._chunk)
 
-    def _chunk(self, data: bytes) -> bytes:
-        if data == b"[DONE]":
+    def _chunk(self, chunk: dict[str, Any] | None) -> bytes:
+        if chunk is None:  # [DONE]
             return self._finish_message()
-        try:
-            chunk = decode_json(data)
-        except (ValueError, UnicodeDecodeError):
-            return b""
-        if not isinstance(chunk, dict):
-            return b""
         if "error" in chunk:
-            error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             return _event(
                 "error",
-                {"type": "error", "error": {"type": "api_error", "message": str(error.get("message"))}},
+                {"type": "error", "error": {"type": "api_error", "message": error_message(chunk)}},
             )
         out = [] if self._started else [self._start(chunk)]
         if chunk.get("usage"):

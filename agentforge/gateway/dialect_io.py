@@ -9,8 +9,9 @@ from typing import Any
 from starlette.requests import Request
 
 from agentforge.gateway.call import DIALECT_KEY
+from agentforge.gateway.wire import decode_json
 
-__all__ = ["chat_call", "translate_stream"]
+__all__ = ["chat_call", "error_message", "translate_stream"]
 
 
 def chat_call(request: Request, chat_body: bytes, dialect: str) -> Request:
@@ -30,12 +31,29 @@ def chat_call(request: Request, chat_body: bytes, dialect: str) -> Request:
     return Request(scope, receive)
 
 
+def error_message(chunk: dict[str, Any]) -> str:
+    """The message of a chat stream's error event (``{"error": {...}}`` or ``{"error": "..."}``)."""
+    error = chunk["error"]
+    return str(error.get("message")) if isinstance(error, dict) else str(error)
+
+
+def _decoded(data: bytes) -> dict[str, Any] | None | bool:
+    """An event's ``data:`` payload: ``None`` for ``[DONE]``, the JSON object, or ``False`` for anything else."""
+    if data == b"[DONE]":
+        return None
+    try:
+        chunk = decode_json(data)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return chunk if isinstance(chunk, dict) else False
+
+
 async def translate_stream(
-    chunks: AsyncIterator[bytes], on_data: Callable[[bytes], bytes]
+    chunks: AsyncIterator[bytes], on_chunk: Callable[[dict[str, Any] | None], bytes]
 ) -> AsyncIterator[bytes]:
-    """The chat stream ``chunks`` (SSE bytes) → what ``on_data`` makes of each event's ``data:`` payload
-    (``b"[DONE]"`` included), one piece per piece read. ``chunks`` is closed when done or closed early, so the
-    relay under it ends and records the call."""
+    """The chat stream ``chunks`` (SSE bytes) → what ``on_chunk`` makes of each event's decoded JSON object
+    (``None`` for ``[DONE]``; a payload that is not a JSON object is skipped), one piece per piece read.
+    ``chunks`` is closed when done or closed early, so the relay under it ends and records the call."""
     buffer = b""
     try:
         async for piece in chunks:
@@ -43,9 +61,10 @@ async def translate_stream(
             out = []
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                out.extend(
-                    on_data(line[5:].strip()) for line in event.split(b"\n") if line.startswith(b"data:")
-                )
+                for line in event.split(b"\n"):
+                    chunk = _decoded(line[5:].strip()) if line.startswith(b"data:") else False
+                    if chunk is not False:
+                        out.append(on_chunk(chunk))  # type: ignore[arg-type]
             if any(out):
                 yield b"".join(out)
     finally:

@@ -40,7 +40,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.dialect_io import chat_call, translate_stream
+from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
 from agentforge.gateway.wire import decode_json, encode_json, error_body
 
 __all__ = [
@@ -452,21 +452,14 @@ class ResponsesStream:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + encode_json(data) + b"\n\n"
 
-    def _chunk(self, data: bytes) -> bytes:
-        if data == b"[DONE]":
+    def _chunk(self, chunk: dict[str, Any] | None) -> bytes:
+        if chunk is None:  # [DONE]
             return self._complete()
-        try:
-            chunk = decode_json(data)
-        except (ValueError, UnicodeDecodeError):
-            return b""
-        if not isinstance(chunk, dict):
-            return b""
         out = [] if self._response is not None else [self._start(chunk)]
         assert self._response is not None
         if "error" in chunk:
-            error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             self._response["status"] = "failed"
-            self._response["error"] = {"code": "server_error", "message": str(error.get("message"))}
+            self._response["error"] = {"code": "server_error", "message": error_message(chunk)}
             return b"".join(out) + self._event("response.failed", {"response": self._response})
         if chunk.get("usage"):
             self._response["usage"] = _usage(chunk["usage"])
