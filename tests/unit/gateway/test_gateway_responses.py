@@ -6,8 +6,6 @@ plain answer and the span, errors as the SDK's typed exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
@@ -26,16 +24,6 @@ TOOLS = [
 ]
 CALL = ScriptedTurn(tool_calls=[ScriptedToolCall("get_time", '{"city": "Paris"}', id="call_7")])
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[GatewayServer, ScriptedUpstream]]:
-    store = memory_store()
-    upstream = ScriptedUpstream()
-    server = GatewayServer(store, upstream.router(), transport=upstream.transport()).start()
-    yield server, upstream
-    server.stop()
-    store.close()
 
 
 def _client(server: GatewayServer, rollout_id: str | None = None) -> openai.OpenAI:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,16 +17,6 @@ from agentforge.types import Reward, Rollout, Span
 
 TURN = ScriptedTurn("It is noon in Paris.", logprobs=[-0.5, -0.25, -0.125, -0.0625, -0.03125])
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "finish_reason", "response_text")
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[GatewayServer, ScriptedUpstream]]:
-    store = memory_store()
-    upstream = ScriptedUpstream()
-    server = GatewayServer(store, upstream.router(), transport=upstream.transport()).start()
-    yield server, upstream
-    server.stop()
-    store.close()
 
 
 def _spans(server: GatewayServer, rollout_id: str):
