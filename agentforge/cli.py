@@ -132,10 +132,10 @@ def serve(
             help="Hot-swap adapter versions activated in the store by other processes (replay jobs, "
             "remote trainers, `agentforge rollback`)."
         ),
-    ] = True,  # fmt: skip
+    ] = True,
     dashboard: Annotated[
         bool, typer.Option(help="Serve the read-only dashboard at {url}/dashboard/ (behind --api-key).")
-    ] = True,  # fmt: skip
+    ] = True,
     tenants: Annotated[
         bool,
         typer.Option(
@@ -143,7 +143,7 @@ def serve(
             "gateway key's holders; a tenant's policy is its own lineage policy@TENANT/vN, loaded on demand, least "
             "recently used unloaded within --max-cpu-loras (else --max-loras) minus 2."
         ),
-    ] = False,  # fmt: skip
+    ] = False,
 ) -> None:
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy.
 
@@ -183,16 +183,24 @@ def serve(
             from agentforge.serving.vllm import VLLMServer
 
             server = VLLMServer(
-                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template,
-                max_loras=max_loras, max_cpu_loras=max_cpu_loras, logprobs_mode=logprobs_mode,
-            )  # fmt: skip
+                path,
+                max_lora_rank=max_lora_rank,
+                max_model_len=max_model_len,
+                chat_template=chat_template,
+                max_loras=max_loras,
+                max_cpu_loras=max_cpu_loras,
+                logprobs_mode=logprobs_mode,
+            )
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
             server = EmbeddedServer(
-                path, max_lora_rank=max_lora_rank, max_model_len=max_model_len, chat_template=chat_template,
+                path,
+                max_lora_rank=max_lora_rank,
+                max_model_len=max_model_len,
+                chat_template=chat_template,
                 logprobs_mode=logprobs_mode,
-            )  # fmt: skip
+            )
         router = ModelRouter()  # the swapper refuses limits that cannot hold `retain` before the slow start
         swapper = HotSwapper(server, router, alias="policy", retain=retain)
         store = open_store(store_url, api_key=store_api_key or api_key)

@@ -17,8 +17,13 @@ import os
 from pathlib import Path
 
 __all__ = [
-    "home_dir", "default_store_url", "default_model_dir", "vllm_python", "serving_gc", "DEFAULT_MODEL_NAME",
-]  # fmt: skip
+    "home_dir",
+    "default_store_url",
+    "default_model_dir",
+    "vllm_python",
+    "serving_gc",
+    "DEFAULT_MODEL_NAME",
+]
 
 #: Allocations between two young-generation collections in a serving process (CPython's default: 700).
 SERVING_GC_THRESHOLD = 50_000

@@ -271,9 +271,16 @@ def judge_versions(
     cand_scores = [float(x) for x in evaluate(candidate)]
     scores.update({live: live_scores, candidate: cand_scores})
     result = gate.judge(live_scores, cand_scores)
-    evidence = {**result.evidence(), "live_scores": live_scores, "candidate_scores": cand_scores,
-                "max_p": gate.max_p, "min_gain": gate.min_gain, "margin": gate.margin, "alpha": gate.alpha,
-                "lower_bound": gate.lower_bound(result.test)}  # fmt: skip
+    evidence = {
+        **result.evidence(),
+        "live_scores": live_scores,
+        "candidate_scores": cand_scores,
+        "max_p": gate.max_p,
+        "min_gain": gate.min_gain,
+        "margin": gate.margin,
+        "alpha": gate.alpha,
+        "lower_bound": gate.lower_bound(result.test),
+    }
     return result, evidence
 
 

@@ -22,8 +22,14 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
-    "MIN_KEY_LENGTH", "is_loopback", "check_bind", "check_key", "bearer_token", "browser_problem", "LoopbackGuard",
-]  # fmt: skip
+    "MIN_KEY_LENGTH",
+    "is_loopback",
+    "check_bind",
+    "check_key",
+    "bearer_token",
+    "browser_problem",
+    "LoopbackGuard",
+]
 
 #: The shortest API key a server accepts (a key an attacker can guess is no key).
 MIN_KEY_LENGTH = 16
@@ -172,8 +178,9 @@ class LoopbackGuard:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"error": {"message": message, "type": "permission_error", "param": None,
-                                     "code": code}}).encode()  # fmt: skip
+        body = json.dumps(
+            {"error": {"message": message, "type": "permission_error", "param": None, "code": code}}
+        ).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 403, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -138,17 +138,24 @@ class LocalStack:
                 from agentforge.serving.vllm import VLLMServer
 
                 server = VLLMServer(
-                    model, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
-                    max_cpu_loras=self.max_cpu_loras, max_model_len=self.max_model_len,
-                    chat_template=self.chat_template, logprobs_mode=self.logprobs_mode, extra_args=self.vllm_args,
-                )  # fmt: skip
+                    model,
+                    max_lora_rank=self.max_lora_rank,
+                    max_loras=self.max_loras,
+                    max_cpu_loras=self.max_cpu_loras,
+                    max_model_len=self.max_model_len,
+                    chat_template=self.chat_template,
+                    logprobs_mode=self.logprobs_mode,
+                    extra_args=self.vllm_args,
+                )
             else:
                 from agentforge.serving.embedded import EmbeddedServer
 
                 server = EmbeddedServer(
-                    model, max_model_len=self.max_model_len, chat_template=self.chat_template,
+                    model,
+                    max_model_len=self.max_model_len,
+                    chat_template=self.chat_template,
                     logprobs_mode=self.logprobs_mode,
-                )  # fmt: skip
+                )
             # the swapper checks the engine's adapter limits against `retain` before the engine's slow start
             self.router = ModelRouter()
             self.swapper = HotSwapper(server, self.router, alias=self.alias, retain=self.retain)

@@ -175,10 +175,13 @@ def tool_error_messages(message: Mapping[str, Any] | Any, tools: Any = None) -> 
         for call in (tool_call_from_openai(c) for c in _calls_of(message)):
             problem = None if MALFORMED_ARGUMENTS in call.flags else schema_problem(call, by_name)
             if problem is not None:
-                out.append({
-                    "role": "tool", "tool_call_id": call.id or "",
-                    "content": f"Error: {problem}. Call the tool again with arguments that follow its parameters.",
-                })  # fmt: skip
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id or "",
+                        "content": f"Error: {problem}. Call the tool again with arguments that follow its parameters.",
+                    }
+                )
     return out
 
 

@@ -27,15 +27,26 @@ def llm_span(rollout_id: str | None, i: int) -> Span:
     prompt = list(range(1000 + i, 1060 + i))
     completion = list(range(2000 + i, 2024 + i))
     llm = LLMCall(
-        model="policy", version="policy@v1", endpoint="chat",
+        model="policy",
+        version="policy@v1",
+        endpoint="chat",
         request={"model": "policy", "messages": [{"role": "user", "content": f"Where is my order #{i}? ✨"}]},
-        sampling={"temperature": 1.0, "max_tokens": 24}, prompt_token_ids=prompt,
-        completion_token_ids=completion, logprobs=[-0.25 - k / 100 for k in range(24)],
-        response_text="Your order ships tomorrow, tracking number follows.", finish_reason="stop",
-        usage={"prompt_tokens": 60, "completion_tokens": 24, "total_tokens": 84}, latency_s=0.012,
-    )  # fmt: skip
-    return Span(rollout_id=rollout_id, kind=SpanKind.llm, name="chat.completions", llm=llm,
-                attributes={"endpoint": "chat"})  # fmt: skip
+        sampling={"temperature": 1.0, "max_tokens": 24},
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-0.25 - k / 100 for k in range(24)],
+        response_text="Your order ships tomorrow, tracking number follows.",
+        finish_reason="stop",
+        usage={"prompt_tokens": 60, "completion_tokens": 24, "total_tokens": 84},
+        latency_s=0.012,
+    )
+    return Span(
+        rollout_id=rollout_id,
+        kind=SpanKind.llm,
+        name="chat.completions",
+        llm=llm,
+        attributes={"endpoint": "chat"},
+    )
 
 
 def free_port() -> int:
@@ -55,9 +66,13 @@ class ChildServer:
     """
 
     def __init__(
-        self, code: str, port: int, health: str = "/health", env: dict[str, str] | None = None,
+        self,
+        code: str,
+        port: int,
+        health: str = "/health",
+        env: dict[str, str] | None = None,
         timeout_s: float = 60.0,
-    ):  # fmt: skip
+    ):
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, str(port)], cwd=ROOT, env={**os.environ, **(env or {})}

@@ -66,10 +66,16 @@ def fill(store: SQLStore, n: int, chunk: int = 5000) -> float:
     for start in range(0, n, chunk):
         count = min(n, start + chunk) - start
         rollouts = [
-            Rollout(rollout_id=f"ro-{i:08d}", agent=f"a{i % 4}", state=RolloutState.succeeded, attempts=1,
-                    created_at=1.7e9 + i, metadata={"trainer_run": f"run-{i // 20000}", "step": i // 64})
+            Rollout(
+                rollout_id=f"ro-{i:08d}",
+                agent=f"a{i % 4}",
+                state=RolloutState.succeeded,
+                attempts=1,
+                created_at=1.7e9 + i,
+                metadata={"trainer_run": f"run-{i // 20000}", "step": i // 64},
+            )
             for i in range(start, start + count)
-        ]  # fmt: skip
+        ]
 
         def bulk(s, rollouts=rollouts, start=start) -> None:
             rows = []
@@ -117,8 +123,14 @@ def measure(store: SQLStore, label: str, repeats: int) -> dict[str, float]:
     for r in everything[-50:]:
         store.final_reward(r.rollout_id)
     baseline = time.perf_counter() - t0
-    out = {"first_s": first, "warm_s": warm, "deep_s": deep, "filtered_s": filtered, "version_s": version,
-           "baseline_s": baseline}  # fmt: skip
+    out = {
+        "first_s": first,
+        "warm_s": warm,
+        "deep_s": deep,
+        "filtered_s": filtered,
+        "version_s": version,
+        "baseline_s": baseline,
+    }
     print(
         f"{label:<10} first render {first * 1e3:7.1f} ms  warm {warm * 1e3:6.1f} ms  deep page {deep * 1e3:6.1f} ms  "
         f"reward+agent {filtered * 1e3:6.1f} ms  version {version * 1e3:6.1f} ms  |  baseline (list all + rewards) "

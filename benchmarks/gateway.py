@@ -198,10 +198,20 @@ def dialect_body(body: dict[str, Any], dialect: str) -> dict[str, Any]:
     system, messages, max_tokens)."""
     system, *rest = body["messages"]
     if dialect == "responses":
-        return {"model": body["model"], "instructions": system["content"], "input": rest,
-                "max_output_tokens": body["max_tokens"], "stream": body["stream"]}  # fmt: skip
-    return {"model": body["model"], "system": system["content"], "messages": rest, "max_tokens": body["max_tokens"],
-            "stream": body["stream"]}  # fmt: skip
+        return {
+            "model": body["model"],
+            "instructions": system["content"],
+            "input": rest,
+            "max_output_tokens": body["max_tokens"],
+            "stream": body["stream"],
+        }
+    return {
+        "model": body["model"],
+        "system": system["content"],
+        "messages": rest,
+        "max_tokens": body["max_tokens"],
+        "stream": body["stream"],
+    }
 
 
 def _bodies(
@@ -306,9 +316,20 @@ def run_phase(
             cpu_ms = round((cpu.cpu_s() - cpu0) * 1000 / answered, 3)
         if engine is not None:
             engine_ms = round((engine.cpu_s() - engine0) * 1000 / answered, 3)
-    return Phase(target, len(urls), stream, n, errors, seconds, round(n / seconds, 1),
-                 round(percentile(latencies, 50) * 1000, 2), round(percentile(latencies, 99) * 1000, 2),
-                 cpu_ms, answered=answered, engine_cpu_ms_per_req=engine_ms)  # fmt: skip
+    return Phase(
+        target,
+        len(urls),
+        stream,
+        n,
+        errors,
+        seconds,
+        round(n / seconds, 1),
+        round(percentile(latencies, 50) * 1000, 2),
+        round(percentile(latencies, 99) * 1000, 2),
+        cpu_ms,
+        answered=answered,
+        engine_cpu_ms_per_req=engine_ms,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,20 +412,39 @@ def main(argv: list[str] | None = None) -> int:
             load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
             for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
                 for stream in (False, True):
-                    direct = run_phase("direct", direct_urls, stream, args.seconds, None, engine=upstream,
-                                       **load)  # fmt: skip
-                    captured = run_phase("direct+capture", direct_urls, stream, args.seconds, None,
-                                         engine=upstream, capture=True, **load)  # fmt: skip
+                    direct = run_phase(
+                        "direct", direct_urls, stream, args.seconds, None, engine=upstream, **load
+                    )
+                    captured = run_phase(
+                        "direct+capture",
+                        direct_urls,
+                        stream,
+                        args.seconds,
+                        None,
+                        engine=upstream,
+                        capture=True,
+                        **load,
+                    )
                     before = _count(store, rollout_ids)
                     ph = run_phase("gateway", gw_urls, stream, args.seconds, gateway, engine=upstream, **load)
                     ph.spans_stored = _count(store, rollout_ids) - before  # acknowledged = committed
-                    floor = run_phase("relay", relay_urls, stream, args.seconds, relay, engine=upstream,
-                                      capture=True, model="base", **load)  # fmt: skip
+                    floor = run_phase(
+                        "relay",
+                        relay_urls,
+                        stream,
+                        args.seconds,
+                        relay,
+                        engine=upstream,
+                        capture=True,
+                        model="base",
+                        **load,
+                    )
                     measured = [direct, captured, ph, floor]
                     if lean is not None:
                         before = stored_rows(lean_db)
-                        measured.append(run_phase("lean", lean_urls, stream, args.seconds, lean, engine=upstream,
-                                                  **load))  # fmt: skip
+                        measured.append(
+                            run_phase("lean", lean_urls, stream, args.seconds, lean, engine=upstream, **load)
+                        )
                         measured[-1].spans_stored = stored_rows(lean_db) - before
                     for phase in measured:
                         phase.round = round_
@@ -412,8 +452,16 @@ def main(argv: list[str] | None = None) -> int:
                     for dialect in ("responses", "messages") if args.dialects else ():
                         urls = [u.replace("/chat/completions", f"/{dialect}") for u in gw_urls]
                         before = _count(store, rollout_ids)
-                        other = run_phase(f"gateway-{dialect}", urls, stream, args.seconds, gateway, engine=upstream,
-                                          dialect=dialect, **load)  # fmt: skip
+                        other = run_phase(
+                            f"gateway-{dialect}",
+                            urls,
+                            stream,
+                            args.seconds,
+                            gateway,
+                            engine=upstream,
+                            dialect=dialect,
+                            **load,
+                        )
                         other.spans_stored, other.round = _count(store, rollout_ids) - before, round_
                         dialects.append((ph, other))
     _report(phases)
@@ -439,10 +487,12 @@ def _report(phases: list[Phase]) -> None:
     machine are not compared) and their median is the figure against the target. The relay's columns are the
     floor: the share of direct throughput left once any Python process sits in the path."""
     rows: dict[tuple[int, bool], list[dict[str, float]]] = {}
-    print(f"\n{'round':>5} {'clients':>7} {'stream':>6} {'direct r/s':>10} {'gw r/s':>8} {'ratio':>6} {'+p50 ms':>8} "
-          f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}"
-          f" {'+capture r/s':>12} {'ratio':>6} {'relay r/s':>9} {'ratio':>6} {'relay CPU':>9}"
-          f" {'engine ms/req: direct / +capture / via gw':>42}")  # fmt: skip
+    print(
+        f"\n{'round':>5} {'clients':>7} {'stream':>6} {'direct r/s':>10} {'gw r/s':>8} {'ratio':>6} {'+p50 ms':>8} "
+        f"{'+p99 ms':>8} {'gw p99':>7} {'CPU ms/req':>10} {'sent':>6} {'spans':>6} {'err':>4}"
+        f" {'+capture r/s':>12} {'ratio':>6} {'relay r/s':>9} {'ratio':>6} {'relay CPU':>9}"
+        f" {'engine ms/req: direct / +capture / via gw':>42}"
+    )
     width = 5 if any(ph.target == "lean" for ph in phases) else 4  # --lean: a fifth phase per group
     for direct, captured, gw, relay, *lean in (phases[i : i + width] for i in range(0, len(phases), width)):
         row = {
@@ -465,16 +515,20 @@ def _report(phases: list[Phase]) -> None:
             "relay_p50": relay.p50_ms - direct.p50_ms,
         }
         if lean:
-            row.update({
-                "lean": lean[0].req_per_s,
-                "ratio_l": lean[0].req_per_s / direct.req_per_s if direct.req_per_s else float("nan"),
-                "ratio_lc": lean[0].req_per_s / captured.req_per_s if captured.req_per_s else float("nan"),
-                "lean_cpu": lean[0].cpu_ms_per_req or float("nan"),
-                "lean_sent": lean[0].answered,
-                "lean_rows": lean[0].spans_stored if lean[0].spans_stored is not None else -1,
-                "lean_err": lean[0].errors,
-                "err": row["err"] + lean[0].errors,
-            })  # fmt: skip
+            row.update(
+                {
+                    "lean": lean[0].req_per_s,
+                    "ratio_l": lean[0].req_per_s / direct.req_per_s if direct.req_per_s else float("nan"),
+                    "ratio_lc": lean[0].req_per_s / captured.req_per_s
+                    if captured.req_per_s
+                    else float("nan"),
+                    "lean_cpu": lean[0].cpu_ms_per_req or float("nan"),
+                    "lean_sent": lean[0].answered,
+                    "lean_rows": lean[0].spans_stored if lean[0].spans_stored is not None else -1,
+                    "lean_err": lean[0].errors,
+                    "err": row["err"] + lean[0].errors,
+                }
+            )
         rows.setdefault((gw.clients, gw.stream), []).append(row)
         engine = " / ".join(
             f"{ph.engine_cpu_ms_per_req or float('nan'):.3f}" for ph in (direct, captured, gw)
@@ -543,27 +597,33 @@ def _dialect_report(pairs: list[tuple[Phase, Phase]]) -> None:
     groups: dict[tuple[str, int, bool], list[tuple[Phase, Phase]]] = {}
     for chat, other in pairs:
         groups.setdefault((other.target, other.clients, other.stream), []).append((chat, other))
-    print(f"\n{'route':>18} {'clients':>7} {'stream':>6} {'r/s':>8} {'chat r/s':>8} {'CPU ms/req':>10} "
-          f"{'chat CPU':>8} {'CPU ratio (rounds)':>28} {'sent':>6} {'spans':>6} {'err':>4}")  # fmt: skip
+    print(
+        f"\n{'route':>18} {'clients':>7} {'stream':>6} {'r/s':>8} {'chat r/s':>8} {'CPU ms/req':>10} "
+        f"{'chat CPU':>8} {'CPU ratio (rounds)':>28} {'sent':>6} {'spans':>6} {'err':>4}"
+    )
     for (target, clients, stream), runs in sorted(groups.items()):
         ratios = [
             o.cpu_ms_per_req / c.cpu_ms_per_req for c, o in runs if o.cpu_ms_per_req and c.cpu_ms_per_req
         ]
         rounds = " ".join(f"{r:.2f}" for r in ratios)
         median = statistics.median(ratios) if ratios else float("nan")
-        print(f"{target:>18} {clients:>7} {str(stream):>6} {statistics.median(o.req_per_s for _, o in runs):>8,.0f} "
-              f"{statistics.median(c.req_per_s for c, _ in runs):>8,.0f} "
-              f"{statistics.median(o.cpu_ms_per_req or float('nan') for _, o in runs):>10.3f} "
-              f"{statistics.median(c.cpu_ms_per_req or float('nan') for c, _ in runs):>8.3f} "
-              f"{median:>6.2f}× ({rounds:>18}) {sum(o.answered for _, o in runs):>6} "
-              f"{sum(o.spans_stored or 0 for _, o in runs):>6} {sum(o.errors for _, o in runs):>4}")  # fmt: skip
+        print(
+            f"{target:>18} {clients:>7} {str(stream):>6} {statistics.median(o.req_per_s for _, o in runs):>8,.0f} "
+            f"{statistics.median(c.req_per_s for c, _ in runs):>8,.0f} "
+            f"{statistics.median(o.cpu_ms_per_req or float('nan') for _, o in runs):>10.3f} "
+            f"{statistics.median(c.cpu_ms_per_req or float('nan') for c, _ in runs):>8.3f} "
+            f"{median:>6.2f}× ({rounds:>18}) {sum(o.answered for _, o in runs):>6} "
+            f"{sum(o.spans_stored or 0 for _, o in runs):>6} {sum(o.errors for _, o in runs):>4}"
+        )
 
 
 def _row(clients: int, stream: bool, row: dict[str, float]) -> str:
-    return (f"{clients:>7} {str(stream):>6} {row['direct']:>10,.0f} {row['gw']:>8,.0f} {row['ratio']:>5.2f}× "
-            f"{row['p50']:>8.2f} {row['p99']:>8.2f} {row['gw_p99']:>7.1f} {row['cpu']:>10.3f} {row['sent']:>6.0f} "
-            f"{row['spans']:>6.0f} {row['err']:>4.0f} {row['captured']:>12,.0f} {row['ratio_c']:>5.2f}× "
-            f"{row['relay']:>9,.0f} {row['ratio_r']:>5.2f}× {row['relay_cpu']:>9.3f}")  # fmt: skip
+    return (
+        f"{clients:>7} {str(stream):>6} {row['direct']:>10,.0f} {row['gw']:>8,.0f} {row['ratio']:>5.2f}× "
+        f"{row['p50']:>8.2f} {row['p99']:>8.2f} {row['gw_p99']:>7.1f} {row['cpu']:>10.3f} {row['sent']:>6.0f} "
+        f"{row['spans']:>6.0f} {row['err']:>4.0f} {row['captured']:>12,.0f} {row['ratio_c']:>5.2f}× "
+        f"{row['relay']:>9,.0f} {row['ratio_r']:>5.2f}× {row['relay_cpu']:>9.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -196,14 +196,25 @@ class _Proxy:
 
 
 def _record(
-    request: dict[str, Any], text: str | None, prompt_ids: list[int] | None, ids: list[int] | None,
-    logprobs: list[float] | None, usage: dict[str, Any] | None,
-) -> bytes:  # fmt: skip
+    request: dict[str, Any],
+    text: str | None,
+    prompt_ids: list[int] | None,
+    ids: list[int] | None,
+    logprobs: list[float] | None,
+    usage: dict[str, Any] | None,
+) -> bytes:
     """One call's row: what the engine was asked, and the text, ids, log-probs and usage it answered."""
-    return orjson.dumps({
-        "request": request, "text": text, "prompt_ids": prompt_ids, "ids": ids, "logprobs": logprobs,
-        "usage": usage, "time": time.time(),
-    })  # fmt: skip
+    return orjson.dumps(
+        {
+            "request": request,
+            "text": text,
+            "prompt_ids": prompt_ids,
+            "ids": ids,
+            "logprobs": logprobs,
+            "usage": usage,
+            "time": time.time(),
+        }
+    )
 
 
 def _chunk(data: bytes) -> bytes:

@@ -7,8 +7,9 @@ warm start and scoring) on the embedded default (SmolLM2-135M, 2 CPU cores).
 base policy's captured successes) serves; each arm then trains ``--rounds`` GRPO rounds of ``--steps`` steps
 from it, continuing its own lineage (no gate: the ablation measures the candidate), and after every round the
 arm's candidate is scored on the held-out tasks (greedy, never trained on). It prints one row per arm, seed and
-round: the candidate's held-out success, its gain over the warm-start parent, and the step's update size
-``‖Δθ‖/‖θ‖`` where the trainer logs it. Arms are ``name:learning_rate:warmup_steps``.
+round: the candidate's held-out success, its gain over the warm-start parent, the step's update size
+``‖Δθ‖/‖θ‖`` where the trainer logs it and the share of sampled groups whose rewards differ. Arms are
+``name:learning_rate:warmup_steps[:key=value,...]`` (keys: :data:`ARM_KEYS`).
 
 ``--gate``: how often the sized gate (``EvalGate.sized``, :func:`agentforge.gate_power.plan_gate`) passes
 candidates of known quality. Versions: the base policy, seed 0's warm-start adapter and copies of it damaged
@@ -23,6 +24,8 @@ approximation's prediction and the old gate's (exact sign test, p ≤ 0.1, 20 ta
     python benchmarks/learning.py --warm --seeds 0 1 2          # warm-start schedules × seeds, one capture
     python benchmarks/learning.py --ablation --desk service --parent runs/main-job/seed-0/sft-1/adapters/<id> \
         --arms 5e-5:5e-5:1 2e-4:2e-4:1 5e-4:5e-4:1 --rounds 2 --steps 4 --seeds 0   # GRPO on the service desk
+    python benchmarks/learning.py --ablation --desk service --parent ... --logprobs-mode processed_logprobs \
+        --arms g8:5e-5:1:group_size=8,extra_tasks=8,act_temperature=1.5     # exploration arms
 
 ``--warm``: how much the warm start's held-out success hangs on its seed. One capture of the base policy;
 each arm (``name:learning_rate:scheduler:epochs``) trains the replay SFT once per seed; each adapter is
@@ -78,14 +81,49 @@ class StageOnly:
         return self.current()
 
 
-def parse_arm(text: str) -> tuple[str, float, int]:
-    """``name:learning_rate:warmup_steps`` → its parts."""
-    name, lr, warmup = text.split(":")
-    return name, float(lr), int(warmup)
+#: Settings an ablation arm may override after ``name:learning_rate:warmup_steps`` (``:key=value,key=value``):
+#: the group size G, the tasks trained per step and sampled beyond them (dynamic sampling), the temperature of
+#: the whole rollout and the temperature of its first call alone (the act call: the tool decision).
+ARM_KEYS = {
+    "group_size": int,
+    "tasks_per_step": int,
+    "extra_tasks": int,
+    "temperature": float,
+    "act_temperature": float,
+}
 
 
-def warm_adapter(mj: Any, args: argparse.Namespace, seed: int, store: Any, stack: Any, model: Path,
-                 warm: list, base: str) -> Path:  # fmt: skip
+def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
+    """``name:learning_rate:warmup_steps[:key=value,...]`` → ``(name, lr, warmup, overrides)``.
+
+    Raises:
+        ValueError: a key outside :data:`ARM_KEYS` or a value of the wrong type.
+    """
+    name, lr, warmup, *rest = text.split(":")
+    overrides: dict[str, Any] = {}
+    for item in rest[0].split(",") if rest and rest[0] else []:
+        key, _, value = item.partition("=")
+        if key not in ARM_KEYS:
+            raise ValueError(f"arm {name!r}: {key!r} is not one of {', '.join(ARM_KEYS)}")
+        overrides[key] = ARM_KEYS[key](value)
+    return name, float(lr), int(warmup), overrides
+
+
+def arm_tasks(tasks: list, overrides: dict[str, Any]) -> list:
+    """The GRPO tasks as an arm samples them: ``temperature`` for the whole rollout, ``act_temperature`` for
+    its first call (``act_sampling``; the engine must return processed logprobs for the trainer to match
+    a temperature other than 1, ``--logprobs-mode processed_logprobs``)."""
+    update: dict[str, Any] = {}
+    if "temperature" in overrides:
+        update["temperature"] = overrides["temperature"]
+    if "act_temperature" in overrides:
+        update["act_sampling"] = {"temperature": overrides["act_temperature"]}
+    return [t.model_copy(update={"input": {**t.input, **update}}) for t in tasks] if update else tasks
+
+
+def warm_adapter(
+    mj: Any, args: argparse.Namespace, seed: int, store: Any, stack: Any, model: Path, warm: list, base: str
+) -> Path:
     """Seed ``seed``'s warm-start adapter (replay SFT on the captured successes), saved, not published."""
     from agentforge import run_replay_sft
 
@@ -108,7 +146,18 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
         parent_score = board.held[parent]["parts"]["success"]
         print(f"seed {seed}: warm start {parent} held-out {parent_score:.3f}", flush=True)
         for arm in args.arms:
-            name, lr, warmup = parse_arm(arm)
+            name, lr, warmup, overrides = parse_arm(arm)
+            arm_args = argparse.Namespace(
+                **{
+                    **vars(args),
+                    **{
+                        k: v
+                        for k, v in overrides.items()
+                        if k in ("group_size", "tasks_per_step", "extra_tasks")
+                    },
+                }
+            )
+            train = arm_tasks(ctx["train"], overrides)
             publisher, init, offset = (
                 StageOnly(GatedPublisher(stack.swapper, store, evaluate=None)),
                 parent_dir,
@@ -116,10 +165,17 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
             )
             for rnd in range(1, args.rounds + 1):
                 out = args.out / f"seed-{seed}" / name / f"round-{rnd}"
-                config = mj.round_config(args, out, seed * 100 + rnd, str(init), learning_rate=lr,
-                                         warmup_steps=warmup, rollout_version="trained")  # fmt: skip
+                config = mj.round_config(
+                    arm_args,
+                    out,
+                    seed * 100 + rnd,
+                    str(init),
+                    learning_rate=lr,
+                    warmup_steps=warmup,
+                    rollout_version="trained",
+                )
                 t0, publisher.last = time.monotonic(), None
-                trainer = LightningTrainer(model, store, ctx["train"], config, publisher)
+                trainer = LightningTrainer(model, store, train, config, publisher)
                 trainer.train()
                 if publisher.last is None:  # no batch of the round had signal: nothing new to score
                     print(f"{name} seed {seed} round {rnd}: no publish (no group with signal)", flush=True)
@@ -132,11 +188,26 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
                 pairs = zip(board.held[parent]["scores"], board.held[candidate]["scores"], strict=True)
                 discordance = statistics.mean(float(a != b) for a, b in pairs)
                 update = [h.get("train/update_ratio") for h in trainer.history if h.get("train/update_ratio")]
-                row = {"arm": name, "lr": lr, "warmup": warmup, "seed": seed, "round": rnd, "step": offset,
-                       "candidate": candidate, "held_out": held, "parent": parent_score, "gain": held - parent_score,
-                       "batch_reward": [h.get("batch/reward_mean") for h in trainer.history],
-                       "update_ratio": statistics.mean(update) if update else None,
-                       "discordance": discordance, "collapse": board.held[candidate]["collapse_ratio"], "seconds": round(time.monotonic() - t0)}  # fmt: skip
+                signal = [h.get("batch/signal_group_share") for h in trainer.history]
+                row = {
+                    "arm": name,
+                    "lr": lr,
+                    "warmup": warmup,
+                    "overrides": overrides,
+                    "signal_share": signal,
+                    "seed": seed,
+                    "round": rnd,
+                    "step": offset,
+                    "candidate": candidate,
+                    "held_out": held,
+                    "parent": parent_score,
+                    "gain": held - parent_score,
+                    "batch_reward": [h.get("batch/reward_mean") for h in trainer.history],
+                    "update_ratio": statistics.mean(update) if update else None,
+                    "discordance": discordance,
+                    "collapse": board.held[candidate]["collapse_ratio"],
+                    "seconds": round(time.monotonic() - t0),
+                }
                 rows.append(row)
                 print(_ablation_line(row), flush=True)
     return rows
@@ -163,27 +234,45 @@ def warm_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> lis
             version = stager.stage(Path(replay.adapter_dir), 0)
             board(version)
             held = board.held[version]["parts"]["success"]
-            row = {"arm": name, "lr": float(lr), "scheduler": scheduler, "epochs": float(epochs), "seed": seed,
-                   "version": version, "held_out": held, "steps": replay.steps, "final_loss": replay.final_loss,
-                   "seconds": round(time.monotonic() - t0)}  # fmt: skip
+            row = {
+                "arm": name,
+                "lr": float(lr),
+                "scheduler": scheduler,
+                "epochs": float(epochs),
+                "seed": seed,
+                "version": version,
+                "held_out": held,
+                "steps": replay.steps,
+                "final_loss": replay.final_loss,
+                "seconds": round(time.monotonic() - t0),
+            }
             rows.append(row)
-            print(f"warm {name:>10} seed {seed}: held-out {held:.3f}  ({replay.steps} steps, final loss "
-                  f"{replay.final_loss:.4f}, {row['seconds']}s)", flush=True)  # fmt: skip
+            print(
+                f"warm {name:>10} seed {seed}: held-out {held:.3f}  ({replay.steps} steps, final loss "
+                f"{replay.final_loss:.4f}, {row['seconds']}s)",
+                flush=True,
+            )
     stager.unstage()
     print("\nWarm-start arms: held-out success per seed, mean and spread (max - min)")
     for arm in args.warm_arms:
         got = [r["held_out"] for r in rows if r["arm"] == arm.split(":")[0]]
-        print(f"{arm:>28}: {' '.join(f'{x:.3f}' for x in got)}  mean {statistics.mean(got):.3f}  "
-              f"spread {max(got) - min(got):.3f}")  # fmt: skip
+        print(
+            f"{arm:>28}: {' '.join(f'{x:.3f}' for x in got)}  mean {statistics.mean(got):.3f}  "
+            f"spread {max(got) - min(got):.3f}"
+        )
     return rows
 
 
 def _ablation_line(r: dict[str, Any]) -> str:
     upd = "-" if r["update_ratio"] is None else f"{r['update_ratio']:.2e}"
+    signal = " ".join("-" if x is None else f"{x:.2f}" for x in r.get("signal_share", []))
     rewards = " ".join("-" if x is None else f"{x:.2f}" for x in r["batch_reward"])
-    return (f"{r['arm']:>10} lr {r['lr']:<7g} warm-up {r['warmup']}  seed {r['seed']} step {r['step']:>2}: "
-            f"held-out {r['held_out']:.3f} (parent {r['parent']:.3f}, {r['gain']:+.3f})  top/gold "
-            f"{r['collapse']:.2f}  differs on {r['discordance']:.3f}  ‖Δθ‖/‖θ‖ {upd}  batch reward {rewards}  {r['seconds']}s")  # fmt: skip
+    return (
+        f"{r['arm']:>10} lr {r['lr']:<7g} warm-up {r['warmup']}  seed {r['seed']} step {r['step']:>2}: "
+        f"held-out {r['held_out']:.3f} (parent {r['parent']:.3f}, {r['gain']:+.3f})  top/gold "
+        f"{r['collapse']:.2f}  differs on {r['discordance']:.3f}  ‖Δθ‖/‖θ‖ {upd}  batch reward {rewards}  "
+        f"groups with signal {signal}  {r['seconds']}s"
+    )
 
 
 def damaged_copy(adapter_dir: Path, out: Path, scale: float, seed: int = 0) -> Path:
@@ -200,8 +289,10 @@ def damaged_copy(adapter_dir: Path, out: Path, scale: float, seed: int = 0) -> P
             shutil.copy(f, out / f.name)
     gen = torch.Generator().manual_seed(seed)
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    noisy = {k: (v.float() + scale * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype)
-             for k, v in tensors.items()}  # fmt: skip
+    noisy = {
+        k: (v.float() + scale * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype)
+        for k, v in tensors.items()
+    }
     save_file(noisy, str(out / "adapter_model.safetensors"))
     return out
 
@@ -227,8 +318,9 @@ def gate_rates(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[d
         print(f"{label}: {version} pool success {statistics.mean(scores[label]):.3f}", flush=True)
     stager.unstage()
     print(f"base: pool success {statistics.mean(scores['base']):.3f}", flush=True)
-    plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
-                     discordance=args.gate_discordance)  # fmt: skip
+    plan = plan_gate(
+        args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance
+    )
     sized, old, rng = (
         EvalGate.sized(args.gate_effect, alpha=args.gate_alpha),
         EvalGate(max_p=0.1),
@@ -249,17 +341,38 @@ def gate_rates(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[d
                     idx = [rng.randrange(len(lv)) for _ in range(n)]
                     hits += gate.judge([lv[i] for i in idx], [cv[i] for i in idx]).passed
                 rates[key] = hits / args.draws
-            predicted = pass_probability(max(-disc, min(disc, gain)), plan.n, effect=args.gate_effect,
-                                         alpha=args.gate_alpha, discordance=max(disc, 1e-9))  # fmt: skip
-            rows.append({"live": live, "candidate": cand, "gain": gain, "discordance": disc, "n": plan.n,
-                         "pass_sized": rates["sized"], "predicted": predicted, "pass_old_20": rates["old"]})  # fmt: skip
-    print(f"\nGate pass rates ({plan.describe()}; {args.draws} slices drawn with replacement from "
-          f"{len(pool)} pool tasks; old gate: exact sign test p <= 0.1 on 20 tasks)")  # fmt: skip
-    print(f"{'live':>14} {'candidate':>14} {'true gain':>9} {'discord.':>8} {'pass (sized)':>12} "
-          f"{'predicted':>9} {'pass (old)':>10}")  # fmt: skip
+            predicted = pass_probability(
+                max(-disc, min(disc, gain)),
+                plan.n,
+                effect=args.gate_effect,
+                alpha=args.gate_alpha,
+                discordance=max(disc, 1e-9),
+            )
+            rows.append(
+                {
+                    "live": live,
+                    "candidate": cand,
+                    "gain": gain,
+                    "discordance": disc,
+                    "n": plan.n,
+                    "pass_sized": rates["sized"],
+                    "predicted": predicted,
+                    "pass_old_20": rates["old"],
+                }
+            )
+    print(
+        f"\nGate pass rates ({plan.describe()}; {args.draws} slices drawn with replacement from "
+        f"{len(pool)} pool tasks; old gate: exact sign test p <= 0.1 on 20 tasks)"
+    )
+    print(
+        f"{'live':>14} {'candidate':>14} {'true gain':>9} {'discord.':>8} {'pass (sized)':>12} "
+        f"{'predicted':>9} {'pass (old)':>10}"
+    )
     for r in rows:
-        print(f"{r['live']:>14} {r['candidate']:>14} {r['gain']:>+9.3f} {r['discordance']:>8.3f} "
-              f"{r['pass_sized']:>12.3f} {r['predicted']:>9.3f} {r['pass_old_20']:>10.3f}")  # fmt: skip
+        print(
+            f"{r['live']:>14} {r['candidate']:>14} {r['gain']:>+9.3f} {r['discordance']:>8.3f} "
+            f"{r['pass_sized']:>12.3f} {r['predicted']:>9.3f} {r['pass_old_20']:>10.3f}"
+        )
     return rows
 
 
@@ -292,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         help="ablation: start every seed's arms from this saved adapter (e.g. a main job's SFT round) instead of "
         "a warm start trained here (no capture then)",
     )
+    p.add_argument(
+        "--logprobs-mode",
+        default="raw_logprobs",
+        help="what the engine's logprobs are; arms sampling at a temperature other than 1 need processed_logprobs",
+    )
     p.add_argument("--pool", type=int, default=240, help="gate benchmark: pool tasks")
     p.add_argument("--draws", type=int, default=2000, help="gate benchmark: slices drawn per pair")
     ours, rest = p.parse_known_args(argv)
@@ -311,17 +429,38 @@ def main(argv: list[str] | None = None) -> int:
     gate_slice, warm, train, held_out = mj.split_tasks(args)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     agent = ServiceDeskAgent() if args.desk == "service" else OrderDeskAgent()
-    with LocalStack(store, agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
-                    vllm_args=("--block-size", "32")) as stack:  # fmt: skip
+    with LocalStack(
+        store,
+        agent,
+        model=model,
+        workers=args.workers,
+        max_lora_rank=max(16, args.lora_r),
+        logprobs_mode=args.logprobs_mode,
+        vllm_args=("--block-size", "32"),
+    ) as stack:
         board = mj.Scoreboard(store, [], held_out)
         needs_capture = (
             args.gate or args.warm or not args.parent
         )  # an ablation from a saved parent needs none
         if needs_capture:
-            mj.capture(store, warm, args.warm_samples, stack.base_version, args.warm_temperature, args.warm_min_p,
-                       force_every=mj.capture_force_every(args))  # fmt: skip
-        ctx = {"store": store, "stack": stack, "model": model, "board": board, "warm": warm, "train": train,
-               "pool": mj.greedy(gate_slice + train)[: args.pool]}  # fmt: skip
+            mj.capture(
+                store,
+                warm,
+                args.warm_samples,
+                stack.base_version,
+                args.warm_temperature,
+                args.warm_min_p,
+                force_every=mj.capture_force_every(args),
+            )
+        ctx = {
+            "store": store,
+            "stack": stack,
+            "model": model,
+            "board": board,
+            "warm": warm,
+            "train": train,
+            "pool": mj.greedy(gate_slice + train)[: args.pool],
+        }
         if args.warm:
             out = warm_ablation(mj, args, ctx)
             (args.out / "warm_ablation.json").write_text(json.dumps(out, indent=1))
@@ -337,9 +476,11 @@ def main(argv: list[str] | None = None) -> int:
                 for step in sorted({r["step"] for r in rows}):
                     got = [r for r in rows if r["arm"] == name and r["step"] == step]
                     if got:
-                        print(f"{name:>10} step {step:>2}: held-out {statistics.mean(r['held_out'] for r in got):.3f} "
-                              f"gain over parent {statistics.mean(r['gain'] for r in got):+.3f} "
-                              f"(seeds: {' '.join(format(r['gain'], '+.3f') for r in got)})")  # fmt: skip
+                        print(
+                            f"{name:>10} step {step:>2}: held-out {statistics.mean(r['held_out'] for r in got):.3f} "
+                            f"gain over parent {statistics.mean(r['gain'] for r in got):+.3f} "
+                            f"(seeds: {' '.join(format(r['gain'], '+.3f') for r in got)})"
+                        )
     store.close()
     return 0
 

@@ -190,7 +190,7 @@ def _anthropic_history() -> list[dict[str, Any]]:
             "content": [
                 {"type": "tool_use", "id": "call_london", "name": "get_weather", "input": {"city": "London"}}
             ],
-        },  # fmt: skip
+        },
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": "call_london", "content": "rainy, 12 C"}],
@@ -209,16 +209,22 @@ def anthropic_conversation(
     import anthropic
 
     client = anthropic.Anthropic(base_url=root, api_key="unused", max_retries=0, timeout=600)
-    tool = {"name": "get_weather", "description": WEATHER_TOOL["function"]["description"],
-            "input_schema": WEATHER_TOOL["function"]["parameters"]}  # fmt: skip
+    tool = {
+        "name": "get_weather",
+        "description": WEATHER_TOOL["function"]["description"],
+        "input_schema": WEATHER_TOOL["function"]["parameters"],
+    }
     messages = _anthropic_history()
     added: list[str] = []
     for turn in range(turns):
         kwargs: dict[str, Any] = {
-            "model": model, "messages": messages, "tools": [tool], "max_tokens": max_tokens,
+            "model": model,
+            "messages": messages,
+            "tools": [tool],
+            "max_tokens": max_tokens,
             "tool_choice": {"type": "any" if force_first and turn == 0 else "auto"},
             "extra_body": {"temperature": 1.0},
-        }  # fmt: skip
+        }
         if turn == 2:
             with client.messages.stream(**kwargs) as stream:
                 answer = stream.get_final_message()
@@ -263,9 +269,13 @@ def responses_conversation(
     added: list[str] = []
     for turn in range(turns):
         kwargs: dict[str, Any] = {
-            "model": model, "input": items, "tools": [tool], "max_output_tokens": max_tokens, "temperature": 1.0,
+            "model": model,
+            "input": items,
+            "tools": [tool],
+            "max_output_tokens": max_tokens,
+            "temperature": 1.0,
             "tool_choice": "required" if force_first and turn == 0 else "auto",
-        }  # fmt: skip
+        }
         if (
             turn == 2
         ):  # the finished response of either kind (a turn cut by max_output_tokens ends "incomplete",
@@ -287,8 +297,14 @@ def responses_conversation(
                 )
             elif out.type == "function_call":
                 calls.append(out.call_id)
-                items.append({"type": "function_call", "call_id": out.call_id, "name": out.name,
-                              "arguments": out.arguments})  # fmt: skip
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": out.call_id,
+                        "name": out.name,
+                        "arguments": out.arguments,
+                    }
+                )
         if calls:
             items.extend({"type": "function_call_output", "call_id": c, "output": TOOL_ANSWER} for c in calls)
             added.extend(TOOL_ANSWER for _ in calls)

@@ -130,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for clients, rate, cost in rows:
         off, on = statistics.median(cost["off"]), statistics.median(cost["on"])
-        print(f"{clients:>7} {statistics.median(rate['off']):>8,.0f} {statistics.median(rate['on']):>8,.0f} "
-              f"{off:>15.3f} {on:>7.3f} {on - off:>7.3f} {100 * (on - off) / off:>5.1f}%")  # fmt: skip
+        print(
+            f"{clients:>7} {statistics.median(rate['off']):>8,.0f} {statistics.median(rate['on']):>8,.0f} "
+            f"{off:>15.3f} {on:>7.3f} {on - off:>7.3f} {100 * (on - off) / off:>5.1f}%"
+        )
     print(f"(medians of {args.rounds} rounds; each round: off then on)")
     print(f"receiver got {received} spans for {answered_on} requests answered with the export on")
     print("\n".join(line for line in exported.splitlines() if not line.startswith("#")))

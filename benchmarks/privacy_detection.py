@@ -48,10 +48,29 @@ STREETS = [
     "River",
 ]
 SUFFIXES = ["Street", "St", "Avenue", "Ave", "Road", "Drive", "Lane", "Boulevard", "Court", "Way", "Place"]
-CITIES = [("Fort Worth", "TX", "76165"), ("Denver", "CO", "80202"), ("Austin", "TX", "78701"), ("Seattle", "WA", "98101"),
-          ("Columbus", "OH", "43004"), ("Portland", "OR", "97201"), ("Boston", "MA", "02108")]  # fmt: skip
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]  # fmt: skip
+CITIES = [
+    ("Fort Worth", "TX", "76165"),
+    ("Denver", "CO", "80202"),
+    ("Austin", "TX", "78701"),
+    ("Seattle", "WA", "98101"),
+    ("Columbus", "OH", "43004"),
+    ("Portland", "OR", "97201"),
+    ("Boston", "MA", "02108"),
+]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 AREA_CODES = ["212", "415", "646", "312", "617", "206", "303", "512", "713", "404", "305", "702"]
 
 
@@ -78,11 +97,13 @@ def card(rng: random.Random) -> str:
 
 def iban(rng: random.Random) -> str:
     """An ISO 13616 IBAN with valid mod-97 check digits (German, British or French layout)."""
-    country, bban = rng.choice([
-        ("DE", "".join(rng.choice(string.digits) for _ in range(18))),
-        ("GB", "NWBK" + "".join(rng.choice(string.digits) for _ in range(14))),
-        ("FR", "".join(rng.choice(string.digits) for _ in range(23))),
-    ])  # fmt: skip
+    country, bban = rng.choice(
+        [
+            ("DE", "".join(rng.choice(string.digits) for _ in range(18))),
+            ("GB", "NWBK" + "".join(rng.choice(string.digits) for _ in range(14))),
+            ("FR", "".join(rng.choice(string.digits) for _ in range(23))),
+        ]
+    )
     numeric = "".join(str(int(c, 36)) for c in bban + country + "00")
     check = 98 - int(numeric) % 97
     raw = f"{country}{check:02d}{bban}"
@@ -100,8 +121,14 @@ def phone(rng: random.Random) -> str:
     area, exchange, line = rng.choice(AREA_CODES), rng.randrange(201, 990), rng.randrange(10000)
     if exchange == 555:
         exchange = 556
-    return rng.choice([f"({area}) {exchange}-{line:04d}", f"{area}-{exchange}-{line:04d}",
-                       f"+1 {area} {exchange} {line:04d}", f"{area}.{exchange}.{line:04d}"])  # fmt: skip
+    return rng.choice(
+        [
+            f"({area}) {exchange}-{line:04d}",
+            f"{area}-{exchange}-{line:04d}",
+            f"+1 {area} {exchange} {line:04d}",
+            f"{area}.{exchange}.{line:04d}",
+        ]
+    )
 
 
 def ssn(rng: random.Random) -> str:
@@ -221,11 +248,16 @@ def score(detector: Detector, lines: list[tuple[str, list[tuple[str, int, int]]]
         table[c] = {"tp": tp[c], "fp": fp[c], "fn": fn[c], "precision": round(p, 3), "recall": round(r, 3)}
     total_tp, total_fp, total_fn = sum(tp.values()), sum(fp.values()), sum(fn.values())
     return {
-        "lines": len(lines), "labelled": sum(1 for _, g in lines if g), "look_alike_lines": sum(1 for _, g in lines if not g),
-        "look_alike_lines_with_findings": look_alike_hits, "per_category": table,
-        "precision": round(total_tp / max(1, total_tp + total_fp), 3), "recall": round(total_tp / max(1, total_tp + total_fn), 3),
-        "ms_per_line": round(elapsed * 1000 / len(lines), 3), "false_positive_examples": examples,
-    }  # fmt: skip
+        "lines": len(lines),
+        "labelled": sum(1 for _, g in lines if g),
+        "look_alike_lines": sum(1 for _, g in lines if not g),
+        "look_alike_lines_with_findings": look_alike_hits,
+        "per_category": table,
+        "precision": round(total_tp / max(1, total_tp + total_fp), 3),
+        "recall": round(total_tp / max(1, total_tp + total_fn), 3),
+        "ms_per_line": round(elapsed * 1000 / len(lines), 3),
+        "false_positive_examples": examples,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,12 +64,26 @@ def run(model: Path, data: list[dict], layout: str, share: bool, args: argparse.
 
     rows, accumulation = (int(x) for x in layout.split("x"))
     config = ReplaySFTConfig(
-        output_dir=str(args.out / f"{layout}-{share}"), max_steps=args.steps, per_device_train_batch_size=rows,
-        gradient_accumulation_steps=accumulation, learning_rate=5e-4, lr_scheduler_type="constant", lora_r=16,
-        lora_alpha=32, max_length=1024, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=True, gradient_checkpointing=False, disable_tqdm=True, seed=0, dataset_num_proc=None,
+        output_dir=str(args.out / f"{layout}-{share}"),
+        max_steps=args.steps,
+        per_device_train_batch_size=rows,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=5e-4,
+        lr_scheduler_type="constant",
+        lora_r=16,
+        lora_alpha=32,
+        max_length=1024,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=True,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        seed=0,
+        dataset_num_proc=None,
         share_prompt_prefix=share,
-    )  # fmt: skip
+    )
     steps: list[float] = []
 
     class Clock(TrainerCallback):
@@ -81,9 +95,13 @@ def run(model: Path, data: list[dict], layout: str, share: bool, args: argparse.
 
     cls = SharedPrefixSFTTrainer if share else SFTTrainer
     trainer = cls(
-        model=str(model), args=config, train_dataset=Dataset.from_list(data * args.steps),
-        processing_class=AutoTokenizer.from_pretrained(model), peft_config=config.lora_config(), callbacks=[Clock()],
-    )  # fmt: skip
+        model=str(model),
+        args=config,
+        train_dataset=Dataset.from_list(data * args.steps),
+        processing_class=AutoTokenizer.from_pretrained(model),
+        peft_config=config.lora_config(),
+        callbacks=[Clock()],
+    )
     trainer.train()
     if share:
         assert trainer.shared_prefix_calls == args.steps * accumulation and not trainer.fallback_calls
@@ -117,16 +135,20 @@ def main() -> None:
     model = prepare_default_model()
     data = make_examples(AutoTokenizer.from_pretrained(model), args)
     tokens = len(data[0]["input_ids"])
-    print(f"{args.examples} examples x {tokens} tokens ({args.head} head + {args.tail} tail + 3 x {args.part} "
-          f"completion, {args.part} of them a masked tool answer); torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"{args.examples} examples x {tokens} tokens ({args.head} head + {args.tail} tail + 3 x {args.part} "
+        f"completion, {args.part} of them a masked tool answer); torch threads {torch.get_num_threads()}"
+    )
     for layout in args.layouts.split(","):
         timed = {}
         for share in [m == "shared" for m in args.modes.split(",")]:
             steps = run(model, data, layout, share, args)
             timed[share] = statistics.median(steps[1:] or steps)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-            print(f"layout {layout} {'shared head' if share else 'TRL per-row'}: {timed[share]:.2f} s/step "
-                  f"(steps {', '.join(f'{s:.1f}' for s in steps)}; peak RSS of the process so far {rss:.1f} GiB)")  # fmt: skip
+            print(
+                f"layout {layout} {'shared head' if share else 'TRL per-row'}: {timed[share]:.2f} s/step "
+                f"(steps {', '.join(f'{s:.1f}' for s in steps)}; peak RSS of the process so far {rss:.1f} GiB)"
+            )
         if len(timed) == 2:
             print(f"layout {layout}: shared / per-row = {timed[True] / timed[False]:.2f}")
 

@@ -176,10 +176,17 @@ def run_direct(
         rid, aid = rollout.rollout_id, attempt.attempt_id
         rollout_ids.append(rid)
         ctx = RolloutContext(
-            store=store, rollout_id=rid, attempt_id=aid, base_url=rollout_base_url(gateway_url, rid),
-            resources=dict(rollout.resources), default_headers={ATTEMPT_ID_HEADER: aid}, rollout=rollout,
-            worker_id=worker_id, timeout_s=timeout_s, http_client=http.get(),
-        )  # fmt: skip
+            store=store,
+            rollout_id=rid,
+            attempt_id=aid,
+            base_url=rollout_base_url(gateway_url, rid),
+            resources=dict(rollout.resources),
+            default_headers={ATTEMPT_ID_HEADER: aid},
+            rollout=rollout,
+            worker_id=worker_id,
+            timeout_s=timeout_s,
+            http_client=http.get(),
+        )
         try:
             with rollout_context(store, rid, aid):
                 output = agent(task, ctx)
@@ -327,14 +334,23 @@ def main(argv: Sequence[str] | None = None) -> OverheadReport:
                 httpx.post(f"{root}/reset_prefix_cache", headers=admin, timeout=60).raise_for_status()
 
             agent = TauRetailAgent(
-                server.base_url, server.base_model_name, max_user_turns=args.max_user_turns,
-                user_max_tokens=32, graph_options=GRAPH, user_api_key=server.api_key or "agentforge-no-key",
-            )  # fmt: skip
+                server.base_url,
+                server.base_model_name,
+                max_user_turns=args.max_user_turns,
+                user_max_tokens=32,
+                graph_options=GRAPH,
+                user_api_key=server.api_key or "agentforge-no-key",
+            )
             with GatewayServer(store, router) as gateway:
                 report = compare(
-                    store, agent, gateway.url, tasks, workers=args.workers, timeout_s=300.0,
+                    store,
+                    agent,
+                    gateway.url,
+                    tasks,
+                    workers=args.workers,
+                    timeout_s=300.0,
                     before_phase=reset_prefix_cache,
-                )  # fmt: skip
+                )
         store.close()
     print(json.dumps(report.to_dict(), indent=2))
     print(

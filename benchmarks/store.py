@@ -98,9 +98,15 @@ def _rollouts(store: SQLStore | HTTPStore, n: int) -> list[str]:
 
 
 def measure(
-    store: SQLStore | HTTPStore, backend: str, mode: str, writers: int, per_writer: int,
-    write: Callable[[Span], object], pipelined: bool = False, flushed: bool = False,
-) -> Row:  # fmt: skip
+    store: SQLStore | HTTPStore,
+    backend: str,
+    mode: str,
+    writers: int,
+    per_writer: int,
+    write: Callable[[Span], object],
+    pipelined: bool = False,
+    flushed: bool = False,
+) -> Row:
     """Run ``writers`` threads × ``per_writer`` spans through ``write`` with a polling reader
     (``pipelined``: ``store.submit`` all of a writer's spans, then wait for each acknowledgement;
     ``flushed``: ``store.submit_many`` them, then check each span's outcome)."""
@@ -159,10 +165,18 @@ def measure(
         print(f"  {backend}/{mode}: {len(errors)} errors, first: {errors[0]!r}", file=sys.stderr)
     total = writers * per_writer
     return Row(
-        backend, mode, writers, total, round(seconds, 3), round(total / seconds, 1),
-        lost=len(sent - set(stored)), duplicates=len(stored) - len(set(stored)), errors=len(errors),
-        reader_polls=polls[0], reader_errors=poll_errors[0],
-    )  # fmt: skip
+        backend,
+        mode,
+        writers,
+        total,
+        round(seconds, 3),
+        round(total / seconds, 1),
+        lost=len(sent - set(stored)),
+        duplicates=len(stored) - len(set(stored)),
+        errors=len(errors),
+        reader_polls=polls[0],
+        reader_errors=poll_errors[0],
+    )
 
 
 def run_backend(
@@ -231,14 +245,18 @@ def main(argv: list[str] | None = None) -> int:
                 url = f"sqlite:///{Path(tmp) / 'http.db'}" if "sqlite" in name else url
             rows += run_backend(name, url, args.writers, args.spans, baseline_writers=args.writers[0])
     base = {r.backend: r for r in rows if r.mode == "baseline"}
-    print(f"\n{'backend':<14}{'mode':<11}{'writers':>8}{'spans':>7}{'spans/s':>10}{'× base':>8}"
-          f"{'lost':>6}{'dup':>5}{'err':>5}{'polls':>7}{'target':>9}")  # fmt: skip
+    print(
+        f"\n{'backend':<14}{'mode':<11}{'writers':>8}{'spans':>7}{'spans/s':>10}{'× base':>8}"
+        f"{'lost':>6}{'dup':>5}{'err':>5}{'polls':>7}{'target':>9}"
+    )
     for r in rows:
         ratio = r.spans_per_s / base[r.backend].spans_per_s
         target = TARGETS.get(r.backend, 0)
         mark = "" if r.mode == "baseline" else ("met" if r.spans_per_s >= target and not r.lost else "MISSED")
-        print(f"{r.backend:<14}{r.mode:<11}{r.writers:>8}{r.spans:>7}{r.spans_per_s:>10,.0f}{ratio:>7.1f}×"
-              f"{r.lost:>6}{r.duplicates:>5}{r.errors:>5}{r.reader_polls:>7}{target:>8,} {mark}")  # fmt: skip
+        print(
+            f"{r.backend:<14}{r.mode:<11}{r.writers:>8}{r.spans:>7}{r.spans_per_s:>10,.0f}{ratio:>7.1f}×"
+            f"{r.lost:>6}{r.duplicates:>5}{r.errors:>5}{r.reader_polls:>7}{target:>8,} {mark}"
+        )
     if args.json:
         print(json.dumps([asdict(r) for r in rows]))
     return 0

@@ -104,18 +104,27 @@ def main() -> None:
     torch.manual_seed(0)
     batch = torch.randint(0, 49000, (args.batch, args.tokens))
     proc = psutil.Process()
-    step(*(lambda m: (m, torch.optim.AdamW(trainable(m), lr=1e-4)))(get_peft_model(load_base(path), lora_config())), batch)  # fmt: skip
+    step(
+        *(lambda m: (m, torch.optim.AdamW(trainable(m), lr=1e-4)))(
+            get_peft_model(load_base(path), lora_config())
+        ),
+        batch,
+    )
     out = {}
     for name, fn in (("separate loads", separate), ("one base, many adapters", shared)):
         got = fn(path, args.tenants, args.steps, batch)
         got["s_per_step"] = got["step_s"] / (args.tenants * args.steps)
         got["rss_gib"] = proc.memory_info().rss / 2**30
         out[name] = got
-        print(f"{name:>24}: {got['total_s']:6.1f} s in all ({got['load_s']:.1f} s loading, "
-              f"{got['s_per_step']:.2f} s/step), RSS {got['rss_gib']:.2f} GiB")  # fmt: skip
+        print(
+            f"{name:>24}: {got['total_s']:6.1f} s in all ({got['load_s']:.1f} s loading, "
+            f"{got['s_per_step']:.2f} s/step), RSS {got['rss_gib']:.2f} GiB"
+        )
     a, b = out["separate loads"]["total_s"], out["one base, many adapters"]["total_s"]
-    print(f"{args.tenants} tenants x {args.steps} steps: one base with {args.tenants} adapters is {a / b:.2f}x "
-          f"as fast as a model load per tenant")  # fmt: skip
+    print(
+        f"{args.tenants} tenants x {args.steps} steps: one base with {args.tenants} adapters is {a / b:.2f}x "
+        f"as fast as a model load per tenant"
+    )
     print(json.dumps(out))
 
 

@@ -46,12 +46,26 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype):  # type: ignore[no
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     if tiny:
-        config = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+        config = Qwen2Config(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
     else:  # the Qwen2-0.5B shape
-        config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                             tie_word_embeddings=True)  # fmt: skip
+        config = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+        )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -107,8 +121,10 @@ def main() -> None:
         "loss_first_last": [losses[0], losses[-1]],
     }
     print(json.dumps(result, indent=1))
-    print(f"training {result['tokens_per_s']:.0f} tokens/s; MFU {result['mfu']:.1%} of a measured "
-          f"{result['matmul_peak_tflops']:.2f} TFLOP/s matmul peak ({result['dtype']}, {result['device']})")  # fmt: skip
+    print(
+        f"training {result['tokens_per_s']:.0f} tokens/s; MFU {result['mfu']:.1%} of a measured "
+        f"{result['matmul_peak_tflops']:.2f} TFLOP/s matmul peak ({result['dtype']}, {result['device']})"
+    )
 
 
 if __name__ == "__main__":

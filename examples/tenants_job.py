@@ -109,18 +109,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "adapters through its own eval gate; 0: every adapter becomes the tenant's version at once",
     )
     p.add_argument("--gate-max-p", type=float, default=0.1, help="the eval gate's one-sided p-value bound")
-    # fmt: off
-    p.add_argument("--canary-share", type=float, default=0.0,
-                   help="share of the tenant's live rollouts its candidate serves before promotion; 0: no canary")
+    p.add_argument(
+        "--canary-share",
+        type=float,
+        default=0.0,
+        help="share of the tenant's live rollouts its candidate serves before promotion; 0: no canary",
+    )
     p.add_argument("--canary-rollouts", type=int, default=8, help="live rollouts each canary arm must serve")
-    p.add_argument("--rollback-window", type=int, default=0,
-                   help="live rollouts of a promoted version judged for an automatic rollback; 0: no watch")
-    p.add_argument("--live-margin", type=float, default=0.1, help="allowed live-reward shortfall (canary, watch)")
-    p.add_argument("--live-clients", type=int, default=4, help="live customers of the training tenant at a time")
+    p.add_argument(
+        "--rollback-window",
+        type=int,
+        default=0,
+        help="live rollouts of a promoted version judged for an automatic rollback; 0: no watch",
+    )
+    p.add_argument(
+        "--live-margin", type=float, default=0.1, help="allowed live-reward shortfall (canary, watch)"
+    )
+    p.add_argument(
+        "--live-clients", type=int, default=4, help="live customers of the training tenant at a time"
+    )
     p.add_argument("--live-size", type=int, default=40, help="live-customer messages per tenant (test split)")
-    p.add_argument("--live-pause-s", type=float, default=1.0,
-                   help="seconds between a tenant's batches of live customers (unthrottled they slow training)")
-    # fmt: on
+    p.add_argument(
+        "--live-pause-s",
+        type=float,
+        default=1.0,
+        help="seconds between a tenant's batches of live customers (unthrottled they slow training)",
+    )
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/tenants-job"), help="output folder")
@@ -180,10 +194,14 @@ def tenant_tasks(tenant: str, n_train: int, n_eval: int, seed: int) -> tuple[lis
             Task(
                 task_id=f"{tenant}-{split}-{k}",
                 input={"text": t.input["text"], "temperature": temperature},
-                metadata={"label": normalize_intent(str(t.metadata["label"])), "labels": list(labels), "tenant": tenant},
+                metadata={
+                    "label": normalize_intent(str(t.metadata["label"])),
+                    "labels": list(labels),
+                    "tenant": tenant,
+                },
             )
             for k, t in enumerate(picked[:n])
-        ]  # fmt: skip
+        ]
 
     return draw("train", n_train, 1.0), draw("test", n_eval, 0.0)
 
@@ -241,8 +259,13 @@ class Lineage:
             (every adapter becomes the tenant's version at once).
     """
 
-    def __init__(self, store: TraceStore, tenant: str, shared: str,
-                 gate: GatedStorePublisher | GatedPublisher | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: TraceStore,
+        tenant: str,
+        shared: str,
+        gate: GatedStorePublisher | GatedPublisher | None = None,
+    ) -> None:
         self.store, self.tenant, self.shared, self.gate = store, tenant, shared, gate
         self.inner = gate or StorePublisher(store, alias=Version.lineage("policy", tenant))
 
@@ -284,12 +307,18 @@ def evaluate(store: TraceStore, tenant: str, tasks: list[Task], version: str, la
                 )
     top = max(set(answers), key=answers.count) if answers else "-"
     share = answers.count(top) / len(answers) if answers else 0.0
-    return {"acc": sum(scores) / len(scores), "spans": spans, "foreign": foreign, "top": f"{top} {share:.0%}",
-            "scores": scores}  # fmt: skip
+    return {
+        "acc": sum(scores) / len(scores),
+        "spans": spans,
+        "foreign": foreign,
+        "top": f"{top} {share:.0%}",
+        "scores": scores,
+    }
 
 
-def tenant_gate(args: argparse.Namespace, store: TraceStore, tenant: str, shared: str,
-                gate_slice: list[Task]) -> GatedStorePublisher | None:  # fmt: skip
+def tenant_gate(
+    args: argparse.Namespace, store: TraceStore, tenant: str, shared: str, gate_slice: list[Task]
+) -> GatedStorePublisher | None:
     """The tenant's promotion gate: each new adapter is scored against the tenant's live version on ``gate_slice``
     (greedy rollouts of the tenant, pinned to the version); ``None`` without a slice."""
     if not gate_slice:
@@ -302,8 +331,9 @@ def tenant_gate(args: argparse.Namespace, store: TraceStore, tenant: str, shared
     return GatedStorePublisher(store, Version.lineage("policy", tenant), scores, gate, fallback=shared)
 
 
-def live_gate(args: argparse.Namespace, store: TraceStore, adapters: TenantAdapters, tenant: str,
-              gate_slice: list[Task]) -> GatedPublisher:  # fmt: skip
+def live_gate(
+    args: argparse.Namespace, store: TraceStore, adapters: TenantAdapters, tenant: str, gate_slice: list[Task]
+) -> GatedPublisher:
     """The tenant's whole promotion gate, run in the gateway's process: eval gate on ``gate_slice`` (if any), then a
     canary on a sticky share of the tenant's own live rollouts, then a watch that rolls the tenant back
     (:class:`~agentforge.serving.lineage.TenantLineage`; decisions stored under ``promotion:policy@<tenant>``)."""
@@ -313,11 +343,13 @@ def live_gate(args: argparse.Namespace, store: TraceStore, adapters: TenantAdapt
 
     margin = args.live_margin
     return GatedPublisher(
-        TenantLineage(adapters, store, tenant), store, evaluate=scores if gate_slice else None,
+        TenantLineage(adapters, store, tenant),
+        store,
+        evaluate=scores if gate_slice else None,
         gate=EvalGate(max_p=args.gate_max_p, min_gain=0.0),
         canary=CanaryRule(args.canary_share, args.canary_rollouts, margin) if args.canary_share > 0 else None,
         rollback=RollbackRule(args.rollback_window, margin) if args.rollback_window > 0 else None,
-    )  # fmt: skip
+    )
 
 
 class LiveCustomers:
@@ -365,19 +397,44 @@ class LiveCustomers:
             self._stop.wait(self.pause_s)
 
 
-def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenant: str, shared: str,
-                 train: list[Task], gate_slice: list[Task], adapters: TenantAdapters,
-                 live: list[Task]) -> tuple[str, int, float, list[Decision]]:  # fmt: skip
+def train_tenant(
+    args: argparse.Namespace,
+    store: TraceStore,
+    model: Path,
+    tenant: str,
+    shared: str,
+    train: list[Task],
+    gate_slice: list[Task],
+    adapters: TenantAdapters,
+    live: list[Task],
+) -> tuple[str, int, float, list[Decision]]:
     """GRPO + LoRA on ``tenant``'s rollouts only, with its live customers (``live``) while the promotion gate needs
     them; returns (its served version, steps, seconds, gate decisions)."""
     config = TrainConfig(
-        output_dir=str(args.out / tenant), seed=args.seed, data_seed=args.seed, num_generations=args.group_size,
-        tasks_per_step=args.tasks_per_step, max_steps=args.steps, swap_every=args.swap_every,
-        learning_rate=args.learning_rate, beta=args.beta, lr_scheduler_type="constant", lora_r=16, lora_alpha=32,
-        max_completion_length=8, logging_steps=1, save_strategy="steps", save_steps=args.swap_every,
-        save_total_limit=1, report_to=["none"], use_cpu=True, bf16=True, gradient_checkpointing=False,
-        rollout_timeout_s=120, wait_timeout_s=900,
-    )  # fmt: skip
+        output_dir=str(args.out / tenant),
+        seed=args.seed,
+        data_seed=args.seed,
+        num_generations=args.group_size,
+        tasks_per_step=args.tasks_per_step,
+        max_steps=args.steps,
+        swap_every=args.swap_every,
+        learning_rate=args.learning_rate,
+        beta=args.beta,
+        lr_scheduler_type="constant",
+        lora_r=16,
+        lora_alpha=32,
+        max_completion_length=8,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=args.swap_every,
+        save_total_limit=1,
+        report_to=["none"],
+        use_cpu=True,
+        bf16=True,
+        gradient_checkpointing=False,
+        rollout_timeout_s=120,
+        wait_timeout_s=900,
+    )
     live_gated = args.canary_share > 0 or args.rollback_window > 0
     gate = (
         live_gate(args, store, adapters, tenant, gate_slice)
@@ -386,10 +443,17 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
     )
     lineage = Lineage(store, tenant, shared, gate)
     source = RolloutSource(
-        store, {t.task_id: t for t in train}, config.num_generations, lineage.current, alias=config.alias,
-        timeout_s=config.rollout_timeout_s, max_attempts=config.rollout_max_attempts,
-        wait_timeout_s=config.wait_timeout_s, max_staleness=config.max_staleness, tenant=tenant,
-    )  # fmt: skip
+        store,
+        {t.task_id: t for t in train},
+        config.num_generations,
+        lineage.current,
+        alias=config.alias,
+        timeout_s=config.rollout_timeout_s,
+        max_attempts=config.rollout_max_attempts,
+        wait_timeout_s=config.wait_timeout_s,
+        max_staleness=config.max_staleness,
+        tenant=tenant,
+    )
     trainer = LightningTrainer(model, store, train, config, lineage, source=source)
     source.placeholder = trainer.placeholder_token_id
     t0 = time.monotonic()
@@ -407,15 +471,32 @@ def train_tenant(args: argparse.Namespace, store: TraceStore, model: Path, tenan
 def tenant_table(tenant: str, r: dict[str, Any]) -> Table:
     """One tenant's table: the shared policy and the tenant's own adapter on its held-out split."""
     dataset, labels = TENANTS[tenant]
-    table = Table(title=f"tenant {tenant} ({dataset}: {', '.join(labels)}; {r['n_eval']} held-out, greedy)",
-                  box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
+    table = Table(
+        title=f"tenant {tenant} ({dataset}: {', '.join(labels)}; {r['n_eval']} held-out, greedy)",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+    )
     for col in ("policy", "version", "acc", "Δ", "minutes", "top answer", "foreign spans"):
         table.add_column(col, justify="left" if col in ("policy", "version", "top answer") else "right")
     b, a = r["before"], r["after"]
-    table.add_row("shared", r["shared"], f"{b['acc']:.3f}", "", f"{r['eval_before_s'] / 60:.1f}", b["top"],
-                  f"{b['foreign']}/{b['spans']}")  # fmt: skip
-    table.add_row("own adapter", r["version"], f"{a['acc']:.3f}", f"{a['acc'] - b['acc']:+.3f}",
-                  f"{r['train_s'] / 60:.1f} train", a["top"], f"{a['foreign']}/{a['spans']}")  # fmt: skip
+    table.add_row(
+        "shared",
+        r["shared"],
+        f"{b['acc']:.3f}",
+        "",
+        f"{r['eval_before_s'] / 60:.1f}",
+        b["top"],
+        f"{b['foreign']}/{b['spans']}",
+    )
+    table.add_row(
+        "own adapter",
+        r["version"],
+        f"{a['acc']:.3f}",
+        f"{a['acc'] - b['acc']:+.3f}",
+        f"{r['train_s'] / 60:.1f} train",
+        a["top"],
+        f"{a['foreign']}/{a['spans']}",
+    )
     return table
 
 
@@ -453,28 +534,47 @@ def main(argv: list[str] | None = None) -> int:
             gateway_key = secrets.token_urlsafe(24)  # the app's own key; tenants call with their tenant keys
             keys = {tenant: store.tenant_keys.issue(tenant) for tenant in TENANTS}
             directory = TenantKeyCache(store.tenant_keys)
-            with GatewayServer(store, router, api_key=gateway_key, tenants=directory, tenant_models=adapters) as gateway, Runner(
-                store, intent_agent(keys), gateway.url, workers=args.workers, engine=engine_endpoint(server),
-                gateway_api_key=gateway_key,
-            ):  # fmt: skip
+            with (
+                GatewayServer(
+                    store, router, api_key=gateway_key, tenants=directory, tenant_models=adapters
+                ) as gateway,
+                Runner(
+                    store,
+                    intent_agent(keys),
+                    gateway.url,
+                    workers=args.workers,
+                    engine=engine_endpoint(server),
+                    gateway_api_key=gateway_key,
+                ),
+            ):
                 for tenant, (_, held_out) in data.items():
                     t0 = time.monotonic()
                     before = evaluate(store, tenant, held_out, shared, "before")
-                    results[tenant] = {"shared": shared, "before": before, "eval_before_s": time.monotonic() - t0,
-                                       "n_eval": len(held_out)}  # fmt: skip
+                    results[tenant] = {
+                        "shared": shared,
+                        "before": before,
+                        "eval_before_s": time.monotonic() - t0,
+                        "n_eval": len(held_out),
+                    }
                     console.print(f"{tenant}: shared {shared} held-out {before['acc']:.3f}")
                 for tenant, (train, held_out) in data.items():
                     version, steps, train_s, decisions = train_tenant(
                         args, store, model, tenant, shared, train, gates[tenant], adapters, lives[tenant]
                     )
                     after = evaluate(store, tenant, held_out, version, "after")
-                    results[tenant].update(version=version, steps=steps, train_s=train_s, after=after,
-                                           decisions=[f"{d.stage} {d.outcome} {d.candidate}: {d.reason}"
-                                                      for d in decisions])  # fmt: skip
+                    results[tenant].update(
+                        version=version,
+                        steps=steps,
+                        train_s=train_s,
+                        after=after,
+                        decisions=[f"{d.stage} {d.outcome} {d.candidate}: {d.reason}" for d in decisions],
+                    )
                     for d in decisions:
                         console.print(f"{tenant} gate: {d.stage} {d.outcome} {d.candidate} — {d.reason}")
-                    console.print(f"{tenant}: {steps} steps in {train_s / 60:.1f} min, {version} held-out "
-                                  f"{after['acc']:.3f}")  # fmt: skip
+                    console.print(
+                        f"{tenant}: {steps} steps in {train_s / 60:.1f} min, {version} held-out "
+                        f"{after['acc']:.3f}"
+                    )
         finally:
             metrics = adapters.metrics()
             adapters.close()
@@ -482,13 +582,18 @@ def main(argv: list[str] | None = None) -> int:
     for tenant, r in results.items():
         if "after" in r:
             console.print(tenant_table(tenant, r))
-    console.print(f"one vLLM, one gateway, {len(TENANTS)} tenants: {minutes:.1f} min in all; tenant adapters "
-                  f"{ {k: round(v, 3) for k, v in metrics.items()} }")  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps({"results": results, "minutes": minutes,
-                                                        "adapters": metrics}, indent=1))  # fmt: skip
+    console.print(
+        f"one vLLM, one gateway, {len(TENANTS)} tenants: {minutes:.1f} min in all; tenant adapters "
+        f"{ {k: round(v, 3) for k, v in metrics.items()} }"
+    )
+    (args.out / "results.json").write_text(
+        json.dumps({"results": results, "minutes": minutes, "adapters": metrics}, indent=1)
+    )
     store.close()
-    ok = all("after" in r and r["after"]["acc"] > r["before"]["acc"] and r["after"]["foreign"] == 0
-             for r in results.values())  # fmt: skip
+    ok = all(
+        "after" in r and r["after"]["acc"] > r["before"]["acc"] and r["after"]["foreign"] == 0
+        for r in results.values()
+    )
     return 0 if ok and len(results) == len(TENANTS) else 1
 
 

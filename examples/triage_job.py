@@ -63,23 +63,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swap-every", type=int, default=5, help="hot-swap the adapter every k steps")
     p.add_argument("--learning-rate", type=float, default=3e-4, help="LoRA learning rate (constant)")
     p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--beta", type=float, default=0.04,
-                   help="KL coefficient to the base policy (DeepSeekMath's 0.04; 0 = TRL's default, no KL)")  # fmt: skip
+    p.add_argument(
+        "--beta",
+        type=float,
+        default=0.04,
+        help="KL coefficient to the base policy (DeepSeekMath's 0.04; 0 = TRL's default, no KL)",
+    )
     p.add_argument("--train-size", type=int, default=800, help="training messages (Bitext train split)")
     p.add_argument("--eval-size", type=int, default=150, help="held-out messages (Bitext test split)")
-    p.add_argument("--balanced", action=argparse.BooleanOptionalAction, default=False,
-                   help="equal training messages per category (the held-out set stays natural)")  # fmt: skip
+    p.add_argument(
+        "--balanced",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="equal training messages per category (the held-out set stays natural)",
+    )
     p.add_argument("--workers", type=int, default=16, help="runner threads (vLLM batches their calls)")
     p.add_argument("--out", type=Path, default=Path("runs/triage-job"), help="output folder")
-    p.add_argument("--report-to", nargs="+", default=["none"],
-                   help="also log step metrics to these transformers integrations (e.g. tensorboard: event "
-                        "files in OUT/seed-N/runs; needs the tensorboard package); each step's metrics are in "
-                        "OUT/seed-N/metrics.jsonl either way")  # fmt: skip
+    p.add_argument(
+        "--report-to",
+        nargs="+",
+        default=["none"],
+        help="also log step metrics to these transformers integrations (e.g. tensorboard: event "
+        "files in OUT/seed-N/runs; needs the tensorboard package); each step's metrics are in "
+        "OUT/seed-N/metrics.jsonl either way",
+    )
     return p.parse_args(argv)
 
 
-def train_seed(args: argparse.Namespace, seed: int, store: TraceStore, swapper: HotSwapper, model: Path,
-               train: list[Task]) -> tuple[LightningTrainer, float]:  # fmt: skip
+def train_seed(
+    args: argparse.Namespace,
+    seed: int,
+    store: TraceStore,
+    swapper: HotSwapper,
+    model: Path,
+    train: list[Task],
+) -> tuple[LightningTrainer, float]:
     """Train one seed from the base policy; returns the trainer and the wall-clock seconds."""
     swapper.reset_to_base()
     swapper.wait_drained(timeout_s=120)
@@ -120,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_default_model()
     train, held_out = bitext_triage_tasks(args.train_size, args.eval_size, balanced=args.balanced)
     store = open_store(f"sqlite:///{(args.out / 'traces.db').resolve()}")
-    console.print(f"[bold]agentforge triage job[/]: {len(train)} training / {len(held_out)} held-out messages, "
-                  f"{len(CATEGORIES)} categories")  # fmt: skip
+    console.print(
+        f"[bold]agentforge triage job[/]: {len(train)} training / {len(held_out)} held-out messages, "
+        f"{len(CATEGORIES)} categories"
+    )
     console.print(f"seeds {args.seeds}, {args.steps} steps each, {args.group_size} rollouts per task")
     stack = LocalStack(
         store, triage_agent, model=model, workers=args.workers, max_lora_rank=max(16, args.lora_r)
@@ -140,10 +160,21 @@ def main(argv: list[str] | None = None) -> int:
             version = stack.router.alias("policy")
             after = evaluate_tasks(store, held_out, {"policy": version}, label=f"after-seed-{seed}")
             steps = trainer.trainer.state.global_step
-            console.print(f"seed {seed}: {steps} steps in {train_s:.0f}s ({train_s / max(steps, 1):.1f} s/step), "
-                          f"{version} held-out accuracy {after:.3f}")  # fmt: skip
-            results.append({"seed": seed, "version": version, "after": after, "train_s": train_s,
-                            "steps": steps, "versions": trainer.versions, "history": trainer.history})  # fmt: skip
+            console.print(
+                f"seed {seed}: {steps} steps in {train_s:.0f}s ({train_s / max(steps, 1):.1f} s/step), "
+                f"{version} held-out accuracy {after:.3f}"
+            )
+            results.append(
+                {
+                    "seed": seed,
+                    "version": version,
+                    "after": after,
+                    "train_s": train_s,
+                    "steps": steps,
+                    "versions": trainer.versions,
+                    "history": trainer.history,
+                }
+            )
     report(args, before, stack.base_version, results, store)
     store.close()
     return 0 if statistics.mean(r["after"] for r in results) > before else 1
@@ -200,15 +231,23 @@ def results_table(before: float, base_version: str, base_top: str, results: list
     table.add_column("top answer")
     table.add_row("base", base_version, "0", "-", f"{before:.3f}", "", base_top)
     for r in results:
-        table.add_row(str(r["seed"]), r["version"], str(r["steps"]), f"{r['train_s'] / max(r['steps'], 1):.1f}",
-                      f"{r['after']:.3f}", f"{r['after'] - before:+.3f}", r["top_answer"])  # fmt: skip
+        table.add_row(
+            str(r["seed"]),
+            r["version"],
+            str(r["steps"]),
+            f"{r['train_s'] / max(r['steps'], 1):.1f}",
+            f"{r['after']:.3f}",
+            f"{r['after'] - before:+.3f}",
+            r["top_answer"],
+        )
     table.add_section()
     table.add_row("mean", "", "", "", f"{mean:.3f}", f"{mean - before:+.3f}", "")
     return table
 
 
-def report(args: argparse.Namespace, before: float, base_version: str, results: list[dict],
-           store: TraceStore) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace, before: float, base_version: str, results: list[dict], store: TraceStore
+) -> None:
     """Print the before/after table; write reward_curve.png, report.md and results.json."""
     for r in results:
         r["top_answer"] = top_answer(store, f"after-seed-{r['seed']}")
@@ -231,7 +270,7 @@ def report(args: argparse.Namespace, before: float, base_version: str, results: 
         + ", ".join(
             f"seed {r['seed']} → {r['after']:.3f} ({r['version']}, most frequent answer {r['top_answer']})"
             for r in results
-        ),  # fmt: skip
+        ),
         f"- rollouts stored: {dict(counts)}",
         f"- reward curve: {png.name}",
     ]

@@ -251,10 +251,17 @@ def apply_retention(
                 g[1] += 1
                 g[2] += finals[rid]
         aggregates = [
-            {"day": d, "agent": a, "state": st, "rollouts": n, "rewarded": k, "reward_sum": total,
-             "reward_mean": total / k if k else None}
+            {
+                "day": d,
+                "agent": a,
+                "state": st,
+                "rollouts": n,
+                "rewarded": k,
+                "reward_sum": total,
+                "reward_mean": total / k if k else None,
+            }
             for (d, a, st), (n, k, total) in sorted(groups.items())
-        ]  # fmt: skip
+        ]
         counts = _delete(s, ids)
         orphans = s.execute(  # spans recorded without a rollout (unattributed calls) age out too
             delete(SpanRow).where(SpanRow.rollout_id.is_(None), SpanRow.started_at < cutoff)  # type: ignore[union-attr]

@@ -166,8 +166,16 @@ class SpanBuilder:
             parent = span_id_of("span", reward.span_id)
         else:
             parent = _parent_of(reward.rollout_id, reward.attempt_id)
-        self._emit(f"reward {reward.name}", span_id_of("reward", reward.reward_id), parent,
-                   trace_id_of(reward.rollout_id), SpanKind.INTERNAL, reward.created_at, reward.created_at, attrs)  # fmt: skip
+        self._emit(
+            f"reward {reward.name}",
+            span_id_of("reward", reward.reward_id),
+            parent,
+            trace_id_of(reward.rollout_id),
+            SpanKind.INTERNAL,
+            reward.created_at,
+            reward.created_at,
+            attrs,
+        )
 
     def attempt(self, rollout: Rollout, attempt: Attempt) -> None:
         """An ended attempt: the ``invoke_agent`` span its calls hang under."""
@@ -182,9 +190,17 @@ class SpanBuilder:
             "agentforge.worker.id": attempt.worker_id,
         }
         error = None if attempt.state is AttemptState.succeeded else (attempt.error or str(attempt.state))
-        self._emit(" ".join(filter(None, ("invoke_agent", rollout.agent))), span_id_of("attempt", attempt.attempt_id),
-                   span_id_of("rollout", rollout.rollout_id), trace_id_of(rollout.rollout_id), SpanKind.INTERNAL,
-                   attempt.started_at, attempt.ended_at or attempt.heartbeat_at, attrs, error)  # fmt: skip
+        self._emit(
+            " ".join(filter(None, ("invoke_agent", rollout.agent))),
+            span_id_of("attempt", attempt.attempt_id),
+            span_id_of("rollout", rollout.rollout_id),
+            trace_id_of(rollout.rollout_id),
+            SpanKind.INTERNAL,
+            attempt.started_at,
+            attempt.ended_at or attempt.heartbeat_at,
+            attrs,
+            error,
+        )
 
     def rollout(self, rollout: Rollout, final_reward: Reward | None) -> None:
         """A finished rollout: the trace's root span."""
@@ -202,9 +218,17 @@ class SpanBuilder:
         if final_reward is not None and final_reward.value is not None:
             attrs["agentforge.reward"] = final_reward.value
         error = None if rollout.state is RolloutState.succeeded else (rollout.error or str(rollout.state))
-        self._emit(" ".join(filter(None, ("rollout", rollout.agent))), span_id_of("rollout", rollout.rollout_id),
-                   None, trace_id_of(rollout.rollout_id), SpanKind.INTERNAL, rollout.created_at,
-                   rollout.updated_at, attrs, error)  # fmt: skip
+        self._emit(
+            " ".join(filter(None, ("rollout", rollout.agent))),
+            span_id_of("rollout", rollout.rollout_id),
+            None,
+            trace_id_of(rollout.rollout_id),
+            SpanKind.INTERNAL,
+            rollout.created_at,
+            rollout.updated_at,
+            attrs,
+            error,
+        )
 
     # --- attributes ----------------------------------------------------------------------------------
     def _llm(self, span: Span, attrs: dict[str, Any]) -> tuple[str, SpanKind]:
@@ -214,17 +238,19 @@ class SpanBuilder:
         usage = llm.usage
         inputs = usage.get("prompt_tokens", len(llm.prompt_token_ids or ()))
         outputs = usage.get("completion_tokens", len(llm.completion_token_ids or ()))
-        attrs.update({
-            gen_ai.GEN_AI_OPERATION_NAME: op,
-            gen_ai.GEN_AI_PROVIDER_NAME: PROVIDER,
-            gen_ai.GEN_AI_REQUEST_MODEL: llm.model,
-            gen_ai.GEN_AI_RESPONSE_MODEL: llm.version or llm.model,
-            gen_ai.GEN_AI_REQUEST_STREAM: llm.stream,
-            gen_ai.GEN_AI_USAGE_INPUT_TOKENS: int(inputs),
-            gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: int(outputs),
-            "agentforge.version": llm.version,
-            "agentforge.trainable": llm.trainable,
-        })  # fmt: skip
+        attrs.update(
+            {
+                gen_ai.GEN_AI_OPERATION_NAME: op,
+                gen_ai.GEN_AI_PROVIDER_NAME: PROVIDER,
+                gen_ai.GEN_AI_REQUEST_MODEL: llm.model,
+                gen_ai.GEN_AI_RESPONSE_MODEL: llm.version or llm.model,
+                gen_ai.GEN_AI_REQUEST_STREAM: llm.stream,
+                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: int(inputs),
+                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: int(outputs),
+                "agentforge.version": llm.version,
+                "agentforge.trainable": llm.trainable,
+            }
+        )
         if llm.finish_reason:
             attrs[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = [llm.finish_reason]
         if llm.tool_calls:
@@ -258,11 +284,13 @@ class SpanBuilder:
         return f"{op} {llm.model}".strip(), SpanKind.CLIENT
 
     def _tool(self, span: Span, attrs: dict[str, Any]) -> str:
-        attrs.update({
-            gen_ai.GEN_AI_OPERATION_NAME: _OPS.EXECUTE_TOOL.value,
-            gen_ai.GEN_AI_TOOL_NAME: span.name,
-            gen_ai.GEN_AI_TOOL_TYPE: "function",
-        })  # fmt: skip
+        attrs.update(
+            {
+                gen_ai.GEN_AI_OPERATION_NAME: _OPS.EXECUTE_TOOL.value,
+                gen_ai.GEN_AI_TOOL_NAME: span.name,
+                gen_ai.GEN_AI_TOOL_TYPE: "function",
+            }
+        )
         call_id = span.attributes.get("tool_call_id")
         if call_id:
             attrs[gen_ai.GEN_AI_TOOL_CALL_ID] = str(call_id)
@@ -355,7 +383,13 @@ def _input_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
             parts.append({"type": "text", "content": _text(content)})
         for call in message.get("tool_calls") or ():
             function = call.get("function", {}) if isinstance(call, dict) else {}
-            parts.append({"type": "tool_call", "id": call.get("id") if isinstance(call, dict) else None,
-                          "name": function.get("name"), "arguments": function.get("arguments")})  # fmt: skip
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id") if isinstance(call, dict) else None,
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments"),
+                }
+            )
         out.append({"role": role, "parts": parts})
     return out

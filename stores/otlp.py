@@ -361,8 +361,10 @@ class OTLPExport:
             logger.warning(
                 "OTLP export is dropping spans (collector unreachable or too slow): %d refused by the full queue, "
                 "%d in failed exports, %d exported so far",
-                counts["dropped_queue_full"], counts["dropped_export_failed"], counts["exported"],
-            )  # fmt: skip
+                counts["dropped_queue_full"],
+                counts["dropped_export_failed"],
+                counts["exported"],
+            )
 
     def _resource(self) -> Any:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource

@@ -265,8 +265,13 @@ def store_router(
     ) -> Response:
         return _call(
             st.list_rollouts,
-            state=state, group_id=group_id, agent=agent, since=since, limit=limit, tenant=tenant,
-        )  # fmt: skip
+            state=state,
+            group_id=group_id,
+            agent=agent,
+            since=since,
+            limit=limit,
+            tenant=tenant,
+        )
 
     @r.post("/rollouts/claim")
     def claim(

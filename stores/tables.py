@@ -272,7 +272,18 @@ def _llm_record(llm: LLMCall) -> bytes:
 
 
 #: The columns :func:`span_cells` fills, in its order: all but ``seq``, ``rollout_id``, ``attempt_id`` (stamped).
-SPAN_CELLS = ("span_id", "kind", "name", "status", "error", "llm_json", "attributes_json", "started_at", "ended_at", "tenant")  # fmt: skip
+SPAN_CELLS = (
+    "span_id",
+    "kind",
+    "name",
+    "status",
+    "error",
+    "llm_json",
+    "attributes_json",
+    "started_at",
+    "ended_at",
+    "tenant",
+)
 #: The indexes in :data:`SPAN_CELLS` of the JSON columns, which ``span_cells(utf8=True)`` leaves as bytes.
 SPAN_JSON_CELLS = (5, 6)
 

@@ -141,10 +141,15 @@ class SpanTemperatures:
             with _scaled_last_hidden(model, scale[start:end], input_ids.size(1)):
                 parts.append(
                     base(
-                        model, input_ids[start:end], attention_mask[start:end], logits_to_keep, end - start,
-                        *args, **kwargs,
+                        model,
+                        input_ids[start:end],
+                        attention_mask[start:end],
+                        logits_to_keep,
+                        end - start,
+                        *args,
+                        **kwargs,
                     )
-                )  # fmt: skip
+                )
         logps = torch.cat([p[0] for p in parts])
         entropies = None if parts[0][1] is None else torch.cat([p[1] for p in parts if p[1] is not None])
         aux = None if parts[0][2] is None else torch.stack([p[2] for p in parts if p[2] is not None]).mean()

@@ -301,8 +301,9 @@ class LightningTrainer:
             logger.warning(
                 "resuming from %s, which is not a full checkpoint; it lacks: %s. Training continues from its "
                 "adapter weights and step counter, but this is not a true continuation of the interrupted run",
-                resume.checkpoint, "; ".join(resume.missing),
-            )  # fmt: skip
+                resume.checkpoint,
+                "; ".join(resume.missing),
+            )
         if self.is_main_process:
             attributes = {"run_id": self.run_id, "checkpoint": resume.checkpoint, "missing": resume.missing}
             try:
@@ -367,8 +368,10 @@ class LightningTrainer:
                 "step %d: not publishing a new %s version: no batch since the last published version had a "
                 "non-zero advantage (every group's rewards were equal), so the adapter got no gradient; %s keeps "
                 "serving (publish_without_signal=True publishes anyway)",
-                step, self.config.alias, self.publisher.current(),
-            )  # fmt: skip
+                step,
+                self.config.alias,
+                self.publisher.current(),
+            )
             return None
         path = self.adapter_dir / f"step-{step}"
         self.trainer.model.save_pretrained(path)

@@ -142,8 +142,10 @@ def load_optimizer_state(optimizer: Any, model: Any, folder: str | Path) -> dict
     if problem is not None:
         logger.warning(
             "not loading the optimizer state of %s: %s; this round starts with a fresh optimizer (Adam's moments at "
-            "zero)", path, problem,
-        )  # fmt: skip
+            "zero)",
+            path,
+            problem,
+        )
         return None
     index = {id(p): i for i, p in enumerate(p for group in inner.param_groups for p in group["params"])}
     state = {index[id(p)]: saved["state"][n] for n, p in named if n in saved["state"]}

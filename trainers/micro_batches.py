@@ -68,8 +68,10 @@ def group_shuffle(batch: dict[str, Any]) -> dict[str, Any]:
     """
     ids = batch["prompt_ids"]
     mask = batch.get("prompt_mask")
-    keys = [bytes(row[m.bool()].cpu().numpy()) if mask is not None else bytes(row.cpu().numpy())
-            for row, m in zip(ids, mask if mask is not None else ids, strict=True)]  # fmt: skip
+    keys = [
+        bytes(row[m.bool()].cpu().numpy()) if mask is not None else bytes(row.cpu().numpy())
+        for row, m in zip(ids, mask if mask is not None else ids, strict=True)
+    ]
     groups: dict[bytes, list[int]] = {}
     for row, key in enumerate(keys):
         groups.setdefault(key, []).append(row)

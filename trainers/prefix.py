@@ -302,9 +302,13 @@ def _prompt_cache(
             extra["position_ids"] = head + (torch.arange(width, device=device) - pad).clamp(min=0)
         with autocast():
             out = model(
-                input_ids=tail_ids, attention_mask=mask, use_cache=True, logits_to_keep=1,
-                **extra, **{cache_kw: cache},
-            )  # fmt: skip
+                input_ids=tail_ids,
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+                **{cache_kw: cache},
+            )
         cache = _output_cache(out)
     return {cache_kw: cache}, mask, lengths
 
@@ -400,6 +404,12 @@ class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
                 return logps, entropies, None
         self.fallback_calls += 1
         return super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
             **extra,
-        )  # fmt: skip
+        )

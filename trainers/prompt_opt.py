@@ -103,8 +103,9 @@ class RolloutPromptAdapter:
         """The version holding ``template``: an existing one, else a new unactivated one."""
         if template not in self.versions:
             meta = {"source": "prompt_opt", "run_id": self.run_id}
-            self.versions[template] = publish_prompt(self.store, self.name, template, activate=False,
-                                                     metadata=meta).version  # fmt: skip
+            self.versions[template] = publish_prompt(
+                self.store, self.name, template, activate=False, metadata=meta
+            ).version
         return self.versions[template]
 
     def run(self, tasks: Sequence[Task], version: int, *, budget: bool = True) -> list[dict[str, Any]]:
@@ -124,11 +125,17 @@ class RolloutPromptAdapter:
             )
         try:
             rollouts = enqueue_tasks(
-                self.store, tasks, resources={self.name: str(version)}, agent=self.agent, max_attempts=2,
-                timeout_s=self.timeout_s, metadata={"prompt_opt": self.run_id, "prompt_version": version},
-            )  # fmt: skip
-            done = wait_for_rollouts(self.store, [r.rollout_id for r in rollouts], self.wait_timeout_s,
-                                     check=self.check)  # fmt: skip
+                self.store,
+                tasks,
+                resources={self.name: str(version)},
+                agent=self.agent,
+                max_attempts=2,
+                timeout_s=self.timeout_s,
+                metadata={"prompt_opt": self.run_id, "prompt_version": version},
+            )
+            done = wait_for_rollouts(
+                self.store, [r.rollout_id for r in rollouts], self.wait_timeout_s, check=self.check
+            )
         except Exception as exc:
             self.error = exc
             raise
@@ -146,8 +153,12 @@ class RolloutPromptAdapter:
         self.failed += 0 if ok else 1
         spans = self.store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm, valid_only=True)
         text = "\n".join(s.llm.response_text for s in spans if s.llm is not None)
-        return {"rollout_id": rollout_id, "state": state.value, "output": text,
-                "score": float(reward.value) if ok else 0.0}  # fmt: skip
+        return {
+            "rollout_id": rollout_id,
+            "state": state.value,
+            "output": text,
+            "score": float(reward.value) if ok else 0.0,
+        }
 
     # --- the GEPAAdapter protocol -------------------------------------------------------------------
     def evaluate(
@@ -294,23 +305,43 @@ def optimize_prompt(
     t0 = time.monotonic()
     if not list_prompts(store, name):  # an empty store: the seed becomes version 1, active
         publish_prompt(store, name, seed_prompt, activate=True, metadata={"source": "seed"})
-    progress = Progress(TextColumn("[bold]GEPA[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), disable=not show_progress)  # fmt: skip
+    progress = Progress(
+        TextColumn("[bold]GEPA[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+    )
     bar = progress.add_task("rollouts", total=max_rollouts)
     adapter = RolloutPromptAdapter(
-        store, name, max_rollouts, feedback=feedback, agent=agent, timeout_s=rollout_timeout_s, check=check,
+        store,
+        name,
+        max_rollouts,
+        feedback=feedback,
+        agent=agent,
+        timeout_s=rollout_timeout_s,
+        check=check,
         progress=(progress, bar),
-    )  # fmt: skip
+    )
     seed_v = adapter.version_for(seed_prompt)
     log, first_call = _Log(), len(reflection.calls)
     with progress:
         result = gepa.optimize(
-            seed_candidate={name: seed_prompt}, trainset=list(trainset), valset=list(valset), adapter=adapter,
-            reflection_lm=reflection, reflection_prompt_template=reflection.template,
-            reflection_minibatch_size=minibatch_size, max_metric_calls=max_rollouts,
+            seed_candidate={name: seed_prompt},
+            trainset=list(trainset),
+            valset=list(valset),
+            adapter=adapter,
+            reflection_lm=reflection,
+            reflection_prompt_template=reflection.template,
+            reflection_minibatch_size=minibatch_size,
+            max_metric_calls=max_rollouts,
             stop_callbacks=[lambda _state: adapter.exhausted or adapter.error is not None],
-            use_merge=use_merge, seed=seed, logger=log, raise_on_exception=False, display_progress_bar=False,
-        )  # fmt: skip
+            use_merge=use_merge,
+            seed=seed,
+            logger=log,
+            raise_on_exception=False,
+            display_progress_bar=False,
+        )
     if adapter.error is not None:
         raise adapter.error
     candidates = [
@@ -321,7 +352,7 @@ def optimize_prompt(
             val_score=result.val_aggregate_scores[i],
             parents=[p for p in result.parents[i] if p is not None],
             discovered_at=result.discovery_eval_counts[i],
-        )  # fmt: skip
+        )
         for i, c in enumerate(result.candidates)
     ]
     best, seed_cand = candidates[result.best_idx], candidates[0]
@@ -341,23 +372,58 @@ def optimize_prompt(
         seed_ref, best_ref = str(Version(name, seed_cand.version)), str(Version(name, best.version))
         verdict = EvalGate(max_p=max_p, min_gain=min_gain).judge(before, after, seed=seed)
         significance, better = verdict.test, verdict.passed
-        evidence = {**verdict.evidence(), "live_scores": before, "candidate_scores": after, "basis": basis,
-                    "max_p": max_p, "min_gain": min_gain}  # fmt: skip
-        record_decision(store, Decision(name, "eval", "passed" if better else "refused", best_ref, seed_ref,
-                                        f"{basis} set: {verdict.reason}", evidence))  # fmt: skip
+        evidence = {
+            **verdict.evidence(),
+            "live_scores": before,
+            "candidate_scores": after,
+            "basis": basis,
+            "max_p": max_p,
+            "min_gain": min_gain,
+        }
+        record_decision(
+            store,
+            Decision(
+                name,
+                "eval",
+                "passed" if better else "refused",
+                best_ref,
+                seed_ref,
+                f"{basis} set: {verdict.reason}",
+                evidence,
+            ),
+        )
         if better and promoter is not None:  # the canary on live traffic decides the rest (and records it)
             live_v = next((r.version for r in list_prompts(store, name) if r.active), seed_cand.version)
             better = promoter.promote(best.version, live=live_v) == best.version
         elif better:
             store.activate_resource(name, best.version)
-            record_decision(store, Decision(name, "promote", "promoted", best_ref, seed_ref,
-                                            f"{best_ref} is the active prompt (was {seed_ref})"))  # fmt: skip
+            record_decision(
+                store,
+                Decision(
+                    name,
+                    "promote",
+                    "promoted",
+                    best_ref,
+                    seed_ref,
+                    f"{best_ref} is the active prompt (was {seed_ref})",
+                ),
+            )
     return PromptOptResult(
-        name=name, seed_version=seed_v, candidates=candidates, best_index=best.index,
-        activated_version=best.version if better else None, decided_on=basis, budget=max_rollouts,
-        rollouts_used=adapter.used, extra_rollouts=adapter.extra, failed_rollouts=adapter.failed,
+        name=name,
+        seed_version=seed_v,
+        candidates=candidates,
+        best_index=best.index,
+        activated_version=best.version if better else None,
+        decided_on=basis,
+        budget=max_rollouts,
+        rollouts_used=adapter.used,
+        extra_rollouts=adapter.extra,
+        failed_rollouts=adapter.failed,
         evaluated={v: (len(s), sum(s) / len(s)) for v, s in adapter.evaluations.items()},
         templates={v: t for t, v in adapter.versions.items() if v in adapter.evaluations},
-        reflection_calls=reflection.calls[first_call:], gepa_log=log.lines, wall_s=time.monotonic() - t0,
-        significance=significance, max_p=max_p,
-    )  # fmt: skip
+        reflection_calls=reflection.calls[first_call:],
+        gepa_log=log.lines,
+        wall_s=time.monotonic() - t0,
+        significance=significance,
+        max_p=max_p,
+    )

@@ -59,8 +59,15 @@ class PromptPromoter:
     def _ref(self, version: int) -> str:
         return str(Version(self.name, version))
 
-    def _decide(self, stage: Stage, outcome: Outcome, version: int, live: int, reason: str,
-                evidence: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def _decide(
+        self,
+        stage: Stage,
+        outcome: Outcome,
+        version: int,
+        live: int,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
         decision = Decision(
             self.name, stage, outcome, self._ref(version), self._ref(live), reason, evidence or {}
         )

@@ -89,8 +89,12 @@ class ReflectionLM:
             httpx.HTTPError: the endpoint failed (GEPA skips that proposal and goes on).
         """
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
-                                "temperature": self.temperature}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
         if self.stop:
             body["stop"] = self.stop
         if self.prefill:
@@ -99,8 +103,12 @@ class ReflectionLM:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         t0 = time.monotonic()
         try:
-            resp = httpx.post(f"{self.base_url.rstrip('/')}/chat/completions", json=body, headers=headers,
-                              timeout=self.timeout_s)  # fmt: skip
+            resp = httpx.post(
+                f"{self.base_url.rstrip('/')}/chat/completions",
+                json=body,
+                headers=headers,
+                timeout=self.timeout_s,
+            )
             resp.raise_for_status()
             text = resp.json()["choices"][0]["message"].get("content") or ""
         except (httpx.HTTPError, KeyError, ValueError) as exc:

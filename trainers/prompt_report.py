@@ -111,10 +111,14 @@ class PromptOptResult:
             text = c.template.replace("\n", " ")
             mark = " ★" if c.index == self.best_index else ""
             table.add_row(
-                f"{c.index}{mark}", f"v{c.version}", ",".join(map(str, c.parents)) or "-", str(c.discovered_at),
-                f"{c.val_score:.3f}", "-" if c.test_score is None else f"{c.test_score:.3f}",
+                f"{c.index}{mark}",
+                f"v{c.version}",
+                ",".join(map(str, c.parents)) or "-",
+                str(c.discovered_at),
+                f"{c.val_score:.3f}",
+                "-" if c.test_score is None else f"{c.test_score:.3f}",
                 text if len(text) <= width else text[: width - 1] + "…",
-            )  # fmt: skip
+            )
         return table
 
     def summary(self) -> str:

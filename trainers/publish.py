@@ -150,9 +150,14 @@ class GatedStorePublisher(StorePublisher):
         return candidate
 
     def _decide(
-        self, stage: Stage, outcome: Outcome, candidate: str, live: str, reason: str,
+        self,
+        stage: Stage,
+        outcome: Outcome,
+        candidate: str,
+        live: str,
+        reason: str,
         evidence: dict[str, object] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         decision = Decision(self.alias, stage, outcome, candidate, live, reason, dict(evidence or {}))
         self.decisions.append(record_decision(self.store, decision))
         log.info("promotion %s %s: %s — %s", stage, outcome, candidate, reason)

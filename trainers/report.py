@@ -67,9 +67,14 @@ def plot_reward_curves(
     shown: set[str] = set()
     for label, events in (markers or {}).items():
         for step, outcome in events:
-            ax.axvline(step, color=colours.get(label, "grey"), alpha=0.5, linewidth=1,
-                       linestyle="-" if outcome == "promoted" else ":",
-                       label=None if outcome in shown else f"{outcome} (vertical lines)")  # fmt: skip
+            ax.axvline(
+                step,
+                color=colours.get(label, "grey"),
+                alpha=0.5,
+                linewidth=1,
+                linestyle="-" if outcome == "promoted" else ":",
+                label=None if outcome in shown else f"{outcome} (vertical lines)",
+            )
             shown.add(outcome)
     from matplotlib.ticker import MaxNLocator
 

@@ -223,8 +223,10 @@ class RolloutSource:
             logger.warning(
                 "step %d: the resumed run did not draw tasks %s again, whose groups it formed for this step before "
                 "the restart; they stay untrained (the data order changed: resume with the checkpoint's full "
-                "state and the same seed, tasks and tasks_per_step)", self.step, ", ".join(left),
-            )  # fmt: skip
+                "state and the same seed, tasks and tasks_per_step)",
+                self.step,
+                ", ".join(left),
+            )
         return rollouts
 
     def wait(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
@@ -326,8 +328,10 @@ def unmatched_logprobs(traj: Trajectory, step: int) -> bool:
     if traj.unmatched:
         logger.warning(
             "step %d: excluded rollout %s, its stored logprobs cannot be matched: %s",
-            step, traj.rollout_id, "; ".join(traj.unmatched),
-        )  # fmt: skip
+            step,
+            traj.rollout_id,
+            "; ".join(traj.unmatched),
+        )
     return bool(traj.unmatched)
 
 

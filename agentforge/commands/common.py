@@ -11,10 +11,22 @@ import typer
 from rich.console import Console
 
 __all__ = [
-    "console", "fail", "parse_pins", "reported", "open_store_url", "user_code_importable", "MaxModelLen",
-    "ChatTemplate", "MaxLoras", "MaxCpuLoras", "KeptVersions", "print_engine", "ReportTo", "report_to_names",
+    "console",
+    "fail",
+    "parse_pins",
+    "reported",
+    "open_store_url",
+    "user_code_importable",
+    "MaxModelLen",
+    "ChatTemplate",
+    "MaxLoras",
+    "MaxCpuLoras",
+    "KeptVersions",
+    "print_engine",
+    "ReportTo",
+    "report_to_names",
     "StoreApiKey",
-]  # fmt: skip
+]
 
 #: ``--max-model-len`` of the commands that start an engine (``serve``, ``train``).
 MaxModelLen = Annotated[
@@ -111,12 +123,16 @@ def report_to_names(value: str, check: bool = True) -> list[str]:
 
         unknown = [n for n in names if n not in INTEGRATION_TO_CALLBACK]
         if unknown:
-            raise UserError(f"--report-to {','.join(unknown)}: not an integration; use none or some of "
-                            f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}")  # fmt: skip
+            raise UserError(
+                f"--report-to {','.join(unknown)}: not an integration; use none or some of "
+                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}"
+            )
         missing = [n for n in names if n not in get_available_reporting_integrations()]
         if missing:
-            raise UserError(f"--report-to {','.join(missing)}: not installed here; pip install "
-                            f"{' '.join('tensorboard' if n == 'tensorboard' else n for n in missing)}")  # fmt: skip
+            raise UserError(
+                f"--report-to {','.join(missing)}: not installed here; pip install "
+                f"{' '.join('tensorboard' if n == 'tensorboard' else n for n in missing)}"
+            )
     return names
 
 

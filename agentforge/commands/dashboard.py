@@ -22,7 +22,7 @@ def dashboard(
         typer.Option(
             help="Trace store URL: sqlite, postgresql or http(s) (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME)."
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     host: Annotated[str, typer.Option(help="Bind address; non-loopback needs --api-key.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.", min=0, max=65535)] = 8050,
     api_key: Annotated[
@@ -39,10 +39,8 @@ def dashboard(
         typer.Option(
             help="The served model's checkpoint directory, for token texts (default: the prepared model)."
         ),
-    ] = None,  # fmt: skip
-    poll_s: Annotated[
-        float, typer.Option(help="Seconds between the runs page's refreshes.", min=0.5)
-    ] = 5.0,  # fmt: skip
+    ] = None,
+    poll_s: Annotated[float, typer.Option(help="Seconds between the runs page's refreshes.", min=0.5)] = 5.0,
 ) -> None:
     """Open the dashboard: runs (reward curve, held-out, step time, version timeline), rollouts, one rollout
     (conversation, spans, token view of the training sample) and versions. Read-only.
@@ -67,8 +65,12 @@ def dashboard(
     typer.echo(f"http://{shown}:{port}")
     try:
         uvicorn.run(
-            app, host=host, port=port, log_level="warning", proxy_headers=False,
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            proxy_headers=False,
             timeout_keep_alive=HTTP_KEEP_ALIVE_S,
-        )  # fmt: skip
+        )
     finally:
         store.close()

@@ -17,7 +17,7 @@ def optimize_prompt_cmd(
     agent: Annotated[
         str,
         typer.Argument(help="The agent (module:function); it must read its prompt with ctx.prompt(NAME)."),
-    ],  # fmt: skip
+    ],
     name: Annotated[str, typer.Option(help="The prompt resource to optimise, e.g. prompt:triage.")],
     tasks: Annotated[Path, typer.Option(help="JSONL tasks for reflection minibatches.")],
     val_tasks: Annotated[Path, typer.Option(help="JSONL tasks GEPA selects candidates on.")],
@@ -91,13 +91,33 @@ def optimize_prompt_cmd(
                 temperature=reflection_temperature,
             )
             result = optimize_prompt(
-                store, name, seed_text, train, val, reflection=reflection, max_rollouts=budget, testset=test,
-                feedback=label_feedback(labels or None, label_key), minibatch_size=minibatch, seed=seed,
-                check=stack.runner.check_workers if stack.runner else None, min_gain=min_gain, max_p=max_p,
+                store,
+                name,
+                seed_text,
+                train,
+                val,
+                reflection=reflection,
+                max_rollouts=budget,
+                testset=test,
+                feedback=label_feedback(labels or None, label_key),
+                minibatch_size=minibatch,
+                seed=seed,
+                check=stack.runner.check_workers if stack.runner else None,
+                min_gain=min_gain,
+                max_p=max_p,
                 show_progress=console.is_terminal,
-            )  # fmt: skip
+            )
     console.print(result.table())
     active = get_prompt(store, name)
-    typer.echo(json.dumps({"name": name, "seed_version": result.seed_version, "activated_version": result.activated_version,
-                           "active_version": active.version, "rollouts_used": result.rollouts_used,
-                           "candidates": len(result.candidates)}))  # fmt: skip
+    typer.echo(
+        json.dumps(
+            {
+                "name": name,
+                "seed_version": result.seed_version,
+                "activated_version": result.activated_version,
+                "active_version": active.version,
+                "rollouts_used": result.rollouts_used,
+                "candidates": len(result.candidates),
+            }
+        )
+    )

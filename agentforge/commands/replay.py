@@ -21,16 +21,39 @@ replay_app = typer.Typer(
     no_args_is_help=True,
 )
 
-StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
-StoreKey = Annotated[str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Bearer key of an http(s) store (set $AGENTFORGE_API_KEY rather than the flag).")]  # fmt: skip
-AdminKey = Annotated[str | None, typer.Option(envvar="AGENTFORGE_ADMIN_KEY", help="Admin key of an http(s) store: logs exports (privacy:exports, which forget lists) and publishes versions.")]  # fmt: skip
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME)."),
+]
+StoreKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENTFORGE_API_KEY",
+        help="Bearer key of an http(s) store (set $AGENTFORGE_API_KEY rather than the flag).",
+    ),
+]
+AdminKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENTFORGE_ADMIN_KEY",
+        help="Admin key of an http(s) store: logs exports (privacy:exports, which forget lists) and publishes versions.",
+    ),
+]
 MinReward = Annotated[float | None, typer.Option(help="Keep rollouts whose final reward is >= this.")]
 MaxReward = Annotated[float | None, typer.Option(help="Keep rollouts whose final reward is <= this.")]
-Since = Annotated[str | None, typer.Option(help="Created at or after (epoch seconds or ISO time, e.g. 2026-11-30T08:00).")]  # fmt: skip
+Since = Annotated[
+    str | None, typer.Option(help="Created at or after (epoch seconds or ISO time, e.g. 2026-11-30T08:00).")
+]
 Until = Annotated[str | None, typer.Option(help="Created before (epoch seconds or ISO time).")]
 Agent = Annotated[str | None, typer.Option(help="Only rollouts of this agent name.")]
 TaskIds = Annotated[list[str] | None, typer.Option("--task", help="Only this task id (repeat).")]
-Pins = Annotated[list[str] | None, typer.Option("--resource", help="Only rollouts that used NAME=VERSION, e.g. policy=policy@v3 or prompt:triage=2 (repeat).")]  # fmt: skip
+Pins = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--resource",
+        help="Only rollouts that used NAME=VERSION, e.g. policy=policy@v3 or prompt:triage=2 (repeat).",
+    ),
+]
 Limit = Annotated[int | None, typer.Option(help="At most this many rollouts (oldest first).")]
 
 
@@ -70,10 +93,16 @@ def make_filter(
 
     try:
         return TraceFilter(
-        min_reward=min_reward, max_reward=max_reward, since=_time(since, "--since"), until=_time(until, "--until"),
-            agent=agent, task_ids=tuple(task) if task else None, resources=parse_pins(resource, "--resource"),
-            limit=limit, **extra,
-        )  # fmt: skip
+            min_reward=min_reward,
+            max_reward=max_reward,
+            since=_time(since, "--since"),
+            until=_time(until, "--until"),
+            agent=agent,
+            task_ids=tuple(task) if task else None,
+            resources=parse_pins(resource, "--resource"),
+            limit=limit,
+            **extra,
+        )
     except UserError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -95,7 +124,7 @@ def export(
         typer.Option(
             help="jsonl (every field, re-importable) or hf (datasets.save_to_disk, one row per trajectory)."
         ),
-    ] = "jsonl",  # fmt: skip
+    ] = "jsonl",
     min_reward: MinReward = None,
     max_reward: MaxReward = None,
     since: Since = None,
@@ -131,10 +160,21 @@ def export(
             from agentforge.trainers.replay import export_hf
 
             report = export_hf(store, out, flt)
-    console.print(f"wrote {report.records} rollouts ({report.rows} rows) to {report.path}; "
-                  f"considered {report.considered}, skipped {dict(report.skipped)}")  # fmt: skip
-    typer.echo(json.dumps({"path": str(report.path), "records": report.records, "rows": report.rows,
-                           "considered": report.considered, "skipped": dict(report.skipped)}))  # fmt: skip
+    console.print(
+        f"wrote {report.records} rollouts ({report.rows} rows) to {report.path}; "
+        f"considered {report.considered}, skipped {dict(report.skipped)}"
+    )
+    typer.echo(
+        json.dumps(
+            {
+                "path": str(report.path),
+                "records": report.records,
+                "rows": report.rows,
+                "considered": report.considered,
+                "skipped": dict(report.skipped),
+            }
+        )
+    )
 
 
 @replay_app.command("import")
@@ -175,17 +215,32 @@ def import_(
         raise fail(f"{path} {what}; expected JSON Lines written by `agentforge replay export`")
     for problem in [*report.skipped, *report.failed][:20]:
         console.print(f"  line {problem.line}: {problem.reason} ({problem.detail[:120]})", soft_wrap=True)
-    console.print(f"imported {report.imported}, already present {report.already_present}, "
-                  f"skipped {dict(report.skip_counts)} of {report.lines} lines")  # fmt: skip
-    typer.echo(json.dumps({"lines": report.lines, "imported": report.imported,
-                           "already_present": report.already_present, "skipped": dict(report.skip_counts)}))  # fmt: skip
+    console.print(
+        f"imported {report.imported}, already present {report.already_present}, "
+        f"skipped {dict(report.skip_counts)} of {report.lines} lines"
+    )
+    typer.echo(
+        json.dumps(
+            {
+                "lines": report.lines,
+                "imported": report.imported,
+                "already_present": report.already_present,
+                "skipped": dict(report.skip_counts),
+            }
+        )
+    )
     if report.failed:
         raise typer.Exit(1)
 
 
 OutputDir = Annotated[Path, typer.Option(help="Checkpoints and the saved adapter.")]
 Model = Annotated[Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")]
-Publish = Annotated[bool, typer.Option(help="Publish the adapter as the store's new active policy version (every `agentforge serve --follow` hot-swaps it).")]  # fmt: skip
+Publish = Annotated[
+    bool,
+    typer.Option(
+        help="Publish the adapter as the store's new active policy version (every `agentforge serve --follow` hot-swaps it)."
+    ),
+]
 
 
 def _vocab_size(model: Path | None) -> int:
@@ -214,8 +269,11 @@ def _publisher(store: Any, publish: bool) -> Any:
 def _device_args(report_to: str = "none") -> dict[str, Any]:
     import torch
 
-    return {"use_cpu": not torch.cuda.is_available(), "bf16": True,
-            "report_to": report_to_names(report_to, check=False) or "none"}  # fmt: skip
+    return {
+        "use_cpu": not torch.cuda.is_available(),
+        "bf16": True,
+        "report_to": report_to_names(report_to, check=False) or "none",
+    }
 
 
 @replay_app.command("sft")
@@ -255,16 +313,25 @@ def sft(
         store = _store(store_url, (store_key, admin_key))
         select_traces(store, flt)  # EmptySelectionError now, before torch or the model load
         config = ReplaySFTConfig(
-            output_dir=str(output_dir), min_reward=min_reward, num_train_epochs=epochs, learning_rate=learning_rate,
-            per_device_train_batch_size=batch_size, lora_r=lora_r, lora_alpha=2 * lora_r, logging_steps=1,
-            save_strategy="no", **_device_args(report_to),
-        )  # fmt: skip
+            output_dir=str(output_dir),
+            min_reward=min_reward,
+            num_train_epochs=epochs,
+            learning_rate=learning_rate,
+            per_device_train_batch_size=batch_size,
+            lora_r=lora_r,
+            lora_alpha=2 * lora_r,
+            logging_steps=1,
+            save_strategy="no",
+            **_device_args(report_to),
+        )
         result = run_replay_sft(
             model or prepare_default_model(), store, flt, config, _publisher(store, publish)
         )
-    console.print(f"trained on {result.examples} trajectories ({result.sampled_tokens} sampled tokens) from "
-                  f"{result.selected} of {result.considered} rollouts; loss {result.final_loss}; "
-                  f"adapter {result.adapter_dir}; version {result.version}")  # fmt: skip
+    console.print(
+        f"trained on {result.examples} trajectories ({result.sampled_tokens} sampled tokens) from "
+        f"{result.selected} of {result.considered} rollouts; loss {result.final_loss}; "
+        f"adapter {result.adapter_dir}; version {result.version}"
+    )
     typer.echo(json.dumps(result.summary(), default=str))
 
 
@@ -304,16 +371,28 @@ def grpo(
     with reported():
         report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
         store = _store(store_url, (store_key, admin_key))
-        select_traces(store, make_filter(min_reward, max_reward, since, until, agent, task, resource, limit,
-                                         require_reward=False))  # fmt: skip
+        select_traces(
+            store,
+            make_filter(
+                min_reward, max_reward, since, until, agent, task, resource, limit, require_reward=False
+            ),
+        )
         from agentforge.trainers.grpo_config import TrainConfig
         from agentforge.trainers.replay import run_offline_grpo
 
         config = TrainConfig(
-            output_dir=str(output_dir), num_generations=group_size, tasks_per_step=groups_per_step,
-            num_train_epochs=epochs, learning_rate=learning_rate, lora_r=lora_r, lora_alpha=2 * lora_r,
-            logging_steps=1, save_strategy="no", gradient_checkpointing=False, **_device_args(report_to),
-        )  # fmt: skip
+            output_dir=str(output_dir),
+            num_generations=group_size,
+            tasks_per_step=groups_per_step,
+            num_train_epochs=epochs,
+            learning_rate=learning_rate,
+            lora_r=lora_r,
+            lora_alpha=2 * lora_r,
+            logging_steps=1,
+            save_strategy="no",
+            gradient_checkpointing=False,
+            **_device_args(report_to),
+        )
         result = run_offline_grpo(
             model or prepare_default_model(), store, flt, config, _publisher(store, True)
         )

@@ -37,7 +37,7 @@ def run(
             help='JSONL file of tasks ({"input": {...}, "metadata": {...}} per line): enqueue, '
             "run them all, print the mean reward and exit. Without it, serve queued rollouts until Ctrl-C."
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     group_size: Annotated[int, typer.Option(help="Rollouts per task (with --tasks).")] = 1,
     pin: Annotated[
         list[str] | None, typer.Option(help="Pin a resource version on the rollouts, NAME=VERSION (repeat).")
@@ -50,7 +50,7 @@ def run(
             help="Agent name stored on the rollouts (with --tasks; default: the AGENT spec) and the "
             "only name this runner claims (without --tasks: default any)."
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     timeout: Annotated[
         float, typer.Option(help="Give up waiting for --tasks after this many seconds.")
     ] = 3600.0,
@@ -102,9 +102,16 @@ def run(
         store = open_store_url(store_url or gateway, api_key=api_key)
         _check_pins(store, pins)
         runner = Runner(
-            store, agent, gateway, workers=workers, mode=mode, agent_name=name,  # type: ignore[arg-type]
-            gateway_api_key=api_key, store_api_key=api_key, engine=engine,
-        )  # fmt: skip
+            store,
+            agent,
+            gateway,
+            workers=workers,
+            mode=mode,
+            agent_name=name,  # type: ignore[arg-type]
+            gateway_api_key=api_key,
+            store_api_key=api_key,
+            engine=engine,
+        )
         ids: list[str] = []
         try:
             with runner:
@@ -162,10 +169,17 @@ def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:
     )
     for error, count in errors.most_common(3):
         console.print(f"[red]{count} rollout(s) failed:[/] {escape(error)}", soft_wrap=True)
-    console.print(f"{len(ids)} rollouts {counts}; mean reward {mean if mean is None else round(mean, 4)} "
-                  f"over {len(rewards)} rewarded")  # fmt: skip
-    return {"rollouts": len(ids), "states": counts, "rewarded": len(rewards), "mean_reward": mean,
-            "errors": dict(errors)}  # fmt: skip
+    console.print(
+        f"{len(ids)} rollouts {counts}; mean reward {mean if mean is None else round(mean, 4)} "
+        f"over {len(rewards)} rewarded"
+    )
+    return {
+        "rollouts": len(ids),
+        "states": counts,
+        "rewarded": len(rewards),
+        "mean_reward": mean,
+        "errors": dict(errors),
+    }
 
 
 def _errors(store, ids: list[str]) -> Counter[str]:  # type: ignore[no-untyped-def]

@@ -20,7 +20,10 @@ __all__ = ["tenants_app"]
 tenants_app = typer.Typer(
     help="Tenant keys: each tenant's API key for the gateway and the store API.", no_args_is_help=True
 )
-StoreUrl = Annotated[str | None, typer.Option(help="SQL store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(help="SQL store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME)."),
+]
 GraceS = Annotated[
     float, typer.Option(min=0.0, help="Seconds the old key keeps working (0: refused at once).")
 ]

@@ -33,9 +33,20 @@ traces_app = typer.Typer(
     no_args_is_help=True,
 )
 
-StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL: sqlite, postgresql or http(s) (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
-ApiKey = Annotated[str | None, typer.Option(envvar="AGENTFORGE_API_KEY", help="Bearer key of an http(s) store (set $AGENTFORGE_API_KEY rather than the flag).")]  # fmt: skip
-JsonOut = Annotated[bool, typer.Option("--json", help="Write JSON to stdout instead of tables to stderr.")]  # fmt: skip
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(
+        help="Trace store URL: sqlite, postgresql or http(s) (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME)."
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENTFORGE_API_KEY",
+        help="Bearer key of an http(s) store (set $AGENTFORGE_API_KEY rather than the flag).",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Write JSON to stdout instead of tables to stderr.")]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -117,17 +128,17 @@ def list_cmd(
     agent: Annotated[str | None, typer.Option(help="Only this agent's rollouts.")] = None,
     state: Annotated[
         str | None, typer.Option(help="queued, running, succeeded, failed, timed_out or cancelled.")
-    ] = None,  # fmt: skip
+    ] = None,
     min_reward: Annotated[
         float | None, typer.Option(help="Training reward at least this (unscored rollouts drop out).")
-    ] = None,  # fmt: skip
+    ] = None,
     max_reward: Annotated[float | None, typer.Option(help="Training reward at most this.")] = None,
     version: Annotated[
         str | None, typer.Option(help="Served by this policy version: 3, v3 or policy@v3 (0 = base).")
-    ] = None,  # fmt: skip
+    ] = None,
     since: Annotated[
         str | None, typer.Option(help="Created within an age (30m, 2h, 1d) or after an ISO time.")
-    ] = None,  # fmt: skip
+    ] = None,
     limit: Annotated[int, typer.Option(help="Show at most this many (the newest).", min=1)] = 50,
     store_url: StoreUrl = None,
     api_key: ApiKey = None,
@@ -192,9 +203,14 @@ def _print_list(rows: list[dict[str, Any]], total: int) -> None:
         versions = ",".join(v.removeprefix("policy@") for v in row["versions"]) or "—"
         created = datetime.fromtimestamp(row["created_at"], UTC).strftime("%m-%d %H:%M")
         table.add_row(
-            row["rollout_id"], escape(row["agent"]), row["state"], reward, escape(versions), str(row["llm_calls"]),
+            row["rollout_id"],
+            escape(row["agent"]),
+            row["state"],
+            reward,
+            escape(versions),
+            str(row["llm_calls"]),
             created,
-        )  # fmt: skip
+        )
     console.print(table)
     console.print(
         f"{len(rows)} shown of {total} rollouts (times UTC); `agentforge traces show ROLLOUT_ID` for one"
@@ -205,7 +221,7 @@ def show_cmd(
     rollout_id: Annotated[str, typer.Argument(help="The rollout's id (see `agentforge traces list`).")],
     max_chars: Annotated[
         int, typer.Option(help="Cut each message to this many characters (0: whole).", min=0)
-    ] = 400,  # fmt: skip
+    ] = 400,
     store_url: StoreUrl = None,
     api_key: ApiKey = None,
     json_out: JsonOut = False,
@@ -346,9 +362,15 @@ def _print_details(data: dict[str, Any], max_chars: int) -> None:
         latency = "" if s["latency_s"] is None else f"{s['latency_s']:.2f}s"
         status = s["status"] + (" late" if s["late"] else "")
         spans.add_row(
-            str(s["sequence"]), s["kind"], escape(s["name"][:18]), status, latency,
-            escape(s["version"]), tokens, s["finish_reason"] or "",
-        )  # fmt: skip
+            str(s["sequence"]),
+            s["kind"],
+            escape(s["name"][:18]),
+            status,
+            latency,
+            escape(s["version"]),
+            tokens,
+            s["finish_reason"] or "",
+        )
     console.rule(f"spans ({len(data['spans'])})")
     console.print(spans)
     for s in data["spans"]:  # why a call failed, in the engine's or the gateway's words
@@ -366,9 +388,13 @@ def _print_details(data: dict[str, Any], max_chars: int) -> None:
         value = "None (invalid)" if w["value"] is None else f"{w['value']:.4g}"
         parts = ", ".join(f"{k}={_number(v)}" for k, v in w["parts"].items())
         rewards.add_row(
-            str(w["sequence"]), escape(w["name"]) + (" ★" if w["training"] else ""), value,
-            "✓" if w["final"] else "", escape(w["source"]), escape(parts),
-        )  # fmt: skip
+            str(w["sequence"]),
+            escape(w["name"]) + (" ★" if w["training"] else ""),
+            value,
+            "✓" if w["final"] else "",
+            escape(w["source"]),
+            escape(parts),
+        )
     console.rule(f"rewards ({len(data['rewards'])}; ★ = the training reward)")
     console.print(rewards if data["rewards"] else "(no reward)")
     _print_trajectories(data)
@@ -389,10 +415,13 @@ def _print_trajectories(data: dict[str, Any]) -> None:
     table = Table("#", "prompt", "completion", "sampled", "versions", "mask runs", box=None)
     for i, t in enumerate(data["trajectories"]):
         table.add_row(
-            f"{i}{' ★' if t['trains'] else ''}", str(t["prompt_tokens"]), str(t["completion_tokens"]),
+            f"{i}{' ★' if t['trains'] else ''}",
+            str(t["prompt_tokens"]),
+            str(t["completion_tokens"]),
             str(t["sampled_tokens"]) + (" trunc" if t["truncated"] else ""),
-            escape(",".join(t["versions"])), _cut(t["mask"], 40),
-        )  # fmt: skip
+            escape(",".join(t["versions"])),
+            _cut(t["mask"], 40),
+        )
     console.print(table if data["trajectories"] else "(no LLM call: nothing to train on)")
     if data["trajectories"]:
         console.print("★ = the trajectory GRPO trains on (a rollout's last); the others count as extra")

@@ -134,10 +134,22 @@ def train(
             from agentforge.gate import EvalGate
 
             gate = EvalGate(max_p=gate_max_p, min_gain=gate_min_gain)
-        config = _config(output_dir, steps, group_size, tasks_per_step, swap_every, learning_rate, lora_r,
-                         max_completion_length, seed, report_to, max_staleness,
-                         rollout_timeout_s=rollout_timeout, agent_name=agent if agent_name is None else agent_name,
-                         max_rows_per_micro_batch=max_rows_per_micro_batch)  # fmt: skip
+        config = _config(
+            output_dir,
+            steps,
+            group_size,
+            tasks_per_step,
+            swap_every,
+            learning_rate,
+            lora_r,
+            max_completion_length,
+            seed,
+            report_to,
+            max_staleness,
+            rollout_timeout_s=rollout_timeout,
+            agent_name=agent if agent_name is None else agent_name,
+            max_rows_per_micro_batch=max_rows_per_micro_batch,
+        )
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
 
@@ -146,11 +158,17 @@ def train(
             )
         output_dir.mkdir(parents=True, exist_ok=True)
         store = open_store_url(store_url or f"sqlite:///{(output_dir / 'traces.db').resolve()}")
-        engine = {"max_model_len": max_model_len, "chat_template": chat_template, "max_loras": max_loras,
-                  "max_cpu_loras": max_cpu_loras, "retain": config.max_staleness}  # fmt: skip
+        engine = {
+            "max_model_len": max_model_len,
+            "chat_template": chat_template,
+            "max_loras": max_loras,
+            "max_cpu_loras": max_cpu_loras,
+            "retain": config.max_staleness,
+        }
         console.print(f"starting the {backend} engine with {model or 'the default model'} …")
-        summary = _train(agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate,
-                         engine)  # fmt: skip
+        summary = _train(
+            agent, store, train_tasks, held_out, config, model, backend, workers, resume, gate, engine
+        )
     typer.echo(json.dumps(summary))
 
 
@@ -178,14 +196,31 @@ def _config(
 
     gpu = torch.cuda.is_available()
     return TrainConfig(
-        output_dir=str(output_dir), seed=seed, data_seed=seed, max_steps=steps, num_generations=group_size,
-        tasks_per_step=tasks_per_step, swap_every=swap_every, learning_rate=lr, lr_scheduler_type="constant",
-        lora_r=lora_r, lora_alpha=2 * lora_r, max_completion_length=max_len, logging_steps=1,
-        save_strategy="steps", save_steps=swap_every, save_total_limit=1,
+        output_dir=str(output_dir),
+        seed=seed,
+        data_seed=seed,
+        max_steps=steps,
+        num_generations=group_size,
+        tasks_per_step=tasks_per_step,
+        swap_every=swap_every,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        lora_r=lora_r,
+        lora_alpha=2 * lora_r,
+        max_completion_length=max_len,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=swap_every,
+        save_total_limit=1,
         report_to=report_to_names(report_to, check=False) or "none",
-        use_cpu=not gpu, bf16=True, gradient_checkpointing=False, max_staleness=max_staleness,
-        rollout_timeout_s=rollout_timeout_s, agent_name=agent_name, **memory,
-    )  # fmt: skip
+        use_cpu=not gpu,
+        bf16=True,
+        gradient_checkpointing=False,
+        max_staleness=max_staleness,
+        rollout_timeout_s=rollout_timeout_s,
+        agent_name=agent_name,
+        **memory,
+    )
 
 
 def _train(
@@ -210,8 +245,15 @@ def _train(
 
     model = model or prepare_default_model()
     summary: dict[str, object] = {}
-    with LocalStack(store, agent, model=model, workers=workers, backend=backend,
-                    max_lora_rank=max(16, config.lora_r), **(engine or {})) as stack:  # fmt: skip
+    with LocalStack(
+        store,
+        agent,
+        model=model,
+        workers=workers,
+        backend=backend,
+        max_lora_rank=max(16, config.lora_r),
+        **(engine or {}),
+    ) as stack:
         print_engine(stack.engine)  # a simulated customer's endpoint; agents also get it as ctx.engine
         if held_out:
             summary["before"] = evaluate_tasks(
@@ -220,13 +262,21 @@ def _train(
             console.print(f"held-out mean reward of {stack.base_version}: {summary['before']:.4f}")
         publisher: HotSwapPublisher | GatedPublisher = HotSwapPublisher(stack.swapper, store)
         if gate is not None:  # each adapter meets the live version on the held-out tasks first
-            publisher = GatedPublisher(stack.swapper, store, gate=gate,
-                                       evaluate=lambda v: task_scores(store, held_out, {config.alias: v}, label="gate"))  # fmt: skip
+            publisher = GatedPublisher(
+                stack.swapper,
+                store,
+                gate=gate,
+                evaluate=lambda v: task_scores(store, held_out, {config.alias: v}, label="gate"),
+            )
         trainer = LightningTrainer(model, store, train_tasks, config, publisher)
         trainer.train(resume_from_checkpoint=resume)
         version = stack.router.alias(config.alias)
-        summary.update(version=version, versions=trainer.versions, steps=trainer.trainer.state.global_step,
-                       skipped_publishes=trainer.skipped_publishes)  # fmt: skip
+        summary.update(
+            version=version,
+            versions=trainer.versions,
+            steps=trainer.trainer.state.global_step,
+            skipped_publishes=trainer.skipped_publishes,
+        )
         if isinstance(publisher, GatedPublisher):
             summary["decisions"] = [
                 {"stage": d.stage, "outcome": d.outcome, "candidate": d.candidate, "live": d.live}

@@ -12,8 +12,16 @@ from agentforge.commands.common import console, reported
 
 __all__ = ["versions", "rollback"]
 
-StoreUrl = Annotated[str | None, typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME).")]  # fmt: skip
-Tenant = Annotated[str | None, typer.Option(help="A tenant: its own lineage of the resource (policy → policy@TENANT, versions policy@TENANT/vN).")]  # fmt: skip
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(help="Trace store URL (default: $AGENTFORGE_STORE_URL or SQLite in $AGENTFORGE_HOME)."),
+]
+Tenant = Annotated[
+    str | None,
+    typer.Option(
+        help="A tenant: its own lineage of the resource (policy → policy@TENANT, versions policy@TENANT/vN)."
+    ),
+]
 
 
 def _lineage(name: str | None, tenant: str | None) -> str | None:
@@ -65,7 +73,7 @@ def versions(
                 "live": d.live,
                 "reason": d.reason,
                 "evidence": d.evidence,
-            }  # fmt: skip
+            }
         )
     table = Table("name", "version", "kind", "active", "created", "gate", "detail")
     for r in resources:
@@ -80,9 +88,14 @@ def versions(
         gate = by_version.get(r.ref, [])
         last = f"{gate[-1]['stage']} {gate[-1]['outcome']}" if gate else ""
         table.add_row(
-            escape(r.name), str(r.version), r.kind, "✓" if r.active else "", created, last,
+            escape(r.name),
+            str(r.version),
+            r.kind,
+            "✓" if r.active else "",
+            created,
+            last,
             escape(str(detail)[:60]),
-        )  # fmt: skip
+        )
     console.print(table)
     if decisions:
         history = Table(
@@ -99,9 +112,15 @@ def versions(
         for d in decisions:
             when = datetime.fromtimestamp(d.created_at).isoformat(timespec="seconds")
             history.add_row(
-                str(d.number), when, escape(d.name), d.stage, d.outcome, escape(d.candidate), escape(d.live),
+                str(d.number),
+                when,
+                escape(d.name),
+                d.stage,
+                d.outcome,
+                escape(d.candidate),
+                escape(d.live),
                 escape(d.reason[:100]),
-            )  # fmt: skip
+            )
         console.print(history)
     typer.echo(
         json.dumps(

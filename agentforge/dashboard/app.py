@@ -206,8 +206,9 @@ def create_dashboard_app(
         if not CHART_JS.is_file():
             return PlainTextResponse(
                 f"console.error('Chart.js is not installed at {CHART_JS}; run scripts/setup.sh (npm ci)')",
-                status_code=503, media_type="text/javascript",
-            )  # fmt: skip
+                status_code=503,
+                media_type="text/javascript",
+            )
         return FileResponse(CHART_JS, media_type="text/javascript")
 
     def runs_data() -> dict[str, Any]:
@@ -226,21 +227,32 @@ def create_dashboard_app(
         query = _query(request)
         result = store.page_rollouts(query)
         form = {k: v for k, v in request.query_params.items() if k not in ("before",)}
-        return page(request, "rollouts.html", page=result, query=query, form=form,
-                    states=[s.value for s in RolloutState])  # fmt: skip
+        return page(
+            request,
+            "rollouts.html",
+            page=result,
+            query=query,
+            form=form,
+            states=[s.value for s in RolloutState],
+        )
 
     @app.get("/rollouts/{rollout_id}")
     def rollout(request: Request, rollout_id: str) -> Response:
         data = views.rollout_view(store, rollout_id, decode)
         timeline = [
-            {"label": f"{s['sequence']} {s['kind']} {s['name']} {s['version']}".strip(),
-             "range": [s["start_s"], max(s["end_s"], s["start_s"] + 1e-3)], "kind": s["kind"]}
+            {
+                "label": f"{s['sequence']} {s['kind']} {s['name']} {s['version']}".strip(),
+                "range": [s["start_s"], max(s["end_s"], s["start_s"] + 1e-3)],
+                "kind": s["kind"],
+            }
             for s in data["spans"]
-        ]  # fmt: skip
+        ]
         return page(request, "rollout.html", timeline=timeline, **data)
 
     @app.get("/versions")
-    def versions(request: Request, diff: str | None = None, a: int | None = None, b: int | None = None) -> Response:  # fmt: skip
+    def versions(
+        request: Request, diff: str | None = None, a: int | None = None, b: int | None = None
+    ) -> Response:
         lines = views.prompt_diff(store, diff, a, b) if diff and a is not None and b is not None else None
         return page(request, "versions.html", groups=views.versions_view(store), diff=lines, diff_name=diff)
 

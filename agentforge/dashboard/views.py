@@ -95,12 +95,27 @@ def version_timeline(store: TraceStore) -> list[dict[str, Any]]:
         detail = f"rollback to v{r.payload['rollback_of']}" if event == "rolled back" else ""
         if not detail:
             detail = "base model" if r.payload.get("base") else f"step {r.payload.get('step', '?')}"
-        events.append({"time": r.created_at, "event": event, "name": r.name, "version": r.ref, "stage": "", "detail": detail})  # fmt: skip
+        events.append(
+            {
+                "time": r.created_at,
+                "event": event,
+                "name": r.name,
+                "version": r.ref,
+                "stage": "",
+                "detail": detail,
+            }
+        )
     for d in list_decisions(store):
         events.append(
-            {"time": d.created_at, "event": d.outcome, "name": d.name, "version": d.candidate, "stage": d.stage,
-             "detail": f"against {d.live}: {d.reason}"}
-        )  # fmt: skip
+            {
+                "time": d.created_at,
+                "event": d.outcome,
+                "name": d.name,
+                "version": d.candidate,
+                "stage": d.stage,
+                "detail": f"against {d.live}: {d.reason}",
+            }
+        )
     return sorted(events, key=lambda e: e["time"])
 
 
@@ -140,24 +155,41 @@ def _span_rows(spans: list[Span]) -> list[dict[str, Any]]:
         start = s.started_at - t0
         rows.append(
             {
-                "sequence": s.sequence, "kind": s.kind.value, "name": s.name or (llm.model if llm else ""),
-                "status": s.status, "error": s.error, "version": llm.version if llm else "",
-                "start_s": start, "end_s": start + (latency or 0.0), "latency_s": latency,
-                "tokens": None if llm is None or llm.completion_token_ids is None
+                "sequence": s.sequence,
+                "kind": s.kind.value,
+                "name": s.name or (llm.model if llm else ""),
+                "status": s.status,
+                "error": s.error,
+                "version": llm.version if llm else "",
+                "start_s": start,
+                "end_s": start + (latency or 0.0),
+                "latency_s": latency,
+                "tokens": None
+                if llm is None or llm.completion_token_ids is None
                 else f"{len(llm.prompt_token_ids or [])}+{len(llm.completion_token_ids)}",
-                "finish_reason": llm.finish_reason if llm else None, "late": bool(s.attributes.get("late")),
+                "finish_reason": llm.finish_reason if llm else None,
+                "late": bool(s.attributes.get("late")),
             }
-        )  # fmt: skip
+        )
     return rows
 
 
-def _tokens(ids: list[int], mask: list[int] | None, logprobs: list[float] | None, decode: Callable[[int], str]) -> list[dict[str, Any]]:  # fmt: skip
+def _tokens(
+    ids: list[int], mask: list[int] | None, logprobs: list[float] | None, decode: Callable[[int], str]
+) -> list[dict[str, Any]]:
     out = []
     for i, token in enumerate(ids):
         trained = bool(mask[i]) if mask is not None else False
         lp = logprobs[i] if logprobs is not None and trained else None
-        out.append({"id": token, "text": decode(token), "trained": trained, "logprob": lp,
-                    "p": None if lp is None else math.exp(lp)})  # fmt: skip
+        out.append(
+            {
+                "id": token,
+                "text": decode(token),
+                "trained": trained,
+                "logprob": lp,
+                "p": None if lp is None else math.exp(lp),
+            }
+        )
     return out
 
 
@@ -205,10 +237,17 @@ def rollout_view(store: TraceStore, rollout_id: str, decode: Callable[[int], str
     spans = store.list_spans(rollout_id=rollout_id)
     final = store.final_reward(rollout_id)
     rewards = [
-        {"name": r.name, "value": r.value, "final": r.final, "source": r.source, "sequence": r.sequence,
-         "parts": r.metadata.get("parts", {}), "training": final is not None and final.reward_id == r.reward_id}
+        {
+            "name": r.name,
+            "value": r.value,
+            "final": r.final,
+            "source": r.source,
+            "sequence": r.sequence,
+            "parts": r.metadata.get("parts", {}),
+            "training": final is not None and final.reward_id == r.reward_id,
+        }
         for r in store.list_rewards(rollout_id)
-    ]  # fmt: skip
+    ]
     return {
         "rollout": rollout,
         "attempts": store.list_attempts(rollout_id),
@@ -256,9 +295,16 @@ def versions_view(store: TraceStore) -> list[dict[str, Any]]:
         if r.active:
             group["live"] = r.ref
         group["versions"].append(
-            {"ref": r.ref, "version": r.version, "active": r.active, "created_at": r.created_at,
-             "detail": _detail(r), "lineage": _lineage(r, produced), "decisions": decisions.get(r.ref, [])}
-        )  # fmt: skip
+            {
+                "ref": r.ref,
+                "version": r.version,
+                "active": r.active,
+                "created_at": r.created_at,
+                "detail": _detail(r),
+                "lineage": _lineage(r, produced),
+                "decisions": decisions.get(r.ref, []),
+            }
+        )
     return list(groups.values())
 
 

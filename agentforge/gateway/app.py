@@ -263,9 +263,11 @@ class _Gateway(SpanRecorder):
             return response
         except asyncio.CancelledError:  # the client left (fastpath): close the upstream call, record it
             await self.record(
-                ctx, self.failed_call(ctx, flags=["client_disconnected", *flags]),
-                error="client disconnected before the engine answered", client_disconnected=True,
-            )  # fmt: skip
+                ctx,
+                self.failed_call(ctx, flags=["client_disconnected", *flags]),
+                error="client disconnected before the engine answered",
+                client_disconnected=True,
+            )
             raise
         except UpstreamTimeout as exc:  # the client's message never names the engine's address; the log does
             logger.warning("upstream %s for %s timed out: %s", upstream.base_url, ctx.version, exc)
@@ -317,9 +319,13 @@ class _Gateway(SpanRecorder):
                 ctx, 502, error_body(msg, "upstream_error", "bad_upstream_response"), "bad_upstream_response"
             )
         llm = llm_call_from_response(
-            data, endpoint=ctx.endpoint, request=ctx.body, model=ctx.model, version=ctx.version,
+            data,
+            endpoint=ctx.endpoint,
+            request=ctx.body,
+            model=ctx.model,
+            version=ctx.version,
             latency_s=ctx.latency_s(),
-        )  # fmt: skip
+        )
         await self.record(ctx, llm)
         return Response(encode_json(shape_response(data, ask, ctx.version)), media_type="application/json")
 

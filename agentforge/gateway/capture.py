@@ -50,10 +50,23 @@ __all__ = [
 
 #: Request keys copied into ``LLMCall.sampling``.
 SAMPLING_KEYS = (
-    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "n", "seed", "stop",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs",
-    "tool_choice", "response_format",
-)  # fmt: skip
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "top_logprobs",
+    "tool_choice",
+    "response_format",
+)
 
 #: Flag of a call that hit the token limit in the middle of a tool call (the client gets the partial text as
 #: content and no tool call, as vLLM answers it; the sampled ids stay trainable, so raise ``max_tokens``).

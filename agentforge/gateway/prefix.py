@@ -80,16 +80,44 @@ TURNS_PER_ROLLOUT = 4
 
 #: Request keys a continuation carries over to ``/v1/completions`` unchanged.
 _SAMPLING = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
     "user",
-)  # fmt: skip
+)
 #: Request keys a continuation understands; any other key sends the call down the ordinary path.
 _ALLOWED = frozenset(
-    {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "max_tokens", "n", "logprobs",
-     "max_completion_tokens", "top_logprobs", "return_token_ids", "parallel_tool_calls", "chat_template_kwargs",
-     "metadata", "store", *_SAMPLING}
-)  # fmt: skip
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "n",
+        "logprobs",
+        "max_completion_tokens",
+        "top_logprobs",
+        "return_token_ids",
+        "parallel_tool_calls",
+        "chat_template_kwargs",
+        "metadata",
+        "store",
+        *_SAMPLING,
+    }
+)
 #: Request keys that change how the messages render: they must equal the earlier call's.
 _RENDER_KEYS = ("tools", "chat_template_kwargs")
 _PROBES = ("A", "B")
@@ -276,9 +304,11 @@ class Continuations:
             built = await self._prompt(gateway, ctx, upstream, turn)
         except asyncio.CancelledError:  # the client left while its prompt was rendered: record it
             await gateway.record(
-                ctx, gateway.failed_call(ctx, flags=["client_disconnected", CONTINUED]),
-                error="client disconnected before the engine answered", client_disconnected=True,
-            )  # fmt: skip
+                ctx,
+                gateway.failed_call(ctx, flags=["client_disconnected", CONTINUED]),
+                error="client disconnected before the engine answered",
+                client_disconnected=True,
+            )
             raise
         except (UpstreamTimeout, UpstreamUnreachable, ValueError, KeyError, TypeError) as exc:
             logger.warning("could not render a continuation on %s: %s", upstream.base_url, exc)

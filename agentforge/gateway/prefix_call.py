@@ -101,9 +101,15 @@ async def answer_client(
     """
     ask = client_ask(ctx.body, "chat")
     llm = llm_call_from_response(
-        answer, endpoint="chat", request=ctx.body, model=ctx.model, version=ctx.version, stream=ask.stream,
-        latency_s=ctx.latency_s(), extra_flags=flags,
-    )  # fmt: skip
+        answer,
+        endpoint="chat",
+        request=ctx.body,
+        model=ctx.model,
+        version=ctx.version,
+        stream=ask.stream,
+        latency_s=ctx.latency_s(),
+        extra_flags=flags,
+    )
     attributes: dict[str, Any] = {}
     if adjust is not None:
         pending = adjust(llm)

@@ -112,14 +112,44 @@ async def chat_events(answer: dict[str, Any], ask: ClientAsk, version: str) -> A
     if message.get("tool_calls"):
         delta["tool_calls"] = [c | {"index": i} for i, c in enumerate(message["tool_calls"])]
     chunks = [
-        head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}], "prompt_token_ids": answer.get("prompt_token_ids")},
-        head | {"choices": [{"index": 0, "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None,
-                             "token_ids": choice.get("token_ids")}]},
-        head | {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"],
-                             "stop_reason": choice.get("stop_reason")}]},
+        head
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+            "prompt_token_ids": answer.get("prompt_token_ids"),
+        },
+        head
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": choice.get("logprobs"),
+                    "finish_reason": None,
+                    "token_ids": choice.get("token_ids"),
+                }
+            ]
+        },
+        head
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": choice.get("stop_reason"),
+                }
+            ]
+        },
         head | {"choices": [], "usage": answer.get("usage")},
-    ]  # fmt: skip
+    ]
     for chunk in chunks:
         shaped = shape_chunk(chunk, ask, version)
         if shaped is not None:

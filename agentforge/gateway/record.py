@@ -147,8 +147,10 @@ class SpanRecorder:
                             "attempt",
                             "gateway call kept in rollout %r without its attempt (not training data): the store "
                             "rejected attempt %r: %s",
-                            span.rollout_id, claimed_attempt, rejected,
-                        )  # fmt: skip
+                            span.rollout_id,
+                            claimed_attempt,
+                            rejected,
+                        )
                         return
                     except (NotFoundError, UserError) as exc:
                         rejected = exc
@@ -162,8 +164,10 @@ class SpanRecorder:
                 "rejected",
                 "gateway call stored as an orphan span: the store rejected its attribution (rollout %r, attempt %r): "
                 "%s; a rollout must be in the store before its calls (POST /api/rollouts, TraceStore.enqueue_rollout)",
-                claimed, span.attributes.get("claimed_attempt_id"), rejected,
-            )  # fmt: skip
+                claimed,
+                span.attributes.get("claimed_attempt_id"),
+                rejected,
+            )
         except Exception:
             logger.exception("could not store the span of a gateway call (span %s)", span.span_id)
 
@@ -176,9 +180,15 @@ class SpanRecorder:
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
         """The LLMCall of a call that produced no answer."""
         return LLMCall(
-            model=ctx.model, version=ctx.version, endpoint=ctx.endpoint, stream=bool(ctx.body.get("stream")),
-            request=ctx.body, latency_s=ctx.latency_s(), trainable=False, **fields,
-        )  # fmt: skip
+            model=ctx.model,
+            version=ctx.version,
+            endpoint=ctx.endpoint,
+            stream=bool(ctx.body.get("stream")),
+            request=ctx.body,
+            latency_s=ctx.latency_s(),
+            trainable=False,
+            **fields,
+        )
 
     async def fail(self, ctx: CallContext, status: int, body: dict[str, Any], flag: str) -> JSONResponse:
         """Record a failed span and return the OpenAI-style error to the client."""

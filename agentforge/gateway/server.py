@@ -222,9 +222,14 @@ class AppServer:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(  # no X-Forwarded-* rewriting: these servers are not behind a proxy
-            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False,
-            http=_http_protocol(self.read_timeout_s), timeout_keep_alive=HTTP_KEEP_ALIVE_S,
-        )  # fmt: skip
+            self.app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            proxy_headers=False,
+            http=_http_protocol(self.read_timeout_s),
+            timeout_keep_alive=HTTP_KEEP_ALIVE_S,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{self.port}"

@@ -272,9 +272,15 @@ class StreamRelay:
         self._recorded = True
         flags = ([] if self.capture.finished else ["stream_incomplete"]) + self.tools.repairs
         llm = llm_call_from_response(
-            self.capture.response(), endpoint=self.ctx.endpoint, request=self.ctx.body, model=self.ctx.model,
-            version=self.ctx.version, stream=True, latency_s=self.ctx.latency_s(), extra_flags=flags,
-        )  # fmt: skip
+            self.capture.response(),
+            endpoint=self.ctx.endpoint,
+            request=self.ctx.body,
+            model=self.ctx.model,
+            version=self.ctx.version,
+            stream=True,
+            latency_s=self.ctx.latency_s(),
+            extra_flags=flags,
+        )
         if error is not None:
             llm.flags.append(flag)
             llm.trainable = False

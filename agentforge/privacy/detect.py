@@ -70,13 +70,30 @@ _SECRET_HINT_RE = re.compile(
     r"(?i)(?:pass|secret|token|key|auth|cred|pwd|bearer|-----BEGIN)|[A-Za-z0-9_\-+/=]{20,}"
 )
 _SECRET_PLUGINS = (
-    "ArtifactoryDetector", "AWSKeyDetector", "AzureStorageKeyDetector", "BasicAuthDetector",
-    "CloudantDetector", "DiscordBotTokenDetector", "GitHubTokenDetector", "GitLabTokenDetector",
-    "IbmCloudIamDetector", "IbmCosHmacDetector", "JwtTokenDetector", "MailchimpDetector", "NpmDetector",
-    "OpenAIDetector", "PrivateKeyDetector", "PypiTokenDetector", "SendGridDetector", "SlackDetector",
-    "SoftlayerDetector", "SquareOAuthDetector", "StripeDetector", "TelegramBotTokenDetector",
+    "ArtifactoryDetector",
+    "AWSKeyDetector",
+    "AzureStorageKeyDetector",
+    "BasicAuthDetector",
+    "CloudantDetector",
+    "DiscordBotTokenDetector",
+    "GitHubTokenDetector",
+    "GitLabTokenDetector",
+    "IbmCloudIamDetector",
+    "IbmCosHmacDetector",
+    "JwtTokenDetector",
+    "MailchimpDetector",
+    "NpmDetector",
+    "OpenAIDetector",
+    "PrivateKeyDetector",
+    "PypiTokenDetector",
+    "SendGridDetector",
+    "SlackDetector",
+    "SoftlayerDetector",
+    "SquareOAuthDetector",
+    "StripeDetector",
+    "TelegramBotTokenDetector",
     "TwilioKeyDetector",
-)  # fmt: skip
+)
 # ISO/IEC 7812-1: a payment card's first digit (major industry identifier) is 2-6; 1 (airlines), 7-9 and 0 are
 # not payment networks, and Luhn-valid order numbers starting with them are common (Bitext's 113542617735902)
 _CARD_FIRST_DIGITS = frozenset("23456")

@@ -106,8 +106,10 @@ def _descriptions(value: Any, fn: Callable[[str, bool], str], depth: int = 0) ->
     if depth > 32:
         return value
     if isinstance(value, dict):
-        return {k: fn(v, False) if k == "description" and isinstance(v, str) else _descriptions(v, fn, depth + 1)
-                for k, v in value.items()}  # fmt: skip
+        return {
+            k: fn(v, False) if k == "description" and isinstance(v, str) else _descriptions(v, fn, depth + 1)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_descriptions(v, fn, depth + 1) for v in value]
     return value
@@ -260,10 +262,13 @@ class CallPrivacy:
         if self.mode is PrivacyMode.redact and counts:
             llm = llm.model_copy(
                 update={
-                    "prompt_token_ids": None, "completion_token_ids": None, "logprobs": None,
-                    "trainable": False, "flags": [*llm.flags, REDACTED_FLAG],
+                    "prompt_token_ids": None,
+                    "completion_token_ids": None,
+                    "logprobs": None,
+                    "trainable": False,
+                    "flags": [*llm.flags, REDACTED_FLAG],
                 }
-            )  # fmt: skip
+            )
             attributes["not_trainable_reason"] = REDACTED_FLAG
         return llm, attributes
 

@@ -85,9 +85,13 @@ def exports_holding(store: TraceStore, rollout_ids: Iterable[str], before: float
         held = wanted.intersection(version.payload.get("rollout_ids") or ())
         if version.created_at <= before and held:
             out.append(
-                {"path": version.payload.get("path"), "format": version.payload.get("format"),
-                 "created_at": version.created_at, "rollouts": len(held)}
-            )  # fmt: skip
+                {
+                    "path": version.payload.get("path"),
+                    "format": version.payload.get("format"),
+                    "created_at": version.created_at,
+                    "rollouts": len(held),
+                }
+            )
     return out
 
 

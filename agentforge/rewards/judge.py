@@ -223,9 +223,12 @@ class GroupJudge:
     def _ask(self, messages: list[dict[str, str]]) -> str:
         extra: dict[str, Any] = {} if self.seed is None else {"seed": self.seed}
         response = self.client.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=self.max_tokens,  # type: ignore[arg-type]
-            temperature=self.temperature, **extra,
-        )  # fmt: skip
+            model=self.model,
+            messages=messages,
+            max_tokens=self.max_tokens,  # type: ignore[arg-type]
+            temperature=self.temperature,
+            **extra,
+        )
         if not response.choices:
             return ""
         return message_text(response.choices[0].message.content) or ""

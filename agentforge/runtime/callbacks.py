@@ -120,9 +120,12 @@ class ToolSpanCallback(BaseCallbackHandler):
         text = input_str if inputs is None else _text(inputs)
         with self._lock:
             self._runs[run_id] = {
-                "name": str(name), "input": text, "started_at": now(), "parent_run_id": parent_run_id,
+                "name": str(name),
+                "input": text,
+                "started_at": now(),
+                "parent_run_id": parent_run_id,
                 "tool_call_id": kwargs.get("tool_call_id"),
-            }  # fmt: skip
+            }
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         """Store the span of a tool that returned."""

@@ -215,9 +215,14 @@ class RolloutContext(TraceContext):
             RolloutTimeout: the attempt is already over (e.g. the agent timed out).
         """
         return emit_reward(
-            value, name, final, rollout_id=self.rollout_id, attempt_id=self.attempt_id, store=self.store,
+            value,
+            name,
+            final,
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            store=self.store,
             **metadata,
-        )  # fmt: skip
+        )
 
     def emit_span(
         self,
@@ -269,9 +274,12 @@ class RolloutContext(TraceContext):
             raise MissingExtraError("openai", "agents", "RolloutContext.openai_client()") from exc
         headers = {**self.default_headers, **overrides.pop("default_headers", {})}
         return {
-            "base_url": self.base_url, "api_key": self.api_key, "default_headers": headers,
-            "timeout": self.timeout_s, **overrides,
-        }  # fmt: skip
+            "base_url": self.base_url,
+            "api_key": self.api_key,
+            "default_headers": headers,
+            "timeout": self.timeout_s,
+            **overrides,
+        }
 
 
 class SharedHttpClient:

@@ -89,11 +89,21 @@ def worker_main(spec: WorkerSpec, stop: Any, slot: Any) -> None:
     store = open_store(spec.store_url, api_key=spec.store_api_key)
     scorer = load_object(spec.scorer) if isinstance(spec.scorer, str) else spec.scorer
     worker = Worker(
-        store, build_agent(spec.agent), spec.gateway_url, stop_flag, name=spec.name,
-        heartbeat_s=spec.heartbeat_s, poll_s=spec.poll_s, shutdown_grace_s=spec.shutdown_grace_s,
-        scorer=scorer, agent_name=spec.agent_name, gateway_api_key=spec.gateway_api_key, on_attempt=publish,
-        recycle_on_abandon=True, engine=spec.engine,
-    )  # fmt: skip
+        store,
+        build_agent(spec.agent),
+        spec.gateway_url,
+        stop_flag,
+        name=spec.name,
+        heartbeat_s=spec.heartbeat_s,
+        poll_s=spec.poll_s,
+        shutdown_grace_s=spec.shutdown_grace_s,
+        scorer=scorer,
+        agent_name=spec.agent_name,
+        gateway_api_key=spec.gateway_api_key,
+        on_attempt=publish,
+        recycle_on_abandon=True,
+        engine=spec.engine,
+    )
     try:
         worker.run()
     finally:

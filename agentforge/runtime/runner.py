@@ -159,11 +159,19 @@ class Runner:
         if self.mode == "thread":
             for i in range(self.workers):
                 worker = Worker(
-                    self.store, self._agent, self.gateway_url, self._stop_thread, name=f"t{i}",
-                    heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, shutdown_grace_s=self.shutdown_grace_s,
-                    scorer=self._scorer, agent_name=self.agent_name, gateway_api_key=self.gateway_api_key,
+                    self.store,
+                    self._agent,
+                    self.gateway_url,
+                    self._stop_thread,
+                    name=f"t{i}",
+                    heartbeat_s=self.heartbeat_s,
+                    poll_s=self.poll_s,
+                    shutdown_grace_s=self.shutdown_grace_s,
+                    scorer=self._scorer,
+                    agent_name=self.agent_name,
+                    gateway_api_key=self.gateway_api_key,
                     engine=self.engine,
-                )  # fmt: skip
+                )
                 thread = threading.Thread(target=worker.run, name=f"agentforge-worker-t{i}", daemon=True)
                 thread.start()
                 self._threads.append((thread, worker))
@@ -180,12 +188,20 @@ class Runner:
 
     def _spawn(self, index: int) -> tuple[BaseProcess, Any]:
         spec = WorkerSpec(
-            store_url=self.store_url or "", agent=self._agent_spec, gateway_url=self.gateway_url,
-            name=f"p{index}", store_api_key=self.store_api_key, gateway_api_key=self.gateway_api_key,
-            heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, shutdown_grace_s=self.shutdown_grace_s,
-            scorer=self._scorer_spec, agent_name=self.agent_name, log_level=logging.getLogger().level,
+            store_url=self.store_url or "",
+            agent=self._agent_spec,
+            gateway_url=self.gateway_url,
+            name=f"p{index}",
+            store_api_key=self.store_api_key,
+            gateway_api_key=self.gateway_api_key,
+            heartbeat_s=self.heartbeat_s,
+            poll_s=self.poll_s,
+            shutdown_grace_s=self.shutdown_grace_s,
+            scorer=self._scorer_spec,
+            agent_name=self.agent_name,
+            log_level=logging.getLogger().level,
             engine=self.engine,
-        )  # fmt: skip
+        )
         slot = self._ctx.RawArray("c", _SLOT_BYTES)
         proc = self._ctx.Process(
             target=worker_main, args=(spec, self._stop_process, slot), name=f"agentforge-worker-p{index}"
@@ -201,8 +217,11 @@ class Runner:
                 try:
                     requeued = self.store.requeue_stale(self.heartbeat_timeout_s)
                     if requeued:
-                        logger.warning("re-queued %d rollouts whose worker stopped heartbeating: %s",
-                                       len(requeued), requeued)  # fmt: skip
+                        logger.warning(
+                            "re-queued %d rollouts whose worker stopped heartbeating: %s",
+                            len(requeued),
+                            requeued,
+                        )
                 except Exception as exc:  # noqa: BLE001 - try again next interval
                     logger.warning("requeue_stale failed: %s", exc)
             self._replace_dead_workers()
@@ -219,9 +238,14 @@ class Runner:
             self._quick_exits[i] = self._quick_exits[i] + 1 if quick else 0
             if self._quick_exits[i] >= _MAX_QUICK_EXITS:
                 self._given_up.add(i)
-                logger.error("worker process %s exited %d times in a row within %g s of starting (last "
-                             "exit code %s); not restarting it", proc.name, self._quick_exits[i],
-                             _QUICK_EXIT_S, proc.exitcode)  # fmt: skip
+                logger.error(
+                    "worker process %s exited %d times in a row within %g s of starting (last "
+                    "exit code %s); not restarting it",
+                    proc.name,
+                    self._quick_exits[i],
+                    _QUICK_EXIT_S,
+                    proc.exitcode,
+                )
                 continue
             log = logger.info if recycled else logger.warning
             log(

@@ -57,9 +57,15 @@ def enqueue_tasks(
         group_id = new_id("grp")
         for _ in range(group_size):
             rollout = Rollout(
-                task=task, agent=agent, group_id=group_id, resources=dict(resources or {}),
-                metadata=dict(metadata or {}), max_attempts=max_attempts, timeout_s=timeout_s, tenant=tenant,
-            )  # fmt: skip
+                task=task,
+                agent=agent,
+                group_id=group_id,
+                resources=dict(resources or {}),
+                metadata=dict(metadata or {}),
+                max_attempts=max_attempts,
+                timeout_s=timeout_s,
+                tenant=tenant,
+            )
             out.append(store.enqueue_rollout(rollout))
     return out
 
@@ -180,8 +186,9 @@ def evaluate_tasks(
     """
     if not tasks:
         raise UserError("evaluate_tasks needs at least one task")
-    scores = task_scores(store, tasks, resources, label=label, agent=agent, timeout_s=timeout_s,
-                         max_attempts=max_attempts)  # fmt: skip
+    scores = task_scores(
+        store, tasks, resources, label=label, agent=agent, timeout_s=timeout_s, max_attempts=max_attempts
+    )
     return sum(scores) / len(scores)
 
 

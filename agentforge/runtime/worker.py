@@ -370,14 +370,20 @@ class Worker:
             logger.warning(
                 "rollout %s: the %s's reward came with non-number keys %s; they are not reward parts "
                 "(only their names are stored)",
-                rollout.rollout_id, source, ", ".join(metadata["unscored_keys"]),
-            )  # fmt: skip
+                rollout.rollout_id,
+                source,
+                ", ".join(metadata["unscored_keys"]),
+            )
         self.store.add_reward(
             Reward(
-                rollout_id=rollout.rollout_id, attempt_id=attempt_id, value=value, final=True, source=source,
+                rollout_id=rollout.rollout_id,
+                attempt_id=attempt_id,
+                value=value,
+                final=True,
+                source=source,
                 metadata=metadata,
             )
-        )  # fmt: skip
+        )
 
 
 def _still_running(store: TraceStore, rollout_id: str, attempt_id: str) -> bool:

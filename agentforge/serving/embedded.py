@@ -162,9 +162,13 @@ class EmbeddedServer:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.api_key = secrets.token_urlsafe(32)
         config = uvicorn.Config(
-            self._app(), host=self.host, port=self.port, log_level="warning", access_log=False,
+            self._app(),
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
             timeout_keep_alive=HTTP_KEEP_ALIVE_S,
-        )  # fmt: skip
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, name=f"embedded-server-{self.port}", daemon=True

@@ -116,8 +116,12 @@ class StoreFollower(PollingThread):
         log.warning(
             "the engine went down (%s) while %s was swapped in (%s); the old version serves again once the "
             "engine is back, then the swap is retried (%d/%d)",
-            down, active.ref, exc, tries, self.engine_retries,
-        )  # fmt: skip
+            down,
+            active.ref,
+            exc,
+            tries,
+            self.engine_retries,
+        )
         return True
 
     def engine_down(self) -> str | None:

@@ -265,8 +265,13 @@ class GatedPublisher:
         under that record's version without moving the alias; return the record and the version name. With
         ``live`` (a publish), a load that fails is stored as the candidate's refusal before it propagates."""
         info = read_adapter(adapter_dir)
-        payload = {"path": str(Path(adapter_dir).resolve()), "base_model": info.base_model,
-                   "rank": info.max_rank, "step": step, **extra}  # fmt: skip
+        payload = {
+            "path": str(Path(adapter_dir).resolve()),
+            "base_model": info.base_model,
+            "rank": info.max_rank,
+            "step": step,
+            **extra,
+        }
         record = self.store.publish_resource(
             ResourceVersion(name=self.alias, kind="adapter", payload=payload), activate=False
         )
@@ -322,8 +327,12 @@ class GatedPublisher:
             router.clear_canary(key)
         cand, self._canary_live = rewards.get(candidate, [])[: rule.rollouts], rewards.get(live, [])
         result = rule.judge(cand, self._canary_live)
-        evidence = {**result.evidence(), "share": rule.share, "rollouts": rule.rollouts,
-                    "seconds": round(time.time() - since, 3)}  # fmt: skip
+        evidence = {
+            **result.evidence(),
+            "share": rule.share,
+            "rollouts": rule.rollouts,
+            "seconds": round(time.time() - since, 3),
+        }
         self._decide(
             "canary", "passed" if result.passed else "refused", candidate, live, result.reason, evidence
         )

@@ -28,16 +28,33 @@ def sampling_problem(body: dict[str, Any], chat: bool) -> str | None:
         if value is not None and not (integer(value) and value >= 1):
             return f"{name} must be an integer of at least 1, got {value!r}"
     checks: list[tuple[str, Any, bool, str]] = [
-        ("temperature", body.get("temperature"), number(body.get("temperature")) and body.get("temperature", 0) >= 0,
-         "a finite number of at least 0"),
-        ("top_p", body.get("top_p"), number(body.get("top_p")) and 0 < body.get("top_p", 1) <= 1,
-         "a number in (0, 1]"),
-        ("n", body.get("n"), integer(body.get("n")) and body.get("n") == 1, "1 (the embedded server samples one)"),
+        (
+            "temperature",
+            body.get("temperature"),
+            number(body.get("temperature")) and body.get("temperature", 0) >= 0,
+            "a finite number of at least 0",
+        ),
+        (
+            "top_p",
+            body.get("top_p"),
+            number(body.get("top_p")) and 0 < body.get("top_p", 1) <= 1,
+            "a number in (0, 1]",
+        ),
+        (
+            "n",
+            body.get("n"),
+            integer(body.get("n")) and body.get("n") == 1,
+            "1 (the embedded server samples one)",
+        ),
         ("seed", body.get("seed"), integer(body.get("seed")), "an integer"),
-        ("top_logprobs", body.get("top_logprobs"), integer(body.get("top_logprobs")) and 0 <= body.get("top_logprobs", 0) <= 20,
-         "an integer from 0 to 20"),
+        (
+            "top_logprobs",
+            body.get("top_logprobs"),
+            integer(body.get("top_logprobs")) and 0 <= body.get("top_logprobs", 0) <= 20,
+            "an integer from 0 to 20",
+        ),
         ("stream", body.get("stream"), isinstance(body.get("stream"), bool), "true or false"),
-    ]  # fmt: skip
+    ]
     logprobs = body.get("logprobs")
     if chat:
         checks.append(("logprobs", logprobs, isinstance(logprobs, bool), "true or false"))

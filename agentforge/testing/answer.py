@@ -103,8 +103,14 @@ class Answer:
                 choice["prompt_logprobs"] = self._prompt_logprobs()
         if self.ids_on:
             choice["token_ids"] = ids
-        out: dict[str, Any] = {"id": self.rid, "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
-                               "created": 0, "model": self.model, "choices": [choice], "usage": self.usage}  # fmt: skip
+        out: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
+            "created": 0,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage,
+        }
         if self.endpoint == "chat" and self.ids_on:
             out["prompt_token_ids"] = self.prompt_ids
         return out

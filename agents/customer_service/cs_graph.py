@@ -307,8 +307,13 @@ def build_cs_graph(
             source = "model" if intent else source
         if intent is None and (intent := keyword_intent(text)):
             source = "keywords"
-        return {"intent": intent, "order_id": order_id or find_order_id(text), "triage_text": raw,
-                "triage_source": source, "llm_calls": calls}  # fmt: skip
+        return {
+            "intent": intent,
+            "order_id": order_id or find_order_id(text),
+            "triage_text": raw,
+            "triage_source": source,
+            "llm_calls": calls,
+        }
 
     def retrieve_node(state: CSState) -> dict[str, Any]:
         if knowledge is None or state.get("knowledge") or knowledge_k < 1:
@@ -336,8 +341,11 @@ def build_cs_graph(
             **sampling,
         )
         reply = assistant_dict(out.choices[0].message)
-        return {"messages": [reply], "turn_calls": state.get("turn_calls", 0) + 1,
-                "llm_calls": state.get("llm_calls", 0) + 1}  # fmt: skip
+        return {
+            "messages": [reply],
+            "turn_calls": state.get("turn_calls", 0) + 1,
+            "llm_calls": state.get("llm_calls", 0) + 1,
+        }
 
     def tools_node(state: CSState) -> dict[str, Any]:
         results, ended = [], False

@@ -148,11 +148,19 @@ def run_tau_episode(
     messages = list(state.get("messages", []))
     details = tau_reward_details(db, task, messages, env=env.data)
     return EpisodeResult(
-        task_id=task.task_id, messages=messages, db_hash=details.agent_hash, reward=details.reward,
-        db_match=details.db_match, missing_outputs=list(details.missing_outputs), stop_reason=stop_reason,
-        user_turns=turns, agent_llm_calls=int(state.get("llm_calls", 0)), user_llm_calls=session.calls,
-        intent=state.get("intent"), seconds=round(time.perf_counter() - started, 3),
-    )  # fmt: skip
+        task_id=task.task_id,
+        messages=messages,
+        db_hash=details.agent_hash,
+        reward=details.reward,
+        db_match=details.db_match,
+        missing_outputs=list(details.missing_outputs),
+        stop_reason=stop_reason,
+        user_turns=turns,
+        agent_llm_calls=int(state.get("llm_calls", 0)),
+        user_llm_calls=session.calls,
+        intent=state.get("intent"),
+        seconds=round(time.perf_counter() - started, 3),
+    )
 
 
 _KNOWLEDGE: dict[str, PolicyKnowledge] = {}
@@ -245,11 +253,21 @@ class TauRetailAgent:
         knowledge = policy_knowledge(env) if self.use_knowledge else None
 
         def record_tool(call: ToolCall, output: str) -> None:
-            attributes = {"arguments": call.arguments, "output": bound_tool_output(output, 1000),
-                          "output_chars": len(output), "tool_call_id": call.id, "flags": call.flags}  # fmt: skip
+            attributes = {
+                "arguments": call.arguments,
+                "output": bound_tool_output(output, 1000),
+                "output_chars": len(output),
+                "tool_call_id": call.id,
+                "flags": call.flags,
+            }
             failed = output.startswith("Error")
-            ctx.emit_span(call.name, attributes, kind=SpanKind.tool, status="error" if failed else "ok",
-                          error=output[:200] if failed else None)  # fmt: skip
+            ctx.emit_span(
+                call.name,
+                attributes,
+                kind=SpanKind.tool,
+                status="error" if failed else "ok",
+                error=output[:200] if failed else None,
+            )
 
         client = ctx.openai_client(max_retries=0)
         user_client = OpenAI(
@@ -260,17 +278,29 @@ class TauRetailAgent:
         )
         try:
             result = run_tau_episode(
-                task, client, user_sim, env=env, system_prompt=prompt.payload["template"], knowledge=knowledge,
-                model=ctx.model, max_user_turns=self.max_user_turns, thread_id=ctx.attempt_id or ctx.rollout_id,
+                task,
+                client,
+                user_sim,
+                env=env,
+                system_prompt=prompt.payload["template"],
+                knowledge=knowledge,
+                model=ctx.model,
+                max_user_turns=self.max_user_turns,
+                thread_id=ctx.attempt_id or ctx.rollout_id,
                 graph_options={**self.graph_options, "on_tool_call": record_tool},
-            )  # fmt: skip
+            )
         finally:
             client.close()
             user_client.close()
         summary = {**result.summary(), "prompt_name": self.prompt_name, "prompt_version": prompt.version}
         ctx.emit_span("tau_episode", summary, kind=SpanKind.custom)
         ctx.emit_reward(
-            result.reward, name="tau_reward", final=True, db_hash=result.db_hash, db_match=result.db_match,
-            missing_outputs=result.missing_outputs, prompt_version=prompt.version,
-        )  # fmt: skip
+            result.reward,
+            name="tau_reward",
+            final=True,
+            db_hash=result.db_hash,
+            db_match=result.db_match,
+            missing_outputs=result.missing_outputs,
+            prompt_version=prompt.version,
+        )
         return {k: v for k, v in summary.items() if k != "reward"}  # the reward is recorded above, once

@@ -251,9 +251,11 @@ class MemoryStore:
             if n == 0:
                 return []
             out = collection.query(
-                query_embeddings=embedder.embed([query]), n_results=n, where=dict(where) if where else None,
+                query_embeddings=embedder.embed([query]),
+                n_results=n,
+                where=dict(where) if where else None,
                 include=["documents", "metadatas", "distances"],
-            )  # fmt: skip
+            )
         docs, metas, dists = out["documents"][0], out["metadatas"][0], out["distances"][0]
         return [
             Memory(

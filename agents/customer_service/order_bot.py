@@ -199,9 +199,12 @@ def build_order_bot_graph(
 
     def llm(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         out = client.chat.completions.create(
-            model=model, messages=[*head, *messages], tools=tools, max_tokens=max_tokens,  # type: ignore[arg-type]
+            model=model,
+            messages=[*head, *messages],
+            tools=tools,
+            max_tokens=max_tokens,  # type: ignore[arg-type]
             **{"temperature": temperature, **extra},
-        )  # fmt: skip
+        )
         return assistant_dict(out.choices[0].message)
 
     def act(state: OrderTurnState) -> OrderTurnState:
@@ -294,17 +297,30 @@ class OrderDeskAgent:
         client = ctx.openai_client(max_retries=0)
         try:
             graph = build_order_bot_graph(
-                client, desk=desk, system_prompt=ctx.prompt(ORDER_PROMPT_NAME, default=DEFAULT_ORDER_PROMPT),
-                model=ctx.model, temperature=float(task.input.get("temperature", 1.0)), force_tool=self.force_tool,
-                few_shot=self.few_shot, strict_tools=self.strict_tools, act_max_tokens=self.act_max_tokens,
-                reply_max_tokens=self.reply_max_tokens, on_tool_call=tool_span_recorder(ctx),
-                act_sampling=task.input.get("act_sampling"), reply_sampling=task.input.get("reply_sampling"),
-            )  # fmt: skip
+                client,
+                desk=desk,
+                system_prompt=ctx.prompt(ORDER_PROMPT_NAME, default=DEFAULT_ORDER_PROMPT),
+                model=ctx.model,
+                temperature=float(task.input.get("temperature", 1.0)),
+                force_tool=self.force_tool,
+                few_shot=self.few_shot,
+                strict_tools=self.strict_tools,
+                act_max_tokens=self.act_max_tokens,
+                reply_max_tokens=self.reply_max_tokens,
+                on_tool_call=tool_span_recorder(ctx),
+                act_sampling=task.input.get("act_sampling"),
+                reply_sampling=task.input.get("reply_sampling"),
+            )
             state = graph.invoke({"messages": [{"role": "user", "content": text}], "llm_calls": 0})
         finally:
             client.close()
         score = score_tool_turn(
-            state["messages"][1:], meta["gold_tool"], meta["gold_arguments"], meta["gold_fact"],
-            meta.get("fact_alternatives") or (), self.weights, staged=self.staged_reward,
-        )  # fmt: skip
+            state["messages"][1:],
+            meta["gold_tool"],
+            meta["gold_arguments"],
+            meta["gold_fact"],
+            meta.get("fact_alternatives") or (),
+            self.weights,
+            staged=self.staged_reward,
+        )
         return {"reward": score.reward, **score.parts()}

@@ -183,12 +183,18 @@ def _task(source: Task, env: TauRetail, temperature: float) -> Task:
         task_id=f"{DATASET}/bitext-{meta['index']}",
         input={"text": text[:start] + order_id + text[start + len(number) :], "temperature": temperature},
         metadata={
-            "dataset": DATASET, "split": meta["split"], "index": meta["index"], "intent": meta["intent"],
-            "order_id": order_id, "bitext_order_number": number, "gold_tool": tool,
-            "gold_arguments": {"order_id": order_id}, "gold_fact": output["status"],
+            "dataset": DATASET,
+            "split": meta["split"],
+            "index": meta["index"],
+            "intent": meta["intent"],
+            "order_id": order_id,
+            "bitext_order_number": number,
+            "gold_tool": tool,
+            "gold_arguments": {"order_id": order_id},
+            "gold_fact": output["status"],
             "fact_alternatives": [s for s in STATUSES if s != output["status"]],
         },
-    )  # fmt: skip
+    )
 
 
 def order_desk_tasks(

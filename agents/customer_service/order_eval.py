@@ -96,11 +96,16 @@ def summarise_turns(
         groups.setdefault(rollout.group_id or rollout.rollout_id, []).append(reward)
     n = len(rollouts)
     return {
-        "n": n, "states": dict(Counter(r.state.value for r in rollouts)),
-        "parts": {p: statistics.mean(v) for p, v in parts.items()}, "reward": statistics.mean(rewards),
-        "scores": parts["success"], "tools_chosen": dict(chosen), "tools_gold": dict(gold),
-        "collapse_ratio": collapse_ratio(chosen, gold), "llm_calls": dict(calls),
+        "n": n,
+        "states": dict(Counter(r.state.value for r in rollouts)),
+        "parts": {p: statistics.mean(v) for p, v in parts.items()},
+        "reward": statistics.mean(rewards),
+        "scores": parts["success"],
+        "tools_chosen": dict(chosen),
+        "tools_gold": dict(gold),
+        "collapse_ratio": collapse_ratio(chosen, gold),
+        "llm_calls": dict(calls),
         "flags": dict(flags),
         **({"one_trajectory_share": single / n} if trajectories is not None else {}),
         "groups_with_spread": sum(len(set(g)) > 1 for g in groups.values()) / len(groups),
-    }  # fmt: skip
+    }

@@ -58,7 +58,7 @@ INTENT_TOOLS: dict[str, tuple[str, ...]] = {
     "exchange": (*_AUTH, "get_product_details", "exchange_delivered_order_items"),
     "address": (*_AUTH, "modify_pending_order_address", "modify_user_address"),
     "info": (*_AUTH, "get_product_details", "list_all_product_types", "transfer_to_human_agents"),
-}  # fmt: skip
+}
 
 RETAIL_TRIAGE_PROMPT = (
     "Classify the customer message. Reply with two lines:\n"

@@ -40,19 +40,49 @@ TRIAGE_PROMPT_NAME = "prompt:triage"
 
 #: The 11 Bitext customer-support categories (the main job's triage labels).
 CATEGORIES: tuple[str, ...] = (
-    "account", "cancellation_fee", "contact", "delivery", "feedback", "invoice", "newsletter", "order",
-    "payment", "refund", "shipping_address",
-)  # fmt: skip
+    "account",
+    "cancellation_fee",
+    "contact",
+    "delivery",
+    "feedback",
+    "invoice",
+    "newsletter",
+    "order",
+    "payment",
+    "refund",
+    "shipping_address",
+)
 
 #: The 27 Bitext customer-support intents (a harder configuration of the same graph).
 INTENTS: tuple[str, ...] = (
-    "cancel_order", "change_order", "change_shipping_address", "check_cancellation_fee", "check_invoice",
-    "check_payment_methods", "check_refund_policy", "complaint", "contact_customer_service",
-    "contact_human_agent", "create_account", "delete_account", "delivery_options", "delivery_period",
-    "edit_account", "get_invoice", "get_refund", "newsletter_subscription", "payment_issue", "place_order",
-    "recover_password", "registration_problems", "review", "set_up_shipping_address", "switch_account",
-    "track_order", "track_refund",
-)  # fmt: skip
+    "cancel_order",
+    "change_order",
+    "change_shipping_address",
+    "check_cancellation_fee",
+    "check_invoice",
+    "check_payment_methods",
+    "check_refund_policy",
+    "complaint",
+    "contact_customer_service",
+    "contact_human_agent",
+    "create_account",
+    "delete_account",
+    "delivery_options",
+    "delivery_period",
+    "edit_account",
+    "get_invoice",
+    "get_refund",
+    "newsletter_subscription",
+    "payment_issue",
+    "place_order",
+    "recover_password",
+    "registration_problems",
+    "review",
+    "set_up_shipping_address",
+    "switch_account",
+    "track_order",
+    "track_refund",
+)
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z_ -]*")
 

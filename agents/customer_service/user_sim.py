@@ -127,9 +127,12 @@ class UserSession:
         )
         history = self.messages[:1] + sim.example + _tail(self.messages[1:], sim.max_history_chars)
         out = sim.client.chat.completions.create(
-            model=sim.model, messages=history, max_tokens=sim.max_tokens, temperature=sim.temperature,  # type: ignore[arg-type]
+            model=sim.model,
+            messages=history,
+            max_tokens=sim.max_tokens,
+            temperature=sim.temperature,  # type: ignore[arg-type]
             **({"seed": sim.seed} if sim.seed is not None else {}),
-        )  # fmt: skip
+        )
         self.calls += 1
         text = (out.choices[0].message.content or "").strip()
         self.messages.append({"role": "assistant", "content": text})

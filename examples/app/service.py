@@ -183,9 +183,12 @@ def create_app(
         await client.close()
 
     app = FastAPI(
-        title="agentforge example: customer-service app", lifespan=lifespan, docs_url=None, redoc_url=None,
+        title="agentforge example: customer-service app",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
         openapi_url=None,
-    )  # fmt: skip
+    )
     if app_key is None:
         app.add_middleware(LoopbackGuard, what="example app")
 
@@ -214,9 +217,10 @@ def create_app(
     ) -> dict[str, Any]:
         if app_key is not None and not hmac.compare_digest(bearer_token(authorization), app_key):
             raise HTTPException(
-                401, detail="POST /sessions needs 'Authorization: Bearer <app key>'",
+                401,
+                detail="POST /sessions needs 'Authorization: Bearer <app key>'",
                 headers={"WWW-Authenticate": "Bearer"},
-            )  # fmt: skip
+            )
         body = body or NewSession()
         token = secrets.token_urlsafe(24)
         try:  # read at every session start: a newly published version applies from the next session
@@ -232,11 +236,14 @@ def create_app(
             ) from None
         session_id = new_id("ro")  # the session is the rollout: forget --session <session_id> finds it
         rollout = Rollout(
-            rollout_id=session_id, session_id=session_id, user_id=body.user, agent=AGENT,
+            rollout_id=session_id,
+            session_id=session_id,
+            user_id=body.user,
+            agent=AGENT,
             task=Task(input={"channel": "app"}, metadata={"user": body.user}),
             resources={prompt_name: str(prompt.version)},
             metadata={**body.metadata, "user": body.user, TOKEN_KEY: _digest(token)},
-        )  # fmt: skip
+        )
         rollout = store.enqueue_rollout(rollout)
         rollout = store.update_rollout(rollout.rollout_id, state=RolloutState.running)
         system = str(prompt.payload.get("template", ""))
@@ -244,9 +251,12 @@ def create_app(
             rollout.rollout_id, _digest(token), agent.new_conversation(system)
         )
         return {
-            "session_id": rollout.rollout_id, "rollout_id": rollout.rollout_id, "session_token": token,
-            "state": rollout.state, "prompt_version": prompt.version,
-        }  # fmt: skip
+            "session_id": rollout.rollout_id,
+            "rollout_id": rollout.rollout_id,
+            "session_token": token,
+            "state": rollout.state,
+            "prompt_version": prompt.version,
+        }
 
     @app.post("/sessions/{session_id}/messages", response_model=None)
     async def message(

@@ -76,9 +76,14 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
 
 
 def bgmv_expand_slice(
-    inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset: int, slice_size: int,
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    lora_indices_tensor,
+    slice_offset: int,
+    slice_size: int,
     add_inputs: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     """vLLM's ``bgmv_expand_slice`` (same signature and effect), grouped by adapter slot."""
     outputs = _grouped(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if add_inputs:

@@ -71,19 +71,38 @@ def run(tmp_path_factory):
     try:
         tasks = [Task(task_id=f"letter-{c}", input={"letter": c, "parity": True}) for c in "abst"]
         config = TrainConfig(
-            output_dir=str(tmp / "run"), num_generations=4, tasks_per_step=2, max_steps=STEPS, swap_every=1,
-            learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-            bf16=False, gradient_checkpointing=False, seed=0, max_completion_length=8, rollout_timeout_s=120,
+            output_dir=str(tmp / "run"),
+            num_generations=4,
+            tasks_per_step=2,
+            max_steps=STEPS,
+            swap_every=1,
+            learning_rate=5e-4,
+            lora_r=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            seed=0,
+            max_completion_length=8,
+            rollout_timeout_s=120,
             wait_timeout_s=300,
-        )  # fmt: skip
+        )
         trainer = LightningTrainer(model, store, tasks, config, HotSwapPublisher(swapper, store))
         result = trainer.train()
         for text in ("Answer in one word.", "Answer in one word that starts with the letter."):
             store.publish_resource(
                 ResourceVersion(name="prompt:letter", kind="prompt", payload={"template": text})
             )
-        yield {"store": store, "url": f"{gateway.url}{MOUNT_PATH}", "run_id": trainer.run_id, "result": result,
-               "chromium": chromium, "tmp": tmp}  # fmt: skip
+        yield {
+            "store": store,
+            "url": f"{gateway.url}{MOUNT_PATH}",
+            "run_id": trainer.run_id,
+            "result": result,
+            "chromium": chromium,
+            "tmp": tmp,
+        }
     finally:
         runner.stop()
         gateway.stop()
@@ -148,15 +167,20 @@ def test_runs_page_draws_the_reward_curve(run, browser) -> None:
     run["store"].add_span(Span(kind=SpanKind.custom, name="trainer.metrics", attributes=attrs))
     page.wait_for_function(
         "([id, n]) => window.agentforgeCharts[id].reward.getDatasetMeta(0).data.length === n",
-        arg=[run["run_id"], steps + 1], timeout=15_000,
-    )  # fmt: skip
+        arg=[run["run_id"], steps + 1],
+        timeout=15_000,
+    )
     assert errors == []
     page.close()
 
 
 def test_rollout_page_shows_spans_and_the_trainable_tokens(run, browser) -> None:
     store = run["store"]
-    rollouts = [r for r in store.list_rollouts(state=RolloutState.succeeded) if r.metadata.get("trainer_run") == run["run_id"]]  # fmt: skip
+    rollouts = [
+        r
+        for r in store.list_rollouts(state=RolloutState.succeeded)
+        if r.metadata.get("trainer_run") == run["run_id"]
+    ]
     rollout = rollouts[0]
     spans = store.list_spans(rollout_id=rollout.rollout_id)
     llm = [s for s in spans if s.kind == SpanKind.llm]

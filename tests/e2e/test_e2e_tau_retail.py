@@ -47,9 +47,13 @@ def test_twenty_tau_retail_tasks_run_end_to_end(vllm_tool_server: VLLMServer, tm
     router = ModelRouter()
     HotSwapper(vllm_tool_server, router, alias="policy").register_base()
     agent = TauRetailAgent(
-        vllm_tool_server.base_url, vllm_tool_server.base_model_name, max_user_turns=3, user_max_tokens=32,
-        graph_options=GRAPH, user_api_key=vllm_tool_server.api_key or "agentforge-no-key",
-    )  # fmt: skip
+        vllm_tool_server.base_url,
+        vllm_tool_server.base_model_name,
+        max_user_turns=3,
+        user_max_tokens=32,
+        graph_options=GRAPH,
+        user_api_key=vllm_tool_server.api_key or "agentforge-no-key",
+    )
     with GatewayServer(store, router) as gateway:
         rollouts = enqueue_tasks(store, tasks, max_attempts=1, timeout_s=300)
         started = time.monotonic()
@@ -94,6 +98,8 @@ def test_twenty_tau_retail_tasks_run_end_to_end(vllm_tool_server: VLLMServer, tm
         rewards.append(reward.value)
     assert env.new_db().db_hash() == env.data.base_hash  # the shared snapshot is untouched
     assert tool_spans >= 1  # greedy decoding: the worked examples make the model call tools (23 measured)
-    print(f"τ-retail e2e: mean reward {sum(rewards) / len(rewards):.2f}, rollouts with a successful write: {writes}, "
-          f"LLM spans: {len(store.list_spans(kind=SpanKind.llm))}, tool spans: {tool_spans}")  # fmt: skip
+    print(
+        f"τ-retail e2e: mean reward {sum(rewards) / len(rewards):.2f}, rollouts with a successful write: {writes}, "
+        f"LLM spans: {len(store.list_spans(kind=SpanKind.llm))}, tool spans: {tool_spans}"
+    )
     store.close()

@@ -32,9 +32,17 @@ def test_help_lists_every_pipeline_command() -> None:
 
 def test_run_executes_a_task_file_through_the_gateway(tmp_path: Path) -> None:
     rows = [
-        {"task_id": "t1", "input": {"text": "I want my money back 💸", "temperature": 0.0}, "metadata": {"label": "refund"}},
-        {"task_id": "t2", "input": {"text": "where is my parcel", "temperature": 0.0}, "metadata": {"label": "delivery"}},
-    ]  # fmt: skip
+        {
+            "task_id": "t1",
+            "input": {"text": "I want my money back 💸", "temperature": 0.0},
+            "metadata": {"label": "refund"},
+        },
+        {
+            "task_id": "t2",
+            "input": {"text": "where is my parcel", "temperature": 0.0},
+            "metadata": {"label": "delivery"},
+        },
+    ]
     tasks = _tasks(tmp_path / "tasks.jsonl", rows)
     with gateway_env(tmp_path, [" refund", " refund", " refund", " refund"]) as (
         store,
@@ -43,10 +51,25 @@ def test_run_executes_a_task_file_through_the_gateway(tmp_path: Path) -> None:
         url,
     ):
         proc = subprocess.run(
-            [*CLI, "run", TRIAGE, "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
-             "--group-size", "2", "--workers", "2"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                *CLI,
+                "run",
+                TRIAGE,
+                "--gateway",
+                gw.url,
+                "--store-url",
+                url,
+                "--tasks",
+                str(tasks),
+                "--group-size",
+                "2",
+                "--workers",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
         assert summary["rollouts"] == 4 and summary["states"] == {"succeeded": 4}
@@ -72,9 +95,21 @@ def test_run_rejects_a_bad_task_file_before_touching_the_queue(
     tasks.write_text(content, encoding="utf-8")
     db = tmp_path / "never.db"
     proc = subprocess.run(
-        [*CLI, "run", TRIAGE, "--gateway", "http://127.0.0.1:9", "--store-url", f"sqlite:///{db}", "--tasks", str(tasks)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *CLI,
+            "run",
+            TRIAGE,
+            "--gateway",
+            "http://127.0.0.1:9",
+            "--store-url",
+            f"sqlite:///{db}",
+            "--tasks",
+            str(tasks),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not db.exists()  # nothing was opened, let alone half-written
 
@@ -92,9 +127,19 @@ def test_run_rejects_a_malformed_pin(tmp_path: Path) -> None:
 
 def test_train_rejects_a_missing_task_file(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*CLI, "train", TRIAGE, "--tasks", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *CLI,
+            "train",
+            TRIAGE,
+            "--tasks",
+            str(tmp_path / "nope.jsonl"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -109,11 +154,33 @@ def test_train_runs_grpo_steps_and_hot_swaps(tmp_path: Path) -> None:
     evals = _tasks(tmp_path / "eval.jsonl", [t.model_dump() for t in held_out])
     out = tmp_path / "run"
     proc = subprocess.run(
-        [*CLI, "train", TRIAGE, "--tasks", str(tasks), "--eval-tasks", str(evals), "--output-dir", str(out),
-         "--steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--swap-every", "1",
-         "--max-completion-length", "8", "--workers", "4"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            *CLI,
+            "train",
+            TRIAGE,
+            "--tasks",
+            str(tasks),
+            "--eval-tasks",
+            str(evals),
+            "--output-dir",
+            str(out),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--tasks-per-step",
+            "2",
+            "--swap-every",
+            "1",
+            "--max-completion-length",
+            "8",
+            "--workers",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     # a step publishes (and hot-swaps) a version only when it had a learning signal; every step is one or other
@@ -130,10 +197,23 @@ def test_optimize_prompt_rejects_a_bad_task_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input": {"text": "hi"}}\nnot json\n', encoding="utf-8")
     proc = subprocess.run(
-        [*CLI, "optimize-prompt", TRIAGE, "--name", "prompt:triage", "--tasks", str(good), "--val-tasks", str(bad),
-         "--store-url", f"sqlite:///{tmp_path / 'never.db'}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *CLI,
+            "optimize-prompt",
+            TRIAGE,
+            "--name",
+            "prompt:triage",
+            "--tasks",
+            str(good),
+            "--val-tasks",
+            str(bad),
+            "--store-url",
+            f"sqlite:///{tmp_path / 'never.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "bad.jsonl:2" in proc.stderr, proc.stderr
     assert not (tmp_path / "never.db").exists()
 
@@ -151,10 +231,31 @@ def test_optimize_prompt_runs_gepa_on_real_rollouts(tmp_path: Path) -> None:
     test = _tasks(tmp_path / "test.jsonl", [t.model_dump() for t in held_out])
     db = f"sqlite:///{tmp_path / 'traces.db'}"
     proc = subprocess.run(
-        [*CLI, "optimize-prompt", TRIAGE, "--name", "prompt:triage", "--tasks", str(tasks), "--val-tasks", str(val),
-         "--test-tasks", str(test), "--seed-prompt", "Reply.", "--budget", "15", "--minibatch", "3", "--store-url", db],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            *CLI,
+            "optimize-prompt",
+            TRIAGE,
+            "--name",
+            "prompt:triage",
+            "--tasks",
+            str(tasks),
+            "--val-tasks",
+            str(val),
+            "--test-tasks",
+            str(test),
+            "--seed-prompt",
+            "Reply.",
+            "--budget",
+            "15",
+            "--minibatch",
+            "3",
+            "--store-url",
+            db,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 0 < summary["rollouts_used"] <= 15
@@ -183,10 +284,21 @@ def test_run_exits_1_with_the_reason_when_rollouts_fail_and_loads_agents_from_fi
     tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}])
     with gateway_env(tmp_path, []) as (store, gw, _, url):
         proc = subprocess.run(
-            [*CLI, "run", str(tmp_path / "my_agents.py") + ":boom", "--gateway", gw.url, "--store-url", url,
-             "--tasks", str(tasks)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                *CLI,
+                "run",
+                str(tmp_path / "my_agents.py") + ":boom",
+                "--gateway",
+                gw.url,
+                "--store-url",
+                url,
+                "--tasks",
+                str(tasks),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 1 and "boom: the agent failed" in proc.stderr, proc.stderr
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
         assert summary["states"] == {"failed": 1} and any("boom" in e for e in summary["errors"])
@@ -199,10 +311,26 @@ def test_run_cancels_what_it_leaves_unfinished(tmp_path: Path) -> None:
     tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}] * 3)
     with gateway_env(tmp_path, []) as (store, gw, _, url):
         proc = subprocess.run(
-            [*CLI, "run", "my_agents:slow", "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
-             "--workers", "1", "--timeout", "2"],
-            capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                *CLI,
+                "run",
+                "my_agents:slow",
+                "--gateway",
+                gw.url,
+                "--store-url",
+                url,
+                "--tasks",
+                str(tasks),
+                "--workers",
+                "1",
+                "--timeout",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 1 and "unfinished" in proc.stderr, proc.stderr
         assert not store.list_rollouts(state=RolloutState.queued)
         assert store.list_rollouts(state=RolloutState.cancelled)
@@ -218,10 +346,24 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     tasks = _tasks(tmp_path / "tasks.jsonl", [{"input": {"text": "hi"}}] * 3)
     with gateway_env(tmp_path, []) as (store, gw, _, url):
         proc = subprocess.Popen(
-            [*CLI, "run", "my_agents:slow", "--gateway", gw.url, "--store-url", url, "--tasks", str(tasks),
-             "--workers", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                *CLI,
+                "run",
+                "my_agents:slow",
+                "--gateway",
+                gw.url,
+                "--store-url",
+                url,
+                "--tasks",
+                str(tasks),
+                "--workers",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
         deadline = time.monotonic() + 120
         while not store.list_rollouts(state=RolloutState.running) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -91,9 +91,10 @@ def test_openings_of_rated_conversations_are_read_marked_and_offered_once(script
     started = client.post("/sessions", json={}).json()  # unrated: never offered
     sid = started["session_id"]
     client.post(
-        f"/sessions/{sid}/messages", json={"content": "hi"},
+        f"/sessions/{sid}/messages",
+        json={"content": "hi"},
         headers={"Authorization": f"Bearer {started['session_token']}"},
-    )  # fmt: skip
+    )
 
     stop = threading.Event()
     inner = RolloutSource(store, {}, 2, lambda: "policy@v0", agent="continual:replay")
@@ -135,10 +136,22 @@ def test_feedback_trains_a_step_and_the_running_app_gets_the_new_version(vllm_to
     swapper = HotSwapper(vllm_tool_server, router, alias, drain_timeout_s=60)
     base = swapper.register_base()
     config = TrainConfig(
-        output_dir=str(tmp_path / "run"), num_generations=4, tasks_per_step=1, alias=alias,
-        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=0, max_completion_length=48, rollout_timeout_s=300, wait_timeout_s=600,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        tasks_per_step=1,
+        alias=alias,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=48,
+        rollout_timeout_s=300,
+        wait_timeout_s=600,
+    )
     with GatewayServer(store, router) as gateway:
         app = service.create_app(gateway.url, store, model=alias)
         with TestClient(app) as client:

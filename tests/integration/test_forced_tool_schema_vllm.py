@@ -80,9 +80,14 @@ def test_forced_calls_and_each_tools_schema(vllm_tool_server: VLLMServer) -> Non
                 url = f"{gateway.url}/rollouts/{rollout.rollout_id}/v1"
                 client = OpenAI(base_url=url, api_key="none", max_retries=0)
                 client.chat.completions.create(
-                    model="policy", tools=tools, tool_choice="required", temperature=1.0, seed=seed,
-                    max_tokens=64, messages=[{"role": "user", "content": "Hi, I am patient p7 and need a visit on Monday."}],
-                )  # fmt: skip
+                    model="policy",
+                    tools=tools,
+                    tool_choice="required",
+                    temperature=1.0,
+                    seed=seed,
+                    max_tokens=64,
+                    messages=[{"role": "user", "content": "Hi, I am patient p7 and need a visit on Monday."}],
+                )
     spans = sorted(store.list_spans(kind=SpanKind.llm), key=lambda s: s.started_at)
     assert len(spans) == 6
     for span in spans[:3]:  # not strict: the arguments are free; the flags say when they break the schema

@@ -74,11 +74,16 @@ def test_order_bot_turns_on_vllm_are_scored_per_part(vllm_tool_server: VLLMServe
         if call.parsed is not None:  # the backend's answer, replayed on a fresh view
             assert tool_span.attributes["output"] == OrderDesk(env.new_db()).call(call.name, call.parsed)
         messages = [
-            {"role": "assistant", "content": act.llm.response_text,
-             "tool_calls": [{"function": {"name": c.name, "arguments": c.arguments}} for c in act.llm.tool_calls]},
+            {
+                "role": "assistant",
+                "content": act.llm.response_text,
+                "tool_calls": [
+                    {"function": {"name": c.name, "arguments": c.arguments}} for c in act.llm.tool_calls
+                ],
+            },
             {"role": "tool", "content": tool_span.attributes["output"]},
             {"role": "assistant", "content": reply.llm.response_text},
-        ]  # fmt: skip
+        ]
         expected = score_tool_turn(
             messages, meta["gold_tool"], meta["gold_arguments"], meta["gold_fact"], meta["fact_alternatives"]
         )

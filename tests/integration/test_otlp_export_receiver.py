@@ -53,8 +53,14 @@ def phoenix(tmp_path_factory) -> Iterator[tuple[str, str]]:
         pytest.fail(_START_FAILURE[0])
     work = tmp_path_factory.mktemp("phoenix")
     port, grpc_port = _free_port(), _free_port()
-    env = {**os.environ, "PHOENIX_WORKING_DIR": str(work), "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
-           "PHOENIX_GRPC_PORT": str(grpc_port), "PHOENIX_TELEMETRY_ENABLED": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PHOENIX_WORKING_DIR": str(work),
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(grpc_port),
+        "PHOENIX_TELEMETRY_ENABLED": "false",
+    }
     log = (work / "phoenix.log").open("wb")
     proc = subprocess.Popen([str(PHOENIX), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -94,10 +100,15 @@ def _desk_agent(task, ctx) -> float:  # type: ignore[no-untyped-def]
     messages = [{"role": "user", "content": f"Where is order {task.input['order']}?"}]
     first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, temperature=0.5)
     call = first.choices[0].message.tool_calls[0]
-    ctx.emit_span(call.function.name, {"tool_call_id": call.id, "arguments": call.function.arguments,
-                                       "output": "shipped"}, kind=SpanKind.tool)  # fmt: skip
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "shipped"}]  # fmt: skip
+    ctx.emit_span(
+        call.function.name,
+        {"tool_call_id": call.id, "arguments": call.function.arguments, "output": "shipped"},
+        kind=SpanKind.tool,
+    )
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "shipped"},
+    ]
     client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
     return 1.0
 
@@ -167,13 +178,26 @@ def test_a_rollout_arrives_in_phoenix_as_one_trace_with_genai_spans(phoenix, tmp
     for otel, record in ((first, stored[0]), (second, stored[2])):
         llm = record.llm
         assert otel["name"] == "chat policy"
-        assert {k: otel["attributes"].get(k) for k in ("gen_ai.operation.name", "gen_ai.request.model",
-                "gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
-                "gen_ai.response.finish_reasons", "agentforge.span.id")} == {
-            "gen_ai.operation.name": "chat", "gen_ai.request.model": "policy", "gen_ai.response.model": llm.version,
-            "gen_ai.usage.input_tokens": llm.usage["prompt_tokens"], "gen_ai.usage.output_tokens": llm.usage["completion_tokens"],
-            "gen_ai.response.finish_reasons": [llm.finish_reason], "agentforge.span.id": record.span_id,
-        }  # fmt: skip
+        assert {
+            k: otel["attributes"].get(k)
+            for k in (
+                "gen_ai.operation.name",
+                "gen_ai.request.model",
+                "gen_ai.response.model",
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.output_tokens",
+                "gen_ai.response.finish_reasons",
+                "agentforge.span.id",
+            )
+        } == {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "policy",
+            "gen_ai.response.model": llm.version,
+            "gen_ai.usage.input_tokens": llm.usage["prompt_tokens"],
+            "gen_ai.usage.output_tokens": llm.usage["completion_tokens"],
+            "gen_ai.response.finish_reasons": [llm.finish_reason],
+            "agentforge.span.id": record.span_id,
+        }
     assert first["attributes"]["gen_ai.response.finish_reasons"] == ["tool_calls"]
     assert first["attributes"]["gen_ai.request.temperature"] == 0.5
     call_id = stored[0].llm.tool_calls[0].id
@@ -242,8 +266,11 @@ def test_with_the_receiver_down_the_gateway_keeps_serving_and_counts_dropped_exp
         assert m["exported"] == 0 and m["dropped_export_failed"] > 0, m
         text = httpx.get(f"{gateway.url}/api/store/metrics", timeout=10).text
         assert "agentforge_otlp_export_enabled 1" in text and "agentforge_otlp_spans_exported_total 0" in text
-        dropped = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                      if line.startswith("agentforge_otlp_dropped_total"))  # fmt: skip
+        dropped = sum(
+            int(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("agentforge_otlp_dropped_total")
+        )
         assert dropped == n
         late = client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "still there?"}]

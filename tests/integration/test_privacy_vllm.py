@@ -69,13 +69,26 @@ def _rollouts(store: SQLStore, gateway: GatewayServer, n: int, received: list[di
             Rollout(task=Task(input={}), agent=AGENT, group_id="g-privacy")
         ).rollout_id
         store.update_rollout(rid, state=RolloutState.running)
-        client = OpenAI(base_url=gateway.rollout_base_url(rid), api_key="none", max_retries=0,
-                        default_headers={"api-key": API_KEY})  # fmt: skip
+        client = OpenAI(
+            base_url=gateway.rollout_base_url(rid),
+            api_key="none",
+            max_retries=0,
+            default_headers={"api-key": API_KEY},
+        )
         messages = [{"role": "user", "content": USER}]
-        first = client.chat.completions.create(
-            model="policy", messages=messages, tools=[TOOL], tool_choice="required", temperature=1.0, seed=seed,
-            max_tokens=96,
-        ).choices[0].message  # fmt: skip
+        first = (
+            client.chat.completions.create(
+                model="policy",
+                messages=messages,
+                tools=[TOOL],
+                tool_choice="required",
+                temperature=1.0,
+                seed=seed,
+                max_tokens=96,
+            )
+            .choices[0]
+            .message
+        )
         if not first.tool_calls:
             store.update_rollout(rid, state=RolloutState.failed)
             continue
@@ -153,9 +166,19 @@ def test_mask_in_flight_keeps_values_out_and_spans_trainable(
     export_jsonl(store, tmp_path / "out.jsonl", TraceFilter(agent=AGENT))
     export_hf(store, tmp_path / "hf", TraceFilter(agent=AGENT))
     config = TrainConfig(
-        output_dir=str(tmp_path / "run"), num_generations=2, tasks_per_step=1, max_steps=1, learning_rate=5e-4,
-        lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=0,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        num_generations=2,
+        tasks_per_step=1,
+        max_steps=1,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
     result = run_offline_grpo(
         default_model_dir(), store, TraceFilter(agent=AGENT), config, StorePublisher(store)
     )

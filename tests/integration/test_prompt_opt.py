@@ -96,10 +96,19 @@ def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup
     store, engine, runner = setup
     reflection, reflector = good_reflector
     result = optimize_prompt(
-        store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), reflection=reflection, max_rollouts=20,
-        testset=_tasks(6, 200), feedback=label_feedback(LABELS), minibatch_size=2, check=runner.check_workers,
+        store,
+        TRIAGE_PROMPT_NAME,
+        SEED,
+        _tasks(6),
+        _tasks(4, 100),
+        reflection=reflection,
+        max_rollouts=20,
+        testset=_tasks(6, 200),
+        feedback=label_feedback(LABELS),
+        minibatch_size=2,
+        check=runner.check_workers,
         show_progress=False,
-    )  # fmt: skip
+    )
     versions = {v.version: v for v in list_prompts(store, TRIAGE_PROMPT_NAME)}
     assert versions[1].payload["template"] == SEED and versions[2].payload["template"] == GOOD
     assert versions[2].payload["metadata"]["source"] == "prompt_opt"
@@ -153,10 +162,20 @@ def test_a_winner_goes_through_the_promoter_when_one_is_given(setup, good_reflec
     store, _engine, runner = setup
     promoter = PromptPromoter(store, TRIAGE_PROMPT_NAME)  # no canary configured: it activates and records
     result = optimize_prompt(
-        store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), reflection=good_reflector[0], max_rollouts=20,
-        testset=_tasks(6, 200), feedback=label_feedback(LABELS), minibatch_size=2, check=runner.check_workers,
-        show_progress=False, promoter=promoter,
-    )  # fmt: skip
+        store,
+        TRIAGE_PROMPT_NAME,
+        SEED,
+        _tasks(6),
+        _tasks(4, 100),
+        reflection=good_reflector[0],
+        max_rollouts=20,
+        testset=_tasks(6, 200),
+        feedback=label_feedback(LABELS),
+        minibatch_size=2,
+        check=runner.check_workers,
+        show_progress=False,
+        promoter=promoter,
+    )
     assert result.activated_version == 2 and get_prompt(store, TRIAGE_PROMPT_NAME).version == 2
     assert [(d.stage, d.outcome) for d in promoter.decisions] == [("promote", "promoted")]
     stored = [(d.stage, d.outcome) for d in list_decisions(store, TRIAGE_PROMPT_NAME)]
@@ -168,8 +187,14 @@ def test_a_winner_goes_through_the_promoter_when_one_is_given(setup, good_reflec
 
 def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector) -> None:
     store, _engine, runner = setup
-    kwargs = dict(reflection=good_reflector[0], max_rollouts=20, feedback=label_feedback(LABELS),
-                  minibatch_size=2, check=runner.check_workers, show_progress=False)  # fmt: skip
+    kwargs = dict(
+        reflection=good_reflector[0],
+        max_rollouts=20,
+        feedback=label_feedback(LABELS),
+        minibatch_size=2,
+        check=runner.check_workers,
+        show_progress=False,
+    )
     with pytest.raises(ConfigError, match="max_p=0"):
         optimize_prompt(store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), max_p=0.0, **kwargs)
     # 6 held-out wins give p = 1/64 ≈ 0.016: better on every example, yet not significant at 0.01
@@ -222,9 +247,17 @@ def test_no_better_candidate_keeps_the_seed_active_and_the_budget_holds(setup, u
     store, _engine, runner = setup
     reflection, reflector = useless_reflector
     result = optimize_prompt(
-        store, TRIAGE_PROMPT_NAME, SEED, _tasks(8), _tasks(4, 100), reflection=reflection, max_rollouts=17,
-        minibatch_size=2, check=runner.check_workers, show_progress=False,
-    )  # fmt: skip
+        store,
+        TRIAGE_PROMPT_NAME,
+        SEED,
+        _tasks(8),
+        _tasks(4, 100),
+        reflection=reflection,
+        max_rollouts=17,
+        minibatch_size=2,
+        check=runner.check_workers,
+        show_progress=False,
+    )
     assert result.activated_version is None and result.decided_on == "val"
     assert get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
     assert [c.version for c in result.candidates] == [1]  # the proposal lost on its minibatch
@@ -277,10 +310,18 @@ def test_small_real_run_on_vllm(vllm_server, tmp_path: Path) -> None:
     ):
         reflection = ReflectionLM(f"{gateway.url}/v1", max_tokens=80, prefill="```\n", stop=["```"])
         result = optimize_prompt(
-            store, TRIAGE_PROMPT_NAME, SEED, tasks[:9], tasks[9:15], reflection=reflection, max_rollouts=18,
-            testset=tasks[15:], feedback=label_feedback(CATEGORIES), check=runner.check_workers,
+            store,
+            TRIAGE_PROMPT_NAME,
+            SEED,
+            tasks[:9],
+            tasks[9:15],
+            reflection=reflection,
+            max_rollouts=18,
+            testset=tasks[15:],
+            feedback=label_feedback(CATEGORIES),
+            check=runner.check_workers,
             show_progress=False,
-        )  # fmt: skip
+        )
     store_rollouts = [r for r in store.list_rollouts() if "prompt_opt" in r.metadata]
     assert result.rollouts_used <= 18 and len(store_rollouts) == result.rollouts_used + result.extra_rollouts
     assert all(r.resources[TRIAGE_PROMPT_NAME] == str(r.metadata["prompt_version"]) for r in store_rollouts)

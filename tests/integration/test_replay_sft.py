@@ -40,10 +40,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -66,16 +73,25 @@ class FakePublisher:
         return record.ref
 
 
-def add_trace(store, task_id: str, calls: list[tuple[list[int], list[int]]], reward: float | None,
-              token_ids: bool = True) -> str:  # fmt: skip
+def add_trace(
+    store,
+    task_id: str,
+    calls: list[tuple[list[int], list[int]]],
+    reward: float | None,
+    token_ids: bool = True,
+) -> str:
     """Store one succeeded rollout whose LLM calls had these (prompt ids, completion ids), scored ``reward``."""
     rollout = store.enqueue_rollout(Rollout(task=Task(task_id=task_id), resources={"policy": "policy@v0"}))
     claimed, attempt = store.claim_rollout("w-test")
     assert claimed.rollout_id == rollout.rollout_id
     for prompt, completion in calls:
         if token_ids:
-            call = LLMCall(prompt_token_ids=prompt, completion_token_ids=completion,
-                           logprobs=[-0.5] * len(completion), version="policy@v0")  # fmt: skip
+            call = LLMCall(
+                prompt_token_ids=prompt,
+                completion_token_ids=completion,
+                logprobs=[-0.5] * len(completion),
+                version="policy@v0",
+            )
         else:
             call = LLMCall(trainable=False, flags=["no_token_ids"], version="policy@v0")
         store.add_span(
@@ -101,9 +117,21 @@ def store():  # type: ignore[no-untyped-def]
 
 
 def config(tmp_path: Path, **kw) -> ReplaySFTConfig:  # type: ignore[no-untyped-def]
-    args = dict(output_dir=str(tmp_path / "replay"), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2,
-                lora_r=4, lora_alpha=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                seed=0, dataset_num_proc=None, disable_tqdm=True)  # fmt: skip
+    args = dict(
+        output_dir=str(tmp_path / "replay"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        lora_r=4,
+        lora_alpha=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        dataset_num_proc=None,
+        disable_tqdm=True,
+    )
     args.update(kw)
     return ReplaySFTConfig(**args)
 
@@ -215,8 +243,20 @@ def test_replay_job_end_to_end_publishes_a_version(tmp_path: Path) -> None:
             REQUIRE_VLLM,
         )
     out = tmp_path / "replay-job"
-    cmd = [sys.executable, str(ROOT / "examples" / "replay_job.py"), "--rollouts", "48", "--eval-size", "20",
-           "--epochs", "1", "--min-reward", "0", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "replay_job.py"),
+        "--rollouts",
+        "48",
+        "--eval-size",
+        "20",
+        "--epochs",
+        "1",
+        "--min-reward",
+        "0",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1 = no improvement, allowed
     results = json.loads((out / "results.json").read_text())

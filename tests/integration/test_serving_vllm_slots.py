@@ -63,9 +63,15 @@ def test_a_held_request_keeps_its_version_and_slots_stay_within_limits(
         rollout = new_rollout(gateway)
         url = f"{gateway.url}/rollouts/{rollout}/v1/chat/completions"
         body = {
-            "model": "policy", "messages": LETTER_MESSAGES, "stream": True, "temperature": 0,
-            "max_tokens": 800, "ignore_eos": True, "logprobs": True, "return_token_ids": True,
-        }  # fmt: skip
+            "model": "policy",
+            "messages": LETTER_MESSAGES,
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": 800,
+            "ignore_eos": True,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
         with httpx.Client(timeout=300) as client, client.stream("POST", url, json=body) as stream:
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: {"))

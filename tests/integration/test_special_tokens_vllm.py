@@ -56,21 +56,25 @@ def test_vllm_records_one_bos_on_chat_tool_round_and_text_paths(gateway) -> None
     for _ in range(2):  # a user message, then a tool round
         reply = httpx.post(
             f"{server.rollout_base_url(chat)}/chat/completions",
-            json={"model": "policy", "messages": messages, **SAMPLING}, timeout=300,
-        )  # fmt: skip
+            json={"model": "policy", "messages": messages, **SAMPLING},
+            timeout=300,
+        )
         assert reply.status_code == 200, reply.text
         answer = reply.json()["choices"][0]["message"]["content"] or ""
         messages = [*messages, {"role": "assistant", "content": answer}, {"role": "tool", "content": "4"}]
     text = _rollout(store)
     served = default_chat_template(default_model_dir())  # the template the session's vLLM serves
     rendered = tokenizer.apply_chat_template(
-        messages[:1], chat_template=served.read_text() if served else None, tokenize=False,
+        messages[:1],
+        chat_template=served.read_text() if served else None,
+        tokenize=False,
         add_generation_prompt=True,
-    )  # fmt: skip
+    )
     reply = httpx.post(
         f"{server.rollout_base_url(text)}/completions",
-        json={"model": "policy", "prompt": rendered, **SAMPLING}, timeout=300,
-    )  # fmt: skip
+        json={"model": "policy", "prompt": rendered, **SAMPLING},
+        timeout=300,
+    )
     assert reply.status_code == 200, reply.text
 
     spans = {rid: store.list_spans(rollout_id=rid, kind=SpanKind.llm) for rid in (chat, text)}

@@ -75,9 +75,13 @@ def _vllm_python():
 
 def test_grouped_ops_equal_vllms_own_ops() -> None:
     proc = subprocess.run(
-        [str(_vllm_python()), "-c", CHECK], capture_output=True, text=True, timeout=300, check=False,
+        [str(_vllm_python()), "-c", CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={"AGENTFORGE_VLLM_CPU_LORA": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["patched"], "register() did not replace the ops vLLM's CPU punica wrapper calls"

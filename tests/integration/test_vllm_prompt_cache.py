@@ -58,9 +58,16 @@ def test_recomputation_reads_the_prefix_cache_and_matches_a_full_prefill(
     with GatewayServer(store, router) as gateway, httpx.Client(timeout=120) as client:
         answer = client.post(
             f"{gateway.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
-            json={"model": "policy", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
-                  "max_tokens": 48, "temperature": 1.0, "seed": 3},
-        )  # fmt: skip
+            json={
+                "model": "policy",
+                "messages": MESSAGES,
+                "tools": TOOLS,
+                "tool_choice": "required",
+                "max_tokens": 48,
+                "temperature": 1.0,
+                "seed": 3,
+            },
+        )
         assert answer.status_code == 200, answer.text
     (span,) = store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm)
     llm = span.llm
@@ -78,6 +85,8 @@ def test_recomputation_reads_the_prefix_cache_and_matches_a_full_prefill(
     assert got == pytest.approx(expected, abs=1e-3)
     assert llm.logprobs == pytest.approx(expected, abs=1e-3)  # what the gateway recorded
     # the bounded request computed only past its cache hit: the early positions were never written
-    assert all(entry == {"0": {"logprob": 0.0, "rank": 0, "decoded_token": entry["0"]["decoded_token"]}}
-               for entry in bounded[1:100])  # fmt: skip
+    assert all(
+        entry == {"0": {"logprob": 0.0, "rank": 0, "decoded_token": entry["0"]["decoded_token"]}}
+        for entry in bounded[1:100]
+    )
     assert all(next(iter(entry)) != "0" for entry in full[1:100])  # vLLM computed them all

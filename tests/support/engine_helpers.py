@@ -20,10 +20,12 @@ def rendered_prompt(base_url: str, key: str, model: str, base_model: str) -> str
     from transformers import AutoTokenizer
 
     body = {
-        "model": model, "messages": [{"role": "user", "content": "Lend me Dune."}], "max_tokens": 1,
+        "model": model,
+        "messages": [{"role": "user", "content": "Lend me Dune."}],
+        "max_tokens": 1,
         "return_token_ids": True,
         "tools": [{"type": "function", "function": {"name": "find_book", "parameters": {"type": "object"}}}],
-    }  # fmt: skip
+    }
     answer = httpx.post(
         f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
     )

@@ -18,9 +18,12 @@ def json_values(max_leaves: int = 20, max_text: int = 40) -> st.SearchStrategy[o
     """Any JSON value: null, booleans, integers beyond 64 bits, finite floats, text, and lists/objects of
     those nested up to ``max_leaves`` leaves."""
     scalars = st.one_of(
-        st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-        st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=max_text),
-    )  # fmt: skip
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=max_text),
+    )
     return st.recursive(
         scalars,
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

@@ -31,9 +31,13 @@ def store_rollout(
     rollout = store.enqueue_rollout(Rollout(agent=agent, group_id=group, task=Task(task_id=group, input={})))
     store.update_rollout(rollout.rollout_id, state=RolloutState.running)
     call = LLMCall(
-        version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion, logprobs=logprobs,
-        finish_reason="stop", flags=list(span_kw.pop("flags", [])),
-    )  # fmt: skip
+        version="policy@v0",
+        prompt_token_ids=PROMPT,
+        completion_token_ids=completion,
+        logprobs=logprobs,
+        finish_reason="stop",
+        flags=list(span_kw.pop("flags", [])),
+    )
     store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call, **span_kw))
     store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
     store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
@@ -86,10 +90,21 @@ def stored_group_trainer(
 
     groups = select_traces(store, TraceFilter(agent=agent, require_reward=False)).groups()
     fields: dict[str, Any] = dict(
-        output_dir=str(out), num_generations=group_size, tasks_per_step=1, max_steps=1, swap_every=1,
-        learning_rate=1e-2, lora_r=4, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=0, gradient_checkpointing=False,
-    )  # fmt: skip
+        output_dir=str(out),
+        num_generations=group_size,
+        tasks_per_step=1,
+        max_steps=1,
+        swap_every=1,
+        learning_rate=1e-2,
+        lora_r=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        gradient_checkpointing=False,
+    )
     fields.update(config_kw)
     publisher = RecordingPublisher()
     source = StoredGroupSource(groups, group_size)

@@ -46,9 +46,12 @@ def scored_rollout(store: TraceStore, agent: str, group: str, completion: list[i
     rollout = store.enqueue_rollout(Rollout(agent=agent, group_id=group, task=Task(task_id=group, input={})))
     store.update_rollout(rollout.rollout_id, state=RolloutState.running)
     call = LLMCall(
-        version="policy@v0", prompt_token_ids=PROMPT, completion_token_ids=completion,
-        logprobs=[-1.0] * len(completion), finish_reason="stop",
-    )  # fmt: skip
+        version="policy@v0",
+        prompt_token_ids=PROMPT,
+        completion_token_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        finish_reason="stop",
+    )
     store.add_span(Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, name="llm", llm=call))
     store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
     store.update_rollout(rollout.rollout_id, state=RolloutState.succeeded)
@@ -80,11 +83,18 @@ def tiny_model(chat_template: str | None = None) -> Path:
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         config = LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-        )  # fmt: skip
+        )
         torch.manual_seed(0)
         model = LlamaForCausalLM(config)
         tmp = target.with_name(target.name + ".tmp")

@@ -20,9 +20,13 @@ def tiny_policy(temperature: float = 0.7):  # type: ignore[no-untyped-def]
     """A 2-layer random Llama (seed 0) with TRL's fused head (log-probs and entropy) and a random rank-4 LoRA."""
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(config)
     add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
     return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))

@@ -193,9 +193,13 @@ class SharedPrefixSFTTrainer(_sft_trainer_base()):  # type: ignore[misc]
             return None  # nothing shared: TRL's batched pass is as cheap
         try:
             out = shared_prefix_forward(
-                model, batch.input_ids, batch.attention_mask, batch.completion_len, labels=batch.labels,
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_len,
+                labels=batch.labels,
                 groups=groups,
-            )  # fmt: skip
+            )
         except (TypeError, AttributeError, NotImplementedError) as exc:
             self.shared_prefix_unsupported = f"{type(exc).__name__}: {exc}"
             logger.warning(

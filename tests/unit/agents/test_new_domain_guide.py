@@ -124,9 +124,13 @@ def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     assert "agentforge train" in script and "agentforge traces show" in script
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True, text=True,
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=1500,
-    )  # fmt: skip
+    )
     logs = {p.name: p.read_text()[-3000:] for p in folder.glob("*.log")}
     assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:], logs)
     summary = json.loads((folder / "train.json").read_text())

@@ -185,9 +185,11 @@ def test_trl_reward_functions_report_each_part() -> None:
     }
     funcs = {p: make_tool_turn_reward_func(p) for p in (*PARTS, "success")}
     assert {p: f(completions, **columns) for p, f in funcs.items()} == {
-        "tool": [1.0, 0.0, None], "arguments": [1.0, 1.0, None], "reply": [1.0, 0.0, None],
+        "tool": [1.0, 0.0, None],
+        "arguments": [1.0, 1.0, None],
+        "reply": [1.0, 0.0, None],
         "success": [1.0, 0.0, None],
-    }  # fmt: skip
+    }
     total = make_tool_turn_reward_func()
     assert total.__name__ == "tool_turn_reward" and funcs["tool"].__name__ == "tool_turn_tool"
     assert total(completions, **columns)[:2] == [1.0, pytest.approx(1 / 3)]

@@ -259,10 +259,16 @@ def test_tool_outputs_match_real_trajectories(env):
             assert db.call_tool(name, args) == expected, (name, args)
             matched[name] += 1
     assert set(matched) == {
-        "get_order_details", "get_product_details", "list_all_product_types", "cancel_pending_order",
-        "return_delivered_order_items", "exchange_delivered_order_items", "modify_pending_order_items",
-        "modify_pending_order_address", "modify_pending_order_payment",
-    }  # fmt: skip
+        "get_order_details",
+        "get_product_details",
+        "list_all_product_types",
+        "cancel_pending_order",
+        "return_delivered_order_items",
+        "exchange_delivered_order_items",
+        "modify_pending_order_items",
+        "modify_pending_order_address",
+        "modify_pending_order_payment",
+    }
     assert sum(matched.values()) >= 290
 
 

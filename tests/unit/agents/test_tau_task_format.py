@@ -101,9 +101,14 @@ def test_outputs_are_lowercased_comma_free_substrings_of_one_assistant_text() ->
         {"role": "system", "content": "blue"},
         {"role": "user", "content": "blue"},
         {"role": "tool", "tool_call_id": "c", "content": "blue"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
-                                                                "function": {"name": "look", "arguments": "blue"}}]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "look", "arguments": "blue"}}
+            ],
+        },
+    ]
     assert missing(["blue"], others) == ["blue"]
     assert (
         missing([], []) == [] and tau_reward_details(ENV.new_db(), _task([], None), [], env=ENV).reward == 1.0

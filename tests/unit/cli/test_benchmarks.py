@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--tiny"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     result = json.loads(out[: out.rindex("}") + 1])
     assert result["tokens_per_s"] > 0 and result["matmul_peak_tflops"] > 0
     assert 0 < result["mfu"] < 1.5, result  # measured against a peak from the same run
@@ -35,11 +38,30 @@ def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
     from tiny_model import tiny_model
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "update_memory.py"), "--model", str(tiny_model()),
-         "--rollouts", "4", "16", "--group-size", "4", "--prompt-tokens", "24", "--tail-tokens", "6",
-         "--completion-tokens", "9", "--old-cap-gb", "0.001"],
-        capture_output=True, text=True, check=True, timeout=600,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "update_memory.py"),
+            "--model",
+            str(tiny_model()),
+            "--rollouts",
+            "4",
+            "16",
+            "--group-size",
+            "4",
+            "--prompt-tokens",
+            "24",
+            "--tail-tokens",
+            "6",
+            "--completion-tokens",
+            "9",
+            "--old-cap-gb",
+            "0.001",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
     lines = out.strip().splitlines()
     assert "24 prompt + 9 completion tokens" in lines[-4] and "peak GB" in lines[-3]
     four, sixteen = (line.split("|") for line in lines[-2:])
@@ -55,10 +77,23 @@ def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
 @pytest.mark.slow
 def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "1", "4", "--seconds", "0.5", "--rounds", "2",
-         "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gateway.py"),
+            "--clients",
+            "1",
+            "4",
+            "--seconds",
+            "0.5",
+            "--rounds",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     phases = json.loads(out.strip().splitlines()[-1])
     # direct, direct with the gateway's capture options, gateway, and the byte-copying relay (the floor);
     # 1 and 4 clients; 2 rounds of plain and streamed
@@ -84,8 +119,11 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
 def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "store.py"), "--writers", "3", "--spans", "4", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     rows = json.loads(out.strip().splitlines()[-1])
     assert {(r["backend"], r["mode"]) for r in rows} >= {
         (b, m) for b in ("sqlite", "http-sqlite") for m in ("baseline", "batched", "pipelined")
@@ -137,10 +175,21 @@ def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with
 @pytest.mark.slow
 def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "otlp_export.py"), "--clients", "1", "--seconds", "0.5",
-         "--rounds", "1"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "otlp_export.py"),
+            "--clients",
+            "1",
+            "--seconds",
+            "0.5",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     assert "CPU ms/req off" in out
     got = [line for line in out.splitlines() if line.startswith("receiver got ")]
     assert len(got) == 1, out
@@ -152,10 +201,23 @@ def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
 @pytest.mark.slow
 def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "2", "--seconds", "0.5", "--rounds", "1",
-         "--lean", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gateway.py"),
+            "--clients",
+            "2",
+            "--seconds",
+            "0.5",
+            "--rounds",
+            "1",
+            "--lean",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     phases = json.loads(out.strip().splitlines()[-1])
     assert [ph["target"] for ph in phases] == ["direct", "direct+capture", "gateway", "relay", "lean"] * 2
     for lean in phases[4::5]:
@@ -169,10 +231,23 @@ def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase(
 @pytest.mark.slow
 def test_gateway_benchmark_dialects_measure_the_responses_and_messages_routes() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--clients", "2", "--seconds", "0.5", "--rounds", "1",
-         "--dialects", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gateway.py"),
+            "--clients",
+            "2",
+            "--seconds",
+            "0.5",
+            "--rounds",
+            "1",
+            "--dialects",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     phases = json.loads(out.strip().splitlines()[-1])
     others = [ph for ph in phases if ph["target"].startswith("gateway-")]
     assert sorted((ph["target"], ph["stream"]) for ph in others) == sorted(
@@ -191,8 +266,9 @@ def _lean_proxy(bench: ModuleType, spine: ModuleType, engine_code: str, db: str)
     try:
         proxy = spine.ChildServer(
             bench._LEAN.format(bench=str(ROOT / "benchmarks"), engine=str(engine.port), db=db),
-            spine.free_port(), "/v1/models",
-        )  # fmt: skip
+            spine.free_port(),
+            "/v1/models",
+        )
         try:
             yield f"{proxy.url}/rollouts/r1/v1/chat/completions"
         finally:

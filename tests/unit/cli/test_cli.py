@@ -35,9 +35,20 @@ def test_model_prepare_prints_the_checkpoint_path() -> None:
 
 def test_serve_refuses_a_public_interface_without_an_api_key(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*CLI, "serve", "--backend", "embedded", "--host", "0.0.0.0", "--store-url", f"sqlite:///{tmp_path}/t.db"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *CLI,
+            "serve",
+            "--backend",
+            "embedded",
+            "--host",
+            "0.0.0.0",
+            "--store-url",
+            f"sqlite:///{tmp_path}/t.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "api" in proc.stderr.lower()
 
 
@@ -49,9 +60,12 @@ def test_serve_embedded_records_calls_until_interrupted(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'traces.db'}"
     proc = subprocess.Popen(
         [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", db],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
         preexec_fn=_as_a_background_job,  # SIGINT inherited as ignored: serve must stop on it all the same
-    )  # fmt: skip
+    )
     try:
         url = proc.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url
@@ -90,8 +104,13 @@ def _stopped(proc: subprocess.Popen[str], timeout_s: float = 90.0) -> int:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         spy = Path(sys.executable).with_name("py-spy")
-        stacks = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
-                                timeout=60).stdout if spy.exists() else "(no py-spy)"  # fmt: skip
+        stacks = (
+            subprocess.run(
+                [str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60
+            ).stdout
+            if spy.exists()
+            else "(no py-spy)"
+        )
         proc.kill()
         pytest.fail(f"serve did not stop within {timeout_s} s\n{stacks}\n{proc.stderr.read()[-3000:]}")
 
@@ -112,8 +131,11 @@ def test_serve_refuses_a_store_server_that_rejects_its_key_before_starting_the_e
     with serve_app(create_store_app(backing, api_key=STORE_KEY)) as store_url:
         proc = subprocess.run(
             [*CLI, "serve", "--backend", "embedded", "--port", str(_free_port()), "--store-url", store_url],
-            capture_output=True, text=True, timeout=300, env=_env_without_keys(),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_env_without_keys(),
+        )
     backing.close()
     assert proc.returncode == 2, proc.stderr
     assert "rejected" in proc.stderr and "--store-api-key" in proc.stderr and "starting" not in proc.stderr
@@ -125,10 +147,23 @@ def test_serve_with_an_http_store_url_records_into_the_running_store_server(tmp_
     port = _free_port()
     with serve_app(create_store_app(backing, api_key=STORE_KEY)) as store_url:
         proc = subprocess.Popen(
-            [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", store_url,
-             "--store-api-key", STORE_KEY],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env_without_keys(),
-        )  # fmt: skip
+            [
+                *CLI,
+                "serve",
+                "--backend",
+                "embedded",
+                "--port",
+                str(port),
+                "--store-url",
+                store_url,
+                "--store-api-key",
+                STORE_KEY,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env_without_keys(),
+        )
         try:
             url = proc.stdout.readline().strip()
             assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url

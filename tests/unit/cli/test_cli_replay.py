@@ -110,14 +110,36 @@ def _groups(tmp_path: Path) -> str:
 @pytest.mark.slow
 def test_replay_sft_and_grpo_publish_adapter_versions_serving_follows(tmp_path: Path) -> None:
     url = _groups(tmp_path)
-    out = _cli("sft", "--store-url", url, "--agent", "triage", "--epochs", "1", "--batch-size", "2",
-               "--output-dir", str(tmp_path / "sft"))  # fmt: skip
+    out = _cli(
+        "sft",
+        "--store-url",
+        url,
+        "--agent",
+        "triage",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--output-dir",
+        str(tmp_path / "sft"),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["selected"] == 4 and result["version"] == "policy@v1" and result["sampled_tokens"] > 0
     assert Path(result["adapter_dir"], "adapter_config.json").exists()
-    grpo = _cli("grpo", "--store-url", url, "--agent", "triage", "--group-size", "4", "--groups-per-step", "2",
-                "--output-dir", str(tmp_path / "grpo"))  # fmt: skip
+    grpo = _cli(
+        "grpo",
+        "--store-url",
+        url,
+        "--agent",
+        "triage",
+        "--group-size",
+        "4",
+        "--groups-per-step",
+        "2",
+        "--output-dir",
+        str(tmp_path / "grpo"),
+    )
     assert grpo.returncode == 0, grpo.stderr[-2000:]
     summary = json.loads(grpo.stdout.strip().splitlines()[-1])
     assert summary["groups"] == 2 and summary["steps"] == 1 and summary["versions"] == ["policy@v2"]
@@ -195,8 +217,13 @@ def test_an_export_from_a_store_server_takes_its_keys_and_is_logged(tmp_path: Pa
     with SQLStore(url) as store, serve_app(create_store_app(store, api_key=key, admin_key=admin)) as server:
         env = {**os.environ, "AGENTFORGE_API_KEY": key, "AGENTFORGE_ADMIN_KEY": admin}
         out = tmp_path / "http.jsonl"
-        done = subprocess.run([*CLI, "export", str(out), "--store-url", server], env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [*CLI, "export", str(out), "--store-url", server],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout.strip().splitlines()[-1])["records"] == 4
         assert [v.payload["path"] for v in store.list_resources(EXPORTS)] == [str(out)]

@@ -76,8 +76,16 @@ def test_local_stack_checks_retain_against_the_engine_before_starting_it(starts:
 def test_train_keeps_max_staleness_versions_loaded(tmp_path: Path, starts: list[list[str]]) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"input": {"q": i}}) + "\n" for i in range(4)))
-    args = ["train", "runtime_agents:one_call_agent", "--tasks", str(tasks), "--output-dir", str(tmp_path / "run"),
-            "--backend", "vllm"]  # fmt: skip
+    args = [
+        "train",
+        "runtime_agents:one_call_agent",
+        "--tasks",
+        str(tasks),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--backend",
+        "vllm",
+    ]
     refused = CliRunner().invoke(app, [*args, "--max-staleness", "3"], env={"COLUMNS": "300"})
     assert refused.exit_code == 2, refused.output
     assert "retain=3 (the trainer's max_staleness)" in re.sub(r"\s+", " ", refused.output)

@@ -44,10 +44,25 @@ def test_serve_prints_the_engine_for_a_customer_and_stops_cleanly_on_sigterm(tmp
     port = _free_port()
     db = f"sqlite:///{tmp_path / 'traces.db'}"
     proc = subprocess.Popen(
-        [*CLI, "serve", "--backend", "embedded", "--port", str(port), "--store-url", db, "--max-model-len", "256",
-         "--chat-template", str(marked_template(tmp_path))],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+        [
+            *CLI,
+            "serve",
+            "--backend",
+            "embedded",
+            "--port",
+            str(port),
+            "--store-url",
+            db,
+            "--max-model-len",
+            "256",
+            "--chat-template",
+            str(marked_template(tmp_path)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert proc.stdout is not None and proc.stderr is not None
         engine, _ = _read_until(

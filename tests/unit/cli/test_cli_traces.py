@@ -19,10 +19,16 @@ runner = CliRunner()
 
 def _llm(rollout_id: str, attempt_id: str, prompt: list[int], completion: list[int], version: str, **kw):  # type: ignore[no-untyped-def]
     call = LLMCall(
-        model="policy", version=version, request=kw.pop("request", {"messages": []}),
-        prompt_token_ids=prompt, completion_token_ids=completion, logprobs=[-0.5] * len(completion),
-        response_text=kw.pop("text", "ok"), finish_reason="stop", latency_s=0.25,
-    )  # fmt: skip
+        model="policy",
+        version=version,
+        request=kw.pop("request", {"messages": []}),
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-0.5] * len(completion),
+        response_text=kw.pop("text", "ok"),
+        finish_reason="stop",
+        latency_s=0.25,
+    )
     return Span(rollout_id=rollout_id, attempt_id=attempt_id, kind=SpanKind.llm, llm=call)
 
 
@@ -40,10 +46,14 @@ def _rollout(store: SQLStore, agent: str, reward: float | None, version: str) ->
     second = {
         "messages": [
             {"role": "user", "content": "Where is order #7?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "find_order", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "find_order", "arguments": "{}"}}],
+            },
             {"role": "tool", "content": "order 7: shipped"},
         ]
-    }  # fmt: skip
+    }
     store.add_span(
         _llm(rid, aid, [1, 2, 3, 4, 5, 6, 7, 8], [9, 10], version, request=second, text="It shipped.")
     )
@@ -149,12 +159,17 @@ def test_traces_over_a_store_server(filled: tuple[str, list[str]], tmp_path: Pat
 
     url, ids = filled
     with SQLStore(url) as backing, serve_app(create_store_app(backing, **HTTP_KEYS)) as http_url:
-        listed = runner.invoke(app, ["traces", "list", "--store-url", http_url, "--json"],
-                               env={"AGENTFORGE_API_KEY": HTTP_KEYS["api_key"]})  # fmt: skip
+        listed = runner.invoke(
+            app,
+            ["traces", "list", "--store-url", http_url, "--json"],
+            env={"AGENTFORGE_API_KEY": HTTP_KEYS["api_key"]},
+        )
         assert listed.exit_code == 0, listed.output
         assert [r["rollout_id"] for r in json.loads(listed.stdout)][:3] == ids
-        shown = runner.invoke(app, ["traces", "show", ids[1], "--store-url", http_url, "--json",
-                                    "--api-key", HTTP_KEYS["api_key"]])  # fmt: skip
+        shown = runner.invoke(
+            app,
+            ["traces", "show", ids[1], "--store-url", http_url, "--json", "--api-key", HTTP_KEYS["api_key"]],
+        )
         assert shown.exit_code == 0 and json.loads(shown.stdout)["trajectories"][0]["mask"] == "1×3 0×2 1×2"
 
 
@@ -172,9 +187,14 @@ def test_show_says_why_a_call_failed(tmp_path: Path) -> None:
         rid = store.enqueue_rollout(Rollout(agent="shop")).rollout_id
         failed = LLMCall(model="policy", trainable=False, flags=["client_disconnected"])
         store.add_span(
-            Span(rollout_id=rid, kind=SpanKind.llm, llm=failed, status="error",
-                 error="client disconnected before the engine answered")
-        )  # fmt: skip
+            Span(
+                rollout_id=rid,
+                kind=SpanKind.llm,
+                llm=failed,
+                status="error",
+                error="client disconnected before the engine answered",
+            )
+        )
     data = _json("show", rid, "--store-url", url)
     assert data["spans"][0]["error"] == "client disconnected before the engine answered"
     assert data["spans"][0]["flags"] == ["client_disconnected"]

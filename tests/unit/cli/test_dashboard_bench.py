@@ -15,9 +15,19 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.slow
 def test_dashboard_benchmark_reports_first_render_and_the_baseline() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dashboard.py"), "--rollouts", "1500", "--repeats", "1", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "dashboard.py"),
+            "--rollouts",
+            "1500",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])["sqlite"]
     assert set(figures) == {"first_s", "warm_s", "deep_s", "filtered_s", "version_s", "baseline_s"}

@@ -29,9 +29,12 @@ def test_dashboard_serves_a_sqlite_store_until_stopped(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [*CLI, "--store-url", db, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [*CLI, "--store-url", db, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     try:
         url = proc.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url

@@ -47,8 +47,22 @@ def test_run_hands_the_engine_address_to_every_rollout(
     (tmp_path / "tasks.jsonl").write_text('{"input": {}}\n')
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'traces.db'}"
-    common = ["run", "engine_agents:engine_agent", "--gateway", "http://127.0.0.1:9", "--store-url", url,
-              "--tasks", "tasks.jsonl", "--workers", "1", "--mode", mode, "--timeout", "120"]  # fmt: skip
+    common = [
+        "run",
+        "engine_agents:engine_agent",
+        "--gateway",
+        "http://127.0.0.1:9",
+        "--store-url",
+        url,
+        "--tasks",
+        "tasks.jsonl",
+        "--workers",
+        "1",
+        "--mode",
+        mode,
+        "--timeout",
+        "120",
+    ]
     engine = ["--engine-url", "http://127.0.0.1:40123/v1", "--engine-key", "k-1", "--engine-model", "base"]
     done = CliRunner().invoke(app, [*common, *engine])
     assert done.exit_code == 0, done.output

@@ -16,8 +16,13 @@ pytestmark = pytest.mark.slow  # importing the example loads torch through the f
 
 def _summary(version: str, tool: float, success: float, chosen: dict[str, int]) -> dict:
     gold = {"get_order_status": 10, "cancel_order": 10, "modify_order": 10}
-    return {"version": version, "parts": {"tool": tool, "arguments": 1.0, "reply": 0.9, "success": success},
-            "tools_chosen": chosen, "tools_gold": gold, "collapse_ratio": max(chosen.values()) / 10}  # fmt: skip
+    return {
+        "version": version,
+        "parts": {"tool": tool, "arguments": 1.0, "reply": 0.9, "success": success},
+        "tools_chosen": chosen,
+        "tools_gold": gold,
+        "collapse_ratio": max(chosen.values()) / 10,
+    }
 
 
 def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> None:
@@ -28,23 +33,66 @@ def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> Non
     args = main_job.parse_args(["--out", str(tmp_path), "--seeds", "0", "1"])
     before = _summary("policy@v0", 0.6, 0.5, {"get_order_status": 21, "cancel_order": 9})
     decisions = [
-        {"phase": "warm start", "step": 0, "stage": "eval", "outcome": "passed", "candidate": "policy@v1",
-         "live": "policy@v0", "reason": "", "live_mean": 0.5, "candidate_mean": 0.75, "p": 0.03},
-        {"phase": "warm start", "step": 0, "stage": "promote", "outcome": "promoted", "candidate": "policy@v1",
-         "live": "policy@v0", "reason": "", "live_mean": None, "candidate_mean": None, "p": None},
-        {"phase": "grpo", "step": 2, "stage": "eval", "outcome": "refused", "candidate": "policy@v2",
-         "live": "policy@v1", "reason": "", "live_mean": 0.75, "candidate_mean": 0.7, "p": 0.8},
-    ]  # fmt: skip
+        {
+            "phase": "warm start",
+            "step": 0,
+            "stage": "eval",
+            "outcome": "passed",
+            "candidate": "policy@v1",
+            "live": "policy@v0",
+            "reason": "",
+            "live_mean": 0.5,
+            "candidate_mean": 0.75,
+            "p": 0.03,
+        },
+        {
+            "phase": "warm start",
+            "step": 0,
+            "stage": "promote",
+            "outcome": "promoted",
+            "candidate": "policy@v1",
+            "live": "policy@v0",
+            "reason": "",
+            "live_mean": None,
+            "candidate_mean": None,
+            "p": None,
+        },
+        {
+            "phase": "grpo",
+            "step": 2,
+            "stage": "eval",
+            "outcome": "refused",
+            "candidate": "policy@v2",
+            "live": "policy@v1",
+            "reason": "",
+            "live_mean": 0.75,
+            "candidate_mean": 0.7,
+            "p": 0.8,
+        },
+    ]
     results = [
-        {"seed": seed, "served": "policy@v1", "steps": 2, "train_s": 60.0, "promotions": decisions,
-         "warm": {"examples": 15, "version": "policy@v1", "promoted": True},
-         "history": [{"step": 1, "batch/reward_mean": 0.5, "batch/part/tool": 0.75},
-                     {"step": 2, "batch/reward_mean": 0.6, "batch/part/tool": 0.8}],
-         "after": _summary("policy@v1", 0.9, after, {"get_order_status": 10, "cancel_order": 10, "modify_order": 10})}
+        {
+            "seed": seed,
+            "served": "policy@v1",
+            "steps": 2,
+            "train_s": 60.0,
+            "promotions": decisions,
+            "warm": {"examples": 15, "version": "policy@v1", "promoted": True},
+            "history": [
+                {"step": 1, "batch/reward_mean": 0.5, "batch/part/tool": 0.75},
+                {"step": 2, "batch/reward_mean": 0.6, "batch/part/tool": 0.8},
+            ],
+            "after": _summary(
+                "policy@v1", 0.9, after, {"get_order_status": 10, "cancel_order": 10, "modify_order": 10}
+            ),
+        }
         for seed, after in ((0, 0.8), (1, 0.7))
-    ]  # fmt: skip
-    held = {"policy@v0": before, "policy@v1": results[0]["after"],
-            "policy@v2": _summary("policy@v2", 0.8, 0.72, {"get_order_status": 12, "cancel_order": 9})}  # fmt: skip
+    ]
+    held = {
+        "policy@v0": before,
+        "policy@v1": results[0]["after"],
+        "policy@v2": _summary("policy@v2", 0.8, 0.72, {"get_order_status": 12, "cancel_order": 9}),
+    }
     for r in results:
         r["lineage"] = main_job.lineage(decisions, held)
     wall = {"minutes": 19.5, "loadavg_start": (2.0, 2.0, 2.0), "loadavg_end": (2.1, 2.0, 2.0)}

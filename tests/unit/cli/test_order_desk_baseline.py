@@ -23,10 +23,24 @@ pytestmark = pytest.mark.slow  # the embedded engine loads the default model (~2
 def test_two_held_out_rollouts_on_the_embedded_engine_write_the_baseline(tmp_path: Path) -> None:
     load_data(order_desk_tasks, None, 2)  # the Bitext and tau-retail sets: skipped (or failed) without them
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "order_desk_baseline.py"), "--backend", "embedded",
-         "--eval-size", "2", "--workers", "2", "--out", str(tmp_path)],
-        capture_output=True, text=True, check=True, timeout=600, cwd=tmp_path,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "examples" / "order_desk_baseline.py"),
+            "--backend",
+            "embedded",
+            "--eval-size",
+            "2",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+    ).stdout
     summary = json.loads((tmp_path / "baseline.json").read_text())
     assert summary["n"] == 2 and summary["states"] == {"succeeded": 2}
     assert summary["backend"] == "embedded" and summary["split"] == "test" and summary["temperature"] == 0.0

@@ -43,9 +43,15 @@ def test_a_tenant_lineage_serves_the_shared_policy_until_it_publishes_its_own(jo
 
 
 def test_the_tenant_table_names_both_versions_and_the_gain(job) -> None:  # type: ignore[no-untyped-def]
-    r = {"shared": "policy@v0", "version": "policy@assistant/v2", "n_eval": 60, "eval_before_s": 30.0,
-         "train_s": 180.0, "before": {"acc": 0.25, "top": "weather 70%", "foreign": 0, "spans": 60},
-         "after": {"acc": 0.6, "top": "alarm 30%", "foreign": 0, "spans": 60}}  # fmt: skip
+    r = {
+        "shared": "policy@v0",
+        "version": "policy@assistant/v2",
+        "n_eval": 60,
+        "eval_before_s": 30.0,
+        "train_s": 180.0,
+        "before": {"acc": 0.25, "top": "weather 70%", "foreign": 0, "spans": 60},
+        "after": {"acc": 0.6, "top": "alarm 30%", "foreign": 0, "spans": 60},
+    }
     console = Console(file=io.StringIO(), width=120, record=True, color_system=None)
     console.print(job.tenant_table("assistant", r))
     text = console.export_text()

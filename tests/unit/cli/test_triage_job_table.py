@@ -19,10 +19,16 @@ def triage_job():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("alias", ["policy", "customer-service", "customer-service-bot"])
 def test_the_final_table_fits_80_columns_and_never_cuts_a_version_name(triage_job, alias: str) -> None:
     results = [
-        {"seed": seed, "version": f"{alias}@v{120 + seed}", "steps": 120, "train_s": 2563.0 + seed,
-         "after": after, "top_answer": "cancellation_fee 31%"}
+        {
+            "seed": seed,
+            "version": f"{alias}@v{120 + seed}",
+            "steps": 120,
+            "train_s": 2563.0 + seed,
+            "after": after,
+            "top_answer": "cancellation_fee 31%",
+        }
         for seed, after in [(0, 0.4733), (1, 0.46)]
-    ]  # fmt: skip
+    ]
     console = Console(file=io.StringIO(), width=80, record=True, color_system=None)
     console.print(triage_job.results_table(0.1867, f"{alias}@v0", "account 62%", results))
     text = console.export_text()

@@ -9,12 +9,26 @@ from agentforge.trainers.rollouts import BatchReport, RolloutSource
 from agentforge.types import AttemptState, LLMCall, Reward, RolloutState, Span, SpanKind, Task
 
 
-def _finish(store, rollout, reward, *, completion=(5, 6), finish_reason="stop", version="policy@v1", ok=True,
-            parts=None):  # fmt: skip
+def _finish(
+    store,
+    rollout,
+    reward,
+    *,
+    completion=(5, 6),
+    finish_reason="stop",
+    version="policy@v1",
+    ok=True,
+    parts=None,
+):
     claimed, attempt = store.claim_rollout("w")
     assert claimed.rollout_id == rollout.rollout_id
-    call = LLMCall(prompt_token_ids=[1, 2], completion_token_ids=list(completion),
-                   logprobs=[-0.1] * len(completion), finish_reason=finish_reason, version=version)  # fmt: skip
+    call = LLMCall(
+        prompt_token_ids=[1, 2],
+        completion_token_ids=list(completion),
+        logprobs=[-0.1] * len(completion),
+        finish_reason=finish_reason,
+        version=version,
+    )
     store.add_span(
         Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call)
     )
@@ -135,8 +149,13 @@ def test_dynamic_sampling_trains_the_groups_with_signal_and_reports_every_sample
             rollout, attempt = claimed
             value = rewards[rollout.task.task_id][seen[rollout.task.task_id]]
             seen[rollout.task.task_id] += 1
-            call = LLMCall(prompt_token_ids=[1, 2], completion_token_ids=[5, 6], logprobs=[-0.1, -0.1],
-                           finish_reason="stop", version="policy@v1")  # fmt: skip
+            call = LLMCall(
+                prompt_token_ids=[1, 2],
+                completion_token_ids=[5, 6],
+                logprobs=[-0.1, -0.1],
+                finish_reason="stop",
+                version="policy@v1",
+            )
             store.add_span(
                 Span(
                     rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call

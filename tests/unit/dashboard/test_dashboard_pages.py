@@ -27,32 +27,64 @@ def filled(tmp_path):
     with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
         ro = store.enqueue_rollout(Rollout(agent="triage", metadata={"trainer_run": "run-1", "step": 0}))
         first = LLMCall(
-            model="policy", version="policy@v1", request={"messages": [{"role": "user", "content": "hello"}]},
-            prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5], logprobs=[-0.1, -2.3], response_text="hi",
+            model="policy",
+            version="policy@v1",
+            request={"messages": [{"role": "user", "content": "hello"}]},
+            prompt_token_ids=[1, 2, 3],
+            completion_token_ids=[4, 5],
+            logprobs=[-0.1, -2.3],
+            response_text="hi",
             latency_s=0.25,
-        )  # fmt: skip
+        )
         # the follow-up prompt extends prompt+completion with two tool-result tokens (mask 0), then samples 3
         second = first.model_copy(
-            update={"prompt_token_ids": [1, 2, 3, 4, 5, 6, 7], "completion_token_ids": [8, 9, 10],
-                    "logprobs": [-0.5, -0.01, -1.0], "response_text": "done"}
-        )  # fmt: skip
+            update={
+                "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7],
+                "completion_token_ids": [8, 9, 10],
+                "logprobs": [-0.5, -0.01, -1.0],
+                "response_text": "done",
+            }
+        )
         store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.llm, llm=first, started_at=10.0))
-        store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.tool, name="lookup", started_at=10.3, ended_at=10.4))  # fmt: skip
+        store.add_span(
+            Span(rollout_id=ro.rollout_id, kind=SpanKind.tool, name="lookup", started_at=10.3, ended_at=10.4)
+        )
         store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.llm, llm=second, started_at=10.5))
         store.add_reward(
             Reward(rollout_id=ro.rollout_id, value=0.75, final=True, metadata={"parts": {"tool": 1.0}})
         )
         for step in (1, 2, 3):
-            attrs = {"run_id": "run-1", "step": step, "reward": 0.1 * step, "train/step_s": 2.0 + step,
-                     "version": f"policy@v{step - 1}", "eval/held_out": 0.5 if step == 3 else None}  # fmt: skip
+            attrs = {
+                "run_id": "run-1",
+                "step": step,
+                "reward": 0.1 * step,
+                "train/step_s": 2.0 + step,
+                "version": f"policy@v{step - 1}",
+                "eval/held_out": 0.5 if step == 3 else None,
+            }
             store.add_span(Span(kind=SpanKind.custom, name="trainer.metrics", attributes=attrs))
         for step in (1, 2):
-            store.publish_resource(ResourceVersion(name="policy", kind="adapter", payload={"path": f"/a/{step}", "step": step}))  # fmt: skip
-        record_decision(store, Decision(name="policy", stage="eval", outcome="refused", candidate="policy@v2",
-                                        live="policy@v1", reason="no gain"))  # fmt: skip
+            store.publish_resource(
+                ResourceVersion(name="policy", kind="adapter", payload={"path": f"/a/{step}", "step": step})
+            )
+        record_decision(
+            store,
+            Decision(
+                name="policy",
+                stage="eval",
+                outcome="refused",
+                candidate="policy@v2",
+                live="policy@v1",
+                reason="no gain",
+            ),
+        )
         store.activate_resource("policy", 1)
-        store.publish_resource(ResourceVersion(name="prompt:triage", kind="prompt", payload={"template": "Be brief.\nAnswer."}))  # fmt: skip
-        store.publish_resource(ResourceVersion(name="prompt:triage", kind="prompt", payload={"template": "Be kind.\nAnswer."}))  # fmt: skip
+        store.publish_resource(
+            ResourceVersion(name="prompt:triage", kind="prompt", payload={"template": "Be brief.\nAnswer."})
+        )
+        store.publish_resource(
+            ResourceVersion(name="prompt:triage", kind="prompt", payload={"template": "Be kind.\nAnswer."})
+        )
         yield store, ro.rollout_id
 
 
@@ -137,9 +169,20 @@ async def test_without_a_key_only_loopback_is_served(filled) -> None:
     store, _ = filled
     app = create_dashboard_app(store, tokenizer=False)
     for server, status in ((("10.1.2.3", 8050), 403), (("127.0.0.1", 8050), 200)):
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-                 "path": "/runs.json", "raw_path": b"/runs.json", "query_string": b"", "headers": [],
-                 "server": server, "client": ("10.9.9.9", 5555), "scheme": "http", "root_path": ""}  # fmt: skip
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "path": "/runs.json",
+            "raw_path": b"/runs.json",
+            "query_string": b"",
+            "headers": [],
+            "server": server,
+            "client": ("10.9.9.9", 5555),
+            "scheme": "http",
+            "root_path": "",
+        }
         sent: list[dict] = []
 
         async def receive() -> dict:
@@ -174,9 +217,14 @@ def test_a_span_with_token_ids_outside_the_vocabulary_is_shown_not_a_500(tmp_pat
         pytest.skip("the default model's tokenizer is not prepared (make setup)")
     with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
         ro = store.enqueue_rollout(Rollout(agent="triage"))
-        call = LLMCall(model="policy", request={"messages": [{"role": "user", "content": "hi"}]},
-                       prompt_token_ids=[1, -1, 3], completion_token_ids=[2**40, 5], logprobs=[-0.1, -0.2],
-                       response_text="x")  # fmt: skip
+        call = LLMCall(
+            model="policy",
+            request={"messages": [{"role": "user", "content": "hi"}]},
+            prompt_token_ids=[1, -1, 3],
+            completion_token_ids=[2**40, 5],
+            logprobs=[-0.1, -0.2],
+            response_text="x",
+        )
         store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.llm, llm=call))
         client = TestClient(create_dashboard_app(store, tokenizer=default_model_dir()))
         page = client.get(f"/rollouts/{ro.rollout_id}")

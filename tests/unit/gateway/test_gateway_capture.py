@@ -169,14 +169,47 @@ def test_stream_capture_folds_chunks_like_the_unary_answer() -> None:
         },
     }
     chunks = [
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2]},
-        {"choices": [{"index": 0, "delta": {"content": "Hi"}, "token_ids": [7], "logprobs": {"content": [{"logprob": -1.0}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": '{"a"'}}]},
-                      "token_ids": [8], "logprobs": {"content": [{"logprob": -2.0}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
-                      "token_ids": [9], "logprobs": {"content": [{"logprob": -3.0}]}, "finish_reason": "tool_calls"}]},
+        {
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            "prompt_token_ids": [1, 2],
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "Hi"},
+                    "token_ids": [7],
+                    "logprobs": {"content": [{"logprob": -1.0}]},
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "t", "function": {"name": "f", "arguments": '{"a"'}}
+                        ]
+                    },
+                    "token_ids": [8],
+                    "logprobs": {"content": [{"logprob": -2.0}]},
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+                    "token_ids": [9],
+                    "logprobs": {"content": [{"logprob": -3.0}]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        },
         {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}},
-    ]  # fmt: skip
+    ]
     capture = StreamCapture("chat")
     finished = [capture.feed(c) for c in chunks]
     assert finished == [False, False, False, True, False]

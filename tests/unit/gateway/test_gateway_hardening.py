@@ -133,9 +133,11 @@ def test_a_body_over_the_limit_is_a_413_and_reaches_neither_the_engine_nor_the_s
                 yield b" " * 1024
 
         r = httpx.post(
-            f"{server.url}/v1/chat/completions", content=chunks(), timeout=10,
+            f"{server.url}/v1/chat/completions",
+            content=chunks(),
+            timeout=10,
             headers={"content-type": "application/json"},
-        )  # fmt: skip
+        )
         assert r.status_code == 413
         small = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=10)
         assert small.status_code == 200

@@ -28,9 +28,13 @@ def test_a_connection_idle_past_the_clients_expiry_still_carries_the_next_call()
     store, upstream = memory_store(), ScriptedUpstream(["first", "second"])
     with upstream.serve() as engine, GatewayServer(store, upstream.router(base_url=f"{engine.url}/v1")) as gw:
         answers = calls_idle_apart(  # RemoteDisconnected when the server had closed it at 5 s
-            gw.url, "POST", "/v1/chat/completions", IDLE_S, json.dumps(CHAT).encode(),
+            gw.url,
+            "POST",
+            "/v1/chat/completions",
+            IDLE_S,
+            json.dumps(CHAT).encode(),
             {"content-type": "application/json"},
-        )  # fmt: skip
+        )
     assert [status for status, _ in answers] == [200, 200]
     assert [json.loads(a)["choices"][0]["message"]["content"] for _, a in answers] == ["first", "second"]
     assert len(store.list_spans(kind=SpanKind.llm)) == 2

@@ -22,10 +22,15 @@ def _call(
     prompt: list[int], completion: list[int], text: str = "", calls: list[ToolCall] | None = None
 ) -> LLMCall:
     return LLMCall(
-        model="policy", version="policy@v0", endpoint="chat", prompt_token_ids=prompt,
-        completion_token_ids=completion, logprobs=[-0.5] * len(completion), response_text=text,
+        model="policy",
+        version="policy@v0",
+        endpoint="chat",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-0.5] * len(completion),
+        response_text=text,
         tool_calls=calls or [],
-    )  # fmt: skip
+    )
 
 
 def _remembered() -> tuple[Continuations, list[dict], LLMCall]:

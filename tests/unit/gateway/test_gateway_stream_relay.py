@@ -199,11 +199,20 @@ async def test_a_streams_last_events_and_done_are_sent_together_after_the_span_i
     app, _ = make_gateway(["Hello there, how are you?"])
     body = json.dumps({**CHAT, "stream": True}).encode()
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000), "state": {},
-    }  # fmt: skip
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
     sent: list[dict[str, Any]] = []
     spans_at_end: list[int] = []
     received = False

@@ -26,13 +26,18 @@ def test_each_category_is_found(detector: Detector) -> None:
         "phone +1 415-555-0132, SSN 536-22-8726"
     )
     assert _found(detector, text) == [
-        ("CARD", VISA), ("IBAN", IBAN), ("ACCOUNT", "ACME-12345678"), ("EMAIL", "jane.doe@example.com"),
-        ("PHONE", "+1 415-555-0132"), ("SSN", "536-22-8726"),
-    ]  # fmt: skip
+        ("CARD", VISA),
+        ("IBAN", IBAN),
+        ("ACCOUNT", "ACME-12345678"),
+        ("EMAIL", "jane.doe@example.com"),
+        ("PHONE", "+1 415-555-0132"),
+        ("SSN", "536-22-8726"),
+    ]
     tool = '{"address": "445 Maple Drive, Suite 394, Fort Worth, TX 76165", "date_of_birth": "1985-03-14"}'
     assert _found(detector, tool) == [
-        ("ADDRESS", "445 Maple Drive, Suite 394, Fort Worth, TX 76165"), ("DOB", "1985-03-14")
-    ]  # fmt: skip
+        ("ADDRESS", "445 Maple Drive, Suite 394, Fort Worth, TX 76165"),
+        ("DOB", "1985-03-14"),
+    ]
     secrets = 'password = "hunter2xyz" and AKIAIOSFODNN7EXAMPLE'
     assert _found(detector, secrets) == [("SECRET", "hunter2xyz"), ("SECRET", "AKIAIOSFODNN7EXAMPLE")]
 
@@ -89,17 +94,23 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
         (f"my key:\n{PEM}\nthanks", "SECRET", PEM),  # the body too, not only the BEGIN line
         (f"token {JWT} ok", "SECRET", JWT),  # the signature too
         ("login with password=hunter2butlonger and user=bob", "SECRET", "hunter2butlonger"),  # unquoted
-        ("use sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH now", "SECRET",
-         "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"),
+        (
+            "use sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH now",
+            "SECRET",
+            "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH",
+        ),
         (f"aws_secret_access_key={AWS_SECRET}", "SECRET", AWS_SECRET),
         (f"the secret is {AWS_SECRET}", "SECRET", AWS_SECRET),
         ("card 4111.1111.1111.1111 exp 12/27", "CARD", "4111.1111.1111.1111"),
         ("card 4111\u00a01111\u00a01111\u00a01111", "CARD", "4111\u00a01111\u00a01111\u00a01111"),
         ("card 4111\u200b1111\u200b1111\u200b1111", "CARD", "4111\u200b1111\u200b1111\u200b1111"),
-        ("card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
-         "CARD", "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11"),
+        (
+            "card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
+            "CARD",
+            "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_reported_bypasses_are_found_whole(
     detector: Detector, text: str, category: str, value: str
 ) -> None:

@@ -27,8 +27,13 @@ def _rollout(
     rid = store.enqueue_rollout(Rollout(user_id=user, task=Task(input={"note": marker}), **fields)).rollout_id
     claimed = store.claim_rollout("w1")
     assert claimed is not None and claimed[0].rollout_id == rid
-    llm = LLMCall(request={"messages": [{"role": "user", "content": f"my address is {marker}"}]}, response_text=marker,
-                  prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1])  # fmt: skip
+    llm = LLMCall(
+        request={"messages": [{"role": "user", "content": f"my address is {marker}"}]},
+        response_text=marker,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        logprobs=[-0.1],
+    )
     span = Span(
         rollout_id=rid,
         attempt_id=claimed[1].attempt_id,
@@ -146,7 +151,7 @@ def test_forget_follows_the_identity_the_application_set_not_client_metadata(sto
                 session_id="s-mallory",
                 metadata={"session_id": "s-alice", "user": "alice_17"},
                 task=Task(input={"user_id": "alice_17"}),
-            )  # fmt: skip
+            )
         ).rollout_id
         report = forget(store, sessions=["s-alice"], vacuum=False)
         assert report.rollout_ids == [alice] and report.deleted["spans"] == 1

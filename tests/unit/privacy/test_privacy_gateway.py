@@ -221,13 +221,26 @@ def test_every_free_text_field_is_masked_not_only_message_text(served) -> None:
     server, upstream = served
     rid = server.store.enqueue_rollout(Rollout()).rollout_id
     email = "jane.doe@example.com"
-    tool = {"type": "function", "function": {"name": "lookup", "description": f"Look up orders of {email}",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string", "enum": ["a", "b"],
-                                                                "description": f"card like {VISA}"}}}}}  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": f"Look up orders of {email}",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "q": {"type": "string", "enum": ["a", "b"], "description": f"card like {VISA}"}
+                },
+            },
+        },
+    }
     messages = [
-        {"role": "user", "name": email, "content": [{"type": "text", "text": "hi"},
-                                                     {"type": "input_text", "text": f"mail {email}"}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "name": email,
+            "content": [{"type": "text", "text": "hi"}, {"type": "input_text", "text": f"mail {email}"}],
+        },
+    ]
     upstream.add(ScriptedTurn("ok"))
     assert _post(server, rid, messages, tools=[tool], user=email).status_code == 200
     sent = json.dumps(upstream.requests[-1].body)

@@ -176,8 +176,9 @@ def test_tool_callback_records_tools_without_changing_state_or_checkpoints(tmp_p
     assert {ns for ns, *_ in plain_history} == {"", "research"}
     # The shared schema's known quirk is preserved too: each branch hands back its input message.
     assert len(plain_state["messages"]) == 5 and sorted(plain_state["results"]) == [
-        "Oslo: sunny (2 words)", "Paris: sunny (2 words)",
-    ]  # fmt: skip
+        "Oslo: sunny (2 words)",
+        "Paris: sunny (2 words)",
+    ]
 
     by_name: dict[str, list[Any]] = {}
     for span in traced_tools:

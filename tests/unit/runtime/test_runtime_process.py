@@ -45,8 +45,9 @@ def _pid(attempt: Attempt) -> int:
 def test_four_processes_run_100_rollouts(tmp_path: Path) -> None:
     with gateway_env(tmp_path, ["ok"] * 100) as (store, gateway, upstream, url):
         rollouts = enqueue_tasks(store, [Task(input={"q": f"question {i}"}) for i in range(100)])
-        with Runner(url, "runtime_agents:one_call_agent_factory", gateway.url, workers=4, mode="process",
-                    **FAST) as runner:  # fmt: skip
+        with Runner(
+            url, "runtime_agents:one_call_agent_factory", gateway.url, workers=4, mode="process", **FAST
+        ) as runner:
             done = runner.run_until_done([r.rollout_id for r in rollouts], timeout_s=60)
             assert len(runner.worker_pids()) == 4
         assert [r.state for r in done] == [RolloutState.succeeded] * 100
@@ -135,8 +136,9 @@ def test_kill_9_worker_is_requeued_and_not_double_counted(tmp_path: Path) -> Non
 
 def test_sigterm_gives_back_and_stop_leaves_nothing_running(tmp_path: Path) -> None:
     with gateway_env(tmp_path, ["ok"] * 10) as (store, gateway, upstream, url):
-        runner = Runner(url, one_call_agent, gateway.url, workers=2, mode="process", shutdown_grace_s=0.3,
-                        **FAST).start()  # fmt: skip
+        runner = Runner(
+            url, one_call_agent, gateway.url, workers=2, mode="process", shutdown_grace_s=0.3, **FAST
+        ).start()
         try:
             first = enqueue_tasks(store, [Task(input={"q": "term", "hang": 120})])[0]
             att = _wait_running(store, first.rollout_id)
@@ -149,8 +151,9 @@ def test_sigterm_gives_back_and_stop_leaves_nothing_running(tmp_path: Path) -> N
             )
             assert finished.state is AttemptState.succeeded
 
-            stuck = enqueue_tasks(store, [Task(input={"q": "stop", "hang": 120, "always": True})],
-                                  max_attempts=1)[0]  # fmt: skip
+            stuck = enqueue_tasks(
+                store, [Task(input={"q": "stop", "hang": 120, "always": True})], max_attempts=1
+            )[0]
             _wait_running(store, stuck.rollout_id)
         finally:
             t0 = time.monotonic()

@@ -39,8 +39,9 @@ def test_concurrent_workers_share_the_queue(tmp_path: Path) -> None:
         return 0.5 if text == "ok" else 0.0
 
     with gateway_env(tmp_path, ["ok"] * 12) as (store, gateway, upstream, _url):
-        rollouts = enqueue_tasks(store, [{"i": i} for i in range(6)], group_size=2,
-                                 resources={"policy": "policy@v1"})  # fmt: skip
+        rollouts = enqueue_tasks(
+            store, [{"i": i} for i in range(6)], group_size=2, resources={"policy": "policy@v1"}
+        )
         with Runner(store, agent, gateway.url, workers=4, **FAST) as runner:
             done = runner.run_until_done(_ids(rollouts), timeout_s=30)
         assert [r.state for r in done] == [RolloutState.succeeded] * 12
@@ -193,8 +194,9 @@ def test_timeout_marks_timed_out_then_retries_and_refuses_late_writes() -> None:
     assert isinstance(late["err"], RolloutTimeout)
     assert [r.value for r in store.list_rewards(sync_ro.rollout_id)] == [1.0]
 
-    retried, hopeless = enqueue_tasks(store, [{"hang": True}, {"hang": True, "always": True}],
-                                      timeout_s=0.3, max_attempts=2, agent="async")  # fmt: skip
+    retried, hopeless = enqueue_tasks(
+        store, [{"hang": True}, {"hang": True, "always": True}], timeout_s=0.3, max_attempts=2, agent="async"
+    )
     with Runner(store, async_agent, NO_GATEWAY, workers=2, agent_name="async", **FAST) as runner:
         done_retried, done_hopeless = runner.run_until_done([retried.rollout_id, hopeless.rollout_id], 10)
     assert cancelled.is_set()  # the coroutine was cancelled, not abandoned

@@ -95,9 +95,17 @@ def test_prompt_token_ids_outside_the_vocabulary_are_a_400(engine: EmbeddedServe
     """Issue 36, Low: bad prompt token ids on the embedded engine were a 500 (the model's index error)."""
     url = f"{engine.base_url}/completions"
     for ids in ([1, 2, 10**9], [-1], [49152]):  # SmolLM2's vocabulary is 49,152 ids
-        r = httpx.post(url, json={"model": "base", "prompt": ids, "max_tokens": 1}, headers=engine.auth_headers(),
-                       timeout=60)  # fmt: skip
+        r = httpx.post(
+            url,
+            json={"model": "base", "prompt": ids, "max_tokens": 1},
+            headers=engine.auth_headers(),
+            timeout=60,
+        )
         assert r.status_code == 400 and "outside the model's vocabulary" in r.text, (ids, r.text)
-    ok = httpx.post(url, json={"model": "base", "prompt": [1, 2, 3], "max_tokens": 1}, headers=engine.auth_headers(),
-                    timeout=60)  # fmt: skip
+    ok = httpx.post(
+        url,
+        json={"model": "base", "prompt": [1, 2, 3], "max_tokens": 1},
+        headers=engine.auth_headers(),
+        timeout=60,
+    )
     assert ok.status_code == 200, ok.text

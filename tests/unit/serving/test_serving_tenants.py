@@ -54,9 +54,9 @@ def test_least_recently_used_idle_versions_are_unloaded_first(store: SQLStore) -
     assert router.models() == ["policy", "policy@a/v1", "policy@c/v1", "policy@v0"]
     assert _call(adapters, router, "e") == "policy@v0"  # no lineage: the shared version, nothing loaded
     metrics = adapters.metrics()
-    assert {k: metrics[k] for k in ("tenants/loads", "tenants/evictions", "tenants/cold_starts", "tenants/hits")} == {
-        "tenants/loads": 3.0, "tenants/evictions": 1.0, "tenants/cold_starts": 3.0, "tenants/hits": 1.0
-    }  # fmt: skip
+    assert {
+        k: metrics[k] for k in ("tenants/loads", "tenants/evictions", "tenants/cold_starts", "tenants/hits")
+    } == {"tenants/loads": 3.0, "tenants/evictions": 1.0, "tenants/cold_starts": 3.0, "tenants/hits": 1.0}
     assert metrics["tenants/loaded"] == 2.0 and metrics["tenants/cold_start_s_max"] >= 0.0
 
 

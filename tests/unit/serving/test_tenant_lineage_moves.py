@@ -118,9 +118,14 @@ def test_a_tenant_candidate_evicted_by_other_tenants_before_its_canary_still_get
         return [1.0] * 6 if version == "policy@a/v2" else [0.0] * 6
 
     gate = GatedPublisher(
-        TenantLineage(adapters, store, "a"), store, evaluate=evaluate, gate=EvalGate(max_p=0.05),
-        canary=CanaryRule(share=0.5, rollouts=1, timeout_s=0.3), poll_s=0.05, grace_s=0.0,
-    )  # fmt: skip
+        TenantLineage(adapters, store, "a"),
+        store,
+        evaluate=evaluate,
+        gate=EvalGate(max_p=0.05),
+        canary=CanaryRule(share=0.5, rollouts=1, timeout_s=0.3),
+        poll_s=0.05,
+        grace_s=0.0,
+    )
     assert (
         gate.publish(_adapter_dir(tmp_path / "a2"), 1) == "policy@a/v1"
     )  # no live traffic: refused on timeout

@@ -33,8 +33,13 @@ def servers(tmp_path) -> Iterator[dict[str, str]]:
     ):
         rid = store.enqueue_rollout(Rollout()).rollout_id
         upstream.add(*["hello"] * 4)
-        yield {"store": f"http://127.0.0.1:{api.port}", "dashboard": f"http://127.0.0.1:{dashboard.port}",
-               "gateway": gateway.url, "rid": rid, "store_obj": store}  # fmt: skip
+        yield {
+            "store": f"http://127.0.0.1:{api.port}",
+            "dashboard": f"http://127.0.0.1:{dashboard.port}",
+            "gateway": gateway.url,
+            "rid": rid,
+            "store_obj": store,
+        }
     store.close()
 
 

@@ -30,12 +30,19 @@ FAST = OTLPSettings(endpoint="http://127.0.0.1:9", schedule_delay_s=0.05)
 def _llm(text: str = "", tool: str | None = None) -> LLMCall:
     calls = [ToolCall(id="call-1", name=tool, arguments='{"order": 7}', parsed={"order": 7})] if tool else []
     return LLMCall(
-        model="policy", version="policy@v3", request={"messages": [{"role": "user", "content": "where is 7?"}]},
-        sampling={"temperature": 0.7, "max_tokens": 32, "stop": "\n"}, prompt_token_ids=[1, 2, 3],
-        completion_token_ids=[4, 5], logprobs=[-0.1, -0.2], response_text=text, tool_calls=calls,
-        finish_reason="tool_calls" if tool else "stop", usage={"prompt_tokens": 3, "completion_tokens": 2},
+        model="policy",
+        version="policy@v3",
+        request={"messages": [{"role": "user", "content": "where is 7?"}]},
+        sampling={"temperature": 0.7, "max_tokens": 32, "stop": "\n"},
+        prompt_token_ids=[1, 2, 3],
+        completion_token_ids=[4, 5],
+        logprobs=[-0.1, -0.2],
+        response_text=text,
+        tool_calls=calls,
+        finish_reason="tool_calls" if tool else "stop",
+        usage={"prompt_tokens": 3, "completion_tokens": 2},
         latency_s=0.25,
-    )  # fmt: skip
+    )
 
 
 def _one_rollout(store: SQLStore) -> tuple[Rollout, str, list[Span], Reward]:
@@ -52,7 +59,7 @@ def _one_rollout(store: SQLStore) -> tuple[Rollout, str, list[Span], Reward]:
                 name="find_order",
                 attributes={"tool_call_id": "call-1", "arguments": '{"order": 7}', "output": "shipped"},
             )
-        ),  # fmt: skip
+        ),
         store.add_span(Span(rollout_id=rid, kind=SpanKind.llm, name="chat", llm=_llm("It shipped."))),
         store.add_span(Span(rollout_id=rid, name="retrieve", attributes={"hits": 3, "query": "order 7"})),
     ]
@@ -93,11 +100,17 @@ def test_a_rollout_is_one_trace_with_the_right_parents_and_genai_attributes() ->
     assert root.attributes["agentforge.resource.policy"] == "policy@v3"
     assert first.name == "chat policy" and first.kind.name == "CLIENT"
     expected = {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "policy", "gen_ai.response.model": "policy@v3",
-        "gen_ai.usage.input_tokens": 3, "gen_ai.usage.output_tokens": 2, "gen_ai.request.temperature": 0.7,
-        "gen_ai.request.max_tokens": 32, "gen_ai.conversation.id": rollout.rollout_id,
-        "gen_ai.provider.name": "agentforge", "agentforge.attempt.id": attempt_id,
-    }  # fmt: skip
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "policy",
+        "gen_ai.response.model": "policy@v3",
+        "gen_ai.usage.input_tokens": 3,
+        "gen_ai.usage.output_tokens": 2,
+        "gen_ai.request.temperature": 0.7,
+        "gen_ai.request.max_tokens": 32,
+        "gen_ai.conversation.id": rollout.rollout_id,
+        "gen_ai.provider.name": "agentforge",
+        "agentforge.attempt.id": attempt_id,
+    }
     assert {k: first.attributes.get(k) for k in expected} == expected
     assert first.attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
     assert first.attributes["gen_ai.request.stop_sequences"] == ("\n",)
@@ -187,8 +200,13 @@ def test_a_stuck_collector_never_blocks_a_write_and_every_lost_span_is_counted()
     for i in range(20):
         store.add_span(Span(name=f"s{i}"))
     assert time.perf_counter() - started < 5  # each write waits for its commit only
-    assert export.metrics() == {"exported": 0, "dropped_queue_full": 16, "dropped_export_failed": 0,
-                                "build_errors": 0, "queued": 4}  # fmt: skip
+    assert export.metrics() == {
+        "exported": 0,
+        "dropped_queue_full": 16,
+        "dropped_export_failed": 0,
+        "build_errors": 0,
+        "queued": 4,
+    }
     text = otlp_metrics_text(store)
     assert (
         'agentforge_otlp_dropped_total{reason="queue_full"} 16' in text
@@ -228,11 +246,23 @@ def test_the_standard_environment_switches_the_export_on_and_off(monkeypatch) ->
     assert otlp_settings_from_env(on) == OTLPSettings()
     assert otlp_settings_from_env(on | {"OTEL_SDK_DISABLED": "true"}) is None
     assert otlp_settings_from_env(on | {"OTEL_TRACES_EXPORTER": "none"}) is None
-    tuned = otlp_settings_from_env(on | {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_BSP_MAX_QUEUE_SIZE": "64",
-                                         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8", "OTEL_BSP_SCHEDULE_DELAY": "250",
-                                         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"})  # fmt: skip
-    assert tuned == OTLPSettings(protocol="grpc", max_queue_size=64, max_export_batch_size=8, schedule_delay_s=0.25,
-                                 capture_content=True)  # fmt: skip
+    tuned = otlp_settings_from_env(
+        on
+        | {
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
+            "OTEL_BSP_SCHEDULE_DELAY": "250",
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+        }
+    )
+    assert tuned == OTLPSettings(
+        protocol="grpc",
+        max_queue_size=64,
+        max_export_batch_size=8,
+        schedule_delay_s=0.25,
+        capture_content=True,
+    )
     with pytest.raises(ConfigError, match="'http/json' is not supported"):
         otlp_settings_from_env(on | {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
     with pytest.raises(ConfigError, match="OTEL_BSP_MAX_QUEUE_SIZE='lots' is not a number"):
@@ -274,8 +304,16 @@ def test_with_content_capture_off_no_marker_leaves_by_any_attribute_or_status() 
     rollout, attempt = store.claim_rollout("worker-1")  # type: ignore[misc]
     rid = rollout.rollout_id
     store.add_span(Span(rollout_id=rid, kind=SpanKind.llm, name="chat", llm=_llm(f"your code is {marker}")))
-    store.add_span(Span(rollout_id=rid, kind=SpanKind.tool, name="lookup", status="error",
-                        error=f"the lookup of {marker} failed", attributes={"output": marker}))  # fmt: skip
+    store.add_span(
+        Span(
+            rollout_id=rid,
+            kind=SpanKind.tool,
+            name="lookup",
+            status="error",
+            error=f"the lookup of {marker} failed",
+            attributes={"output": marker},
+        )
+    )
     store.add_span(Span(rollout_id=rid, name="step", status="error", error=f"ValueError: bad {marker}"))
     store.add_reward(Reward(rollout_id=rid, value=0.0, final=True, metadata={"note": f"said {marker}"}))
     store.finish_attempt(attempt.attempt_id, AttemptState.failed, error=f"agent raised: {marker}")

@@ -32,18 +32,37 @@ _ids = st.one_of(
     st.text(max_size=20),
 )
 _templates = [
-    "/api/rollouts", "/api/rollouts/claim", "/api/rollouts/requeue_stale", "/api/rollouts/{id}",
-    "/api/rollouts/{id}/attempts", "/api/attempts/{id}/heartbeat", "/api/attempts/{id}/finish", "/api/spans",
-    "/api/batch", "/api/rewards", "/api/rollouts/{id}/rewards", "/api/rollouts/{id}/final_reward",
-    "/api/resources", "/api/resources/version", "/api/resources/activate", "/api/store/health",
-]  # fmt: skip
+    "/api/rollouts",
+    "/api/rollouts/claim",
+    "/api/rollouts/requeue_stale",
+    "/api/rollouts/{id}",
+    "/api/rollouts/{id}/attempts",
+    "/api/attempts/{id}/heartbeat",
+    "/api/attempts/{id}/finish",
+    "/api/spans",
+    "/api/batch",
+    "/api/rewards",
+    "/api/rollouts/{id}/rewards",
+    "/api/rollouts/{id}/final_reward",
+    "/api/resources",
+    "/api/resources/version",
+    "/api/resources/activate",
+    "/api/store/health",
+]
 _span_fields = st.fixed_dictionaries(
     {},
     optional={
-        "span_id": _ids, "rollout_id": _ids, "attempt_id": _ids, "kind": st.sampled_from(["llm", "tool", "x"]),
-        "name": _json, "status": _json, "attributes": _json, "llm": _json, "started_at": _json,
+        "span_id": _ids,
+        "rollout_id": _ids,
+        "attempt_id": _ids,
+        "kind": st.sampled_from(["llm", "tool", "x"]),
+        "name": _json,
+        "status": _json,
+        "attributes": _json,
+        "llm": _json,
+        "started_at": _json,
     },
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +113,7 @@ def _check(response: httpx.Response) -> None:
         ),
         st.text(max_size=12),
         max_size=3,
-    ),  # fmt: skip
+    ),
     body=_json,
     key=st.sampled_from([KEY, ADMIN, "", "wrong-key-0123456789"]),
 )
@@ -126,6 +145,9 @@ def test_a_span_the_api_acknowledges_is_stored_exactly_once(api, fields: dict, a
     if span is None:  # the one item failed alone, with its error
         assert data["results"][0]["error"]
         return
-    stored = [s for s in store.list_spans(rollout_id=span["rollout_id"], orphans=span["rollout_id"] is None)
-              if s.span_id == span["span_id"]]  # fmt: skip
+    stored = [
+        s
+        for s in store.list_spans(rollout_id=span["rollout_id"], orphans=span["rollout_id"] is None)
+        if s.span_id == span["span_id"]
+    ]
     assert len(stored) == 1 and stored[0].sequence == span["sequence"]

@@ -118,9 +118,14 @@ def test_an_idempotent_write_never_answers_with_another_tenants_record(served: t
             r = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=10)
             assert r.status_code == 409, (path, r.status_code, r.text)
             assert secret not in r.text and "bolt" not in r.text, r.text  # not the record, not its tenant
-        batch = {"items": [{"span": {"span_id": sb.span_id, "rollout_id": ra.rollout_id}},
-                           {"reward": {"reward_id": wb.reward_id, "rollout_id": ra.rollout_id, "value": 0.0}},
-                           {"span": {"rollout_id": ra.rollout_id}}], "ack": "full"}  # fmt: skip
+        batch = {
+            "items": [
+                {"span": {"span_id": sb.span_id, "rollout_id": ra.rollout_id}},
+                {"reward": {"reward_id": wb.reward_id, "rollout_id": ra.rollout_id, "value": 0.0}},
+                {"span": {"rollout_id": ra.rollout_id}},
+            ],
+            "ack": "full",
+        }
         r = httpx.post(f"{url}/api/batch", json=batch, headers=headers, timeout=10)
         assert r.status_code == 200 and secret not in r.text and "bolt" not in r.text, r.text
         results = r.json()["results"]

@@ -120,8 +120,10 @@ _ROUTES = [
     route=st.sampled_from(_ROUTES),
     fields=_fields,
     wrap=st.sampled_from(["plain", "batch"]),
-    query=st.dictionaries(st.sampled_from(["rollout_id", "tenant", "name", "attempt_id"]), _foreign, max_size=2),
-)  # fmt: skip
+    query=st.dictionaries(
+        st.sampled_from(["rollout_id", "tenant", "name", "attempt_id"]), _foreign, max_size=2
+    ),
+)
 def test_a_tenant_never_reads_or_changes_another_tenants_records(world, route, fields, wrap, query) -> None:
     method, route = route
     store, app, key_a, ids, own = world

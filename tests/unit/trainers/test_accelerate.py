@@ -101,10 +101,20 @@ def main(out: Path) -> None:
         groups = {g: [rec.rollout_id for rec in recs] for g, recs in selection.groups().items()}
         (out / "groups.json").write_text(json.dumps(groups))
     config = TrainConfig(
-        output_dir=str(out / "run"), num_generations=2, tasks_per_step=1, num_train_epochs=1,
-        learning_rate=5e-4, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=0, max_completion_length=8,
-    )  # fmt: skip
+        output_dir=str(out / "run"),
+        num_generations=2,
+        tasks_per_step=1,
+        num_train_epochs=1,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=8,
+    )
     publisher = _RecordingPublisher(out / "published.jsonl", state.process_index)
     trainer = LightningTrainer(
         default_model_dir(), store, None, config, publisher, source=source, swap_during_training=False
@@ -155,10 +165,23 @@ def test_two_cpu_processes_train_and_only_rank_0_publishes(tmp_path: Path, launc
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1", **extra_env}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(29517 + len(launch)), __file__, str(tmp_path),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *flags,
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(29517 + len(launch)),
+        __file__,
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 

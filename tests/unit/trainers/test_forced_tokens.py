@@ -34,9 +34,12 @@ def _guided(seq: int, prompt: list[int], completion: list[int], masked: object, 
     logprobs = kw.pop("logprobs", [-0.5] * len(completion))
     flags = kw.pop("flags", [RECOMPUTED])
     call = LLMCall(
-        prompt_token_ids=prompt, completion_token_ids=completion, logprobs=logprobs, version="policy@v1",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=logprobs,
+        version="policy@v1",
         flags=flags,
-    )  # fmt: skip
+    )
     attributes = {} if masked is None else {GUIDED_LOGPROBS_ATTRIBUTE: masked}
     return Span(rollout_id="ro-1", kind=SpanKind.llm, llm=call, sequence=seq, attributes=attributes)
 

@@ -81,10 +81,22 @@ def test_importance_ratio_is_one_for_every_span_at_its_own_temperature(tmp_path:
             for t in TEMPERATURES
         ]
         config = TrainConfig(
-            output_dir=str(tmp_path / "run"), num_generations=2, tasks_per_step=len(tasks), max_steps=1,
-            temperature=1.0, lora_r=8, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-            bf16=False, seed=0, max_completion_length=6, rollout_timeout_s=120, wait_timeout_s=300,
-        )  # fmt: skip
+            output_dir=str(tmp_path / "run"),
+            num_generations=2,
+            tasks_per_step=len(tasks),
+            max_steps=1,
+            temperature=1.0,
+            lora_r=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+            max_completion_length=6,
+            rollout_timeout_s=120,
+            wait_timeout_s=300,
+        )
         trainer = LightningTrainer(model, store, tasks, config, HotSwapPublisher(swapper, store))
         result = trainer.train()
     finally:

@@ -94,12 +94,28 @@ def _config(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumul
     from agentforge.trainers.grpo_config import TrainConfig
 
     return TrainConfig(
-        output_dir=str(out), num_generations=G, tasks_per_step=tasks_per_step,
-        gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=0.0, max_grad_norm=0.0,
-        lora_r=4, lora_alpha=8, lora_dropout=0.0, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, seed=0, max_completion_length=16, gradient_checkpointing=False,
-        loss_type=loss_type, share_prompt_prefix=share, **LOSS_TYPES[loss_type],
-    )  # fmt: skip
+        output_dir=str(out),
+        num_generations=G,
+        tasks_per_step=tasks_per_step,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=0.0,
+        max_grad_norm=0.0,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=16,
+        gradient_checkpointing=False,
+        loss_type=loss_type,
+        share_prompt_prefix=share,
+        **LOSS_TYPES[loss_type],
+    )
 
 
 def run_step(out: Path, loss_type: str, share: bool, tasks_per_step: int, accumulation: int, history=None):  # type: ignore[no-untyped-def]
@@ -149,9 +165,15 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, out: str, cases: list[tuple[str, bool]]) -> None:
     """One of 2 gloo ranks (``mp.spawn`` target): each case one step, one group per rank; rank 0 saves."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE="2", ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        ACCELERATE_USE_CPU="true",
+        OMP_NUM_THREADS="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+    )
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
     results = {}
     for loss_type, share in cases:
@@ -283,9 +305,12 @@ def test_accumulation_splits_the_step_instead_of_adding_tasks(tmp_path) -> None:
 
     for accumulation in (1, 2, 4, 8):
         config = TrainConfig(
-            output_dir=str(tmp_path), num_generations=G, tasks_per_step=2, use_cpu=True,
+            output_dir=str(tmp_path),
+            num_generations=G,
+            tasks_per_step=2,
+            use_cpu=True,
             gradient_accumulation_steps=accumulation,
-        )  # fmt: skip
+        )
         assert config.per_device_train_batch_size * accumulation == 2 * G
         assert config.steps_per_generation == accumulation
         assert config.generation_batch_size == 2 * G

@@ -46,10 +46,22 @@ def _train(tmp_path: Path, rewards: dict[str, tuple[float, float]], **config_kw:
         scored_rollout(store, AGENT, group, [36, 2], b)
     selection = select_traces(store, TraceFilter(agent=AGENT, require_reward=False))
     config = TrainConfig(
-        output_dir=str(tmp_path / "run"), num_generations=2, tasks_per_step=1, max_steps=len(rewards),
-        swap_every=1, learning_rate=1e-3, lora_r=4, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, seed=0, gradient_checkpointing=False, **config_kw,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        num_generations=2,
+        tasks_per_step=1,
+        max_steps=len(rewards),
+        swap_every=1,
+        learning_rate=1e-3,
+        lora_r=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        gradient_checkpointing=False,
+        **config_kw,
+    )
     publisher = _Publisher()
     trainer = LightningTrainer(
         tiny_model(), store, None, config, publisher, source=StoredGroupSource(selection.groups(), 2)

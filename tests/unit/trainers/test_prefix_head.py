@@ -94,9 +94,14 @@ def test_ratio_from_training_forward_equals_trl_old_logprob_pass(tmp_path, monke
     logged importance-ratio metrics are those of TRL's separate old-logprob pass, which did not run."""
     from test_loss_invariance import run_step
 
-    keys = ("loss", "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
-            "sampling/importance_sampling_ratio/max", "sampling/sampling_logp_difference/mean",
-            "sampling/raw_importance_ratio/max")  # fmt: skip
+    keys = (
+        "loss",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/max",
+        "sampling/sampling_logp_difference/mean",
+        "sampling/raw_importance_ratio/max",
+    )
     skipped: list[dict] = []
     got = run_step(tmp_path / "skip", "dapo", True, 2, 1, history=skipped)
     assert skipped[-1]["old_pass_skips"] == 1

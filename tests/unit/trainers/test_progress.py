@@ -43,9 +43,16 @@ class _OneWeight(torch.nn.Module):
 
 def _trainer(tmp_path, **args):  # type: ignore[no-untyped-def]
     config = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=2, logging_steps=1,
-        learning_rate=0.1, report_to="none", use_cpu=True, save_strategy="no", **args,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        learning_rate=0.1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        **args,
+    )
     data = datasets.Dataset.from_list([{"x": float(i)} for i in range(8)])
     return transformers.Trainer(model=_OneWeight(), args=config, train_dataset=data)
 
@@ -100,9 +107,15 @@ def test_a_long_version_name_stays_whole_on_one_80_column_line() -> None:
     logs = {"reward": 0.375, "reward_std": 0.484, HELD_OUT_KEY: 0.47, "train/step_s": 7.31}
     # eta goes first, then the spread; the numbers that matter and the version's name stay whole
     for version, expected in [
-        ("customer-service@v12", "step  3/20  reward 0.375 ±0.48  held-out 0.470  7.3 s/step  customer-service@v12"),
-        ("customer-service-bot@v12", "step  3/20  reward 0.375  held-out 0.470  7.3 s/step  customer-service-bot@v12"),
-    ]:  # fmt: skip
+        (
+            "customer-service@v12",
+            "step  3/20  reward 0.375 ±0.48  held-out 0.470  7.3 s/step  customer-service@v12",
+        ),
+        (
+            "customer-service-bot@v12",
+            "step  3/20  reward 0.375  held-out 0.470  7.3 s/step  customer-service-bot@v12",
+        ),
+    ]:
         console.print(StepConsole(console).render(3, 20, logs, eta_s=124.2, version=version, width=80))
         assert console.export_text() == expected + "\n"
     roomy = StepConsole(console).render(
@@ -129,10 +142,20 @@ def test_rows_without_a_training_number_print_and_write_nothing(tmp_path) -> Non
 
 def test_library_noise_is_filtered_only_inside_and_other_warnings_pass() -> None:
     def library_calls() -> None:
-        warnings.warn_explicit("`is_gradient_checkpointing` is deprecated and will be removed in v6.",
-                               FutureWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")  # fmt: skip
-        warnings.warn_explicit("`gradient_checkpointing_enable` is deprecated and will be removed in v6.",
-                               FutureWarning, "modeling_utils.py", 2, module="transformers.modeling_utils")  # fmt: skip
+        warnings.warn_explicit(
+            "`is_gradient_checkpointing` is deprecated and will be removed in v6.",
+            FutureWarning,
+            "modeling_utils.py",
+            1,
+            module="transformers.modeling_utils",
+        )
+        warnings.warn_explicit(
+            "`gradient_checkpointing_enable` is deprecated and will be removed in v6.",
+            FutureWarning,
+            "modeling_utils.py",
+            2,
+            module="transformers.modeling_utils",
+        )
         warnings.warn(
             "You are using 'rollout_func', which is an experimental feature.", UserWarning, stacklevel=1
         )
@@ -150,8 +173,13 @@ def test_library_noise_is_filtered_only_inside_and_other_warnings_pass() -> None
     # The same deprecation from another module (e.g. the user's code) is not filtered.
     with warnings.catch_warnings(record=True) as seen, library_noise_filtered():
         warnings.simplefilter("always")
-        warnings.warn_explicit("`is_gradient_checkpointing` is deprecated", FutureWarning, "mine.py", 1,
-                               module="my_package.model")  # fmt: skip
+        warnings.warn_explicit(
+            "`is_gradient_checkpointing` is deprecated",
+            FutureWarning,
+            "mine.py",
+            1,
+            module="my_package.model",
+        )
     assert len(seen) == 1
 
 

@@ -90,8 +90,11 @@ def test_a_prompt_that_regresses_on_canary_traffic_is_refused(polite: Live) -> N
     assert get_prompt(polite.store, NAME).version == 1
     (canary,) = list_decisions(polite.store, NAME)
     assert (canary.stage, canary.outcome, canary.candidate, canary.live) == (
-        "canary", "refused", "prompt:reply@v2", "prompt:reply@v1"
-    )  # fmt: skip
+        "canary",
+        "refused",
+        "prompt:reply@v2",
+        "prompt:reply@v1",
+    )
     assert canary.evidence["version_n"] == 4 and canary.evidence["version_mean"] == 0.0
     assert canary.evidence["reference_n"] >= 4 and canary.evidence["reference_mean"] == 1.0
 

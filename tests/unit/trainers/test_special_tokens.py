@@ -62,9 +62,12 @@ def _rollout(store, group: str, calls: list[LLMCall], reward: float) -> str:  # 
 
 def _call(prompt: list[int], completion: list[int]) -> LLMCall:
     return LLMCall(
-        version="policy@v0", prompt_token_ids=prompt, completion_token_ids=completion,
-        logprobs=[-1.0] * len(completion), finish_reason="stop",
-    )  # fmt: skip
+        version="policy@v0",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        finish_reason="stop",
+    )
 
 
 # -- the ids of a SmolLM2 conversation: user turn, an answer that calls a tool, the tool's result, a final answer
@@ -156,10 +159,17 @@ def test_closing_eos_keeps_its_label_with_pad_equal_to_eos(tmp_path) -> None:
     _rollout(store, "g", [_call(USER, [36, 37, 38, 39, EOS])], 0.0)  # longer: the other row gets padded
     model = tiny_model()
     sft = ReplaySFTTrainer(
-        model, store, TraceFilter(agent=AGENT), ReplaySFTConfig(
-            output_dir=str(tmp_path / "sft"), min_reward=0.0, use_cpu=True, report_to="none", max_steps=1,
+        model,
+        store,
+        TraceFilter(agent=AGENT),
+        ReplaySFTConfig(
+            output_dir=str(tmp_path / "sft"),
+            min_reward=0.0,
+            use_cpu=True,
+            report_to="none",
+            max_steps=1,
         ),
-    )  # fmt: skip
+    )
     assert sft.trainer.processing_class.pad_token_id == sft.trainer.processing_class.eos_token_id == EOS
     rows = list(sft.trainer.train_dataset)
     for row in rows:
@@ -202,10 +212,21 @@ def _offline_grpo_inputs(model: Path, store, out: Path, group_size: int) -> dict
 
     selection = select_traces(store, TraceFilter(agent=AGENT, require_reward=False))
     config = TrainConfig(
-        output_dir=str(out), num_generations=group_size, tasks_per_step=1, max_steps=1, learning_rate=1e-4,
-        lora_r=4, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=0,
-        max_completion_length=64, gradient_checkpointing=False,
-    )  # fmt: skip
+        output_dir=str(out),
+        num_generations=group_size,
+        tasks_per_step=1,
+        max_steps=1,
+        learning_rate=1e-4,
+        lora_r=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        max_completion_length=64,
+        gradient_checkpointing=False,
+    )
     source = StoredGroupSource(selection.groups(), group_size)
     trainer = LightningTrainer(
         model, store, None, config, _Publisher(), source=source, swap_during_training=False
@@ -270,8 +291,13 @@ def _converse(store, url: str, group: str, question: str, reward: float, max_tok
     sent = []
     for _ in range(2):
         sent.append((rollout.rollout_id, list(messages)))
-        body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 1.0,
-                "seed": len(sent)}  # fmt: skip
+        body = {
+            "model": "policy",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "seed": len(sent),
+        }
         reply = httpx.post(f"{url}/rollouts/{rollout.rollout_id}/v1/chat/completions", json=body, timeout=300)
         assert reply.status_code == 200, reply.text
         answer = reply.json()["choices"][0]["message"]["content"] or ""
@@ -317,10 +343,18 @@ def _check_paths(store, model: Path, tmp: Path, template: str, bos: int, sent: l
     assert sequences == {tuple(ids) for ids in previous.values()}  # the recorded ids, as they are
 
     sft = ReplaySFTTrainer(
-        model, store, TraceFilter(agent=AGENT), ReplaySFTConfig(
-            output_dir=str(tmp / "sft"), min_reward=0.0, use_cpu=True, report_to="none", max_steps=1, dedupe=False,
+        model,
+        store,
+        TraceFilter(agent=AGENT),
+        ReplaySFTConfig(
+            output_dir=str(tmp / "sft"),
+            min_reward=0.0,
+            use_cpu=True,
+            report_to="none",
+            max_steps=1,
+            dedupe=False,
         ),
-    )  # fmt: skip
+    )
     assert {tuple(row["input_ids"]) for row in sft.trainer.train_dataset} == sequences  # ids, never text
     seen = _offline_grpo_inputs(model, store, tmp / "grpo", group_size=2)
     passes = seen["logp_rows"]
@@ -338,8 +372,11 @@ def test_bos_template_one_bos_on_every_path(tmp_path) -> None:
     model = tiny_model(BOS_TEMPLATE)
     store, url, stop = _served(model, BOS_TEMPLATE, tmp_path)
     try:
-        sent = [m for r, q in enumerate(["What is 2 + 2?", "Add 2 and 2."]) for m in _converse(
-            store, url, "g", q, float(r), max_tokens=4)]  # fmt: skip
+        sent = [
+            m
+            for r, q in enumerate(["What is 2 + 2?", "Add 2 and 2."])
+            for m in _converse(store, url, "g", q, float(r), max_tokens=4)
+        ]
     finally:
         stop()
     _check_paths(store, model, tmp_path, BOS_TEMPLATE, bos=0, sent=sent)

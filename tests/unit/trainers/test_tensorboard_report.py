@@ -29,8 +29,24 @@ def test_replay_grpo_reports_the_reward_of_every_step_to_tensorboard(tmp_path: P
         scored_rollout(store, AGENT, group, [36, 2], b)
     store.close()
     out = tmp_path / "run"
-    args = ["replay", "grpo", "--store-url", url, "--output-dir", str(out), "--model", str(tiny_model()),
-            "--agent", AGENT, "--group-size", "2", "--groups-per-step", "1", "--report-to", "tensorboard"]  # fmt: skip
+    args = [
+        "replay",
+        "grpo",
+        "--store-url",
+        url,
+        "--output-dir",
+        str(out),
+        "--model",
+        str(tiny_model()),
+        "--agent",
+        AGENT,
+        "--group-size",
+        "2",
+        "--groups-per-step",
+        "1",
+        "--report-to",
+        "tensorboard",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -45,9 +61,11 @@ def test_replay_grpo_reports_the_reward_of_every_step_to_tensorboard(tmp_path: P
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("tensorbord", "--report-to tensorbord: not an integration; use none or some of"),
-     ("nosuch,tensorboard", "--report-to nosuch: not an integration")],
-)  # fmt: skip
+    [
+        ("tensorbord", "--report-to tensorbord: not an integration; use none or some of"),
+        ("nosuch,tensorboard", "--report-to nosuch: not an integration"),
+    ],
+)
 def test_an_unknown_integration_fails_before_any_work(tmp_path: Path, value: str, message: str) -> None:
     result = CliRunner().invoke(
         app, ["replay", "sft", "--store-url", f"sqlite:///{tmp_path / 'none.db'}", "--report-to", value]

@@ -81,8 +81,14 @@ def test_group_shuffle_keeps_each_prompt_group_together() -> None:
     """Rows of one prompt (4 groups of 4, left-padded prompts) stay consecutive; every value moves in unison."""
     prompts = [[0, 0, 5, 6], [0, 7, 8, 9], [3, 4, 5, 6], [0, 0, 0, 9]]
     ids = torch.tensor([p for p in prompts for _ in range(4)])
-    batch = {"prompt_ids": ids, "prompt_mask": (ids != 0).long(), "row": torch.arange(16), "names": list("abcdefghijklmnop"),
-             "num_items_in_batch": torch.tensor(16), "old_per_token_logps": None}  # fmt: skip
+    batch = {
+        "prompt_ids": ids,
+        "prompt_mask": (ids != 0).long(),
+        "row": torch.arange(16),
+        "names": list("abcdefghijklmnop"),
+        "num_items_in_batch": torch.tensor(16),
+        "old_per_token_logps": None,
+    }
     orders = set()
     for seed in range(8):
         torch.manual_seed(seed)
