@@ -111,8 +111,8 @@ def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
 
 def arm_tasks(tasks: list, overrides: dict[str, Any]) -> list:
     """The GRPO tasks as an arm samples them: ``temperature`` for the whole rollout, ``act_temperature`` for
-    its first call (``act_sampling``; the engine must return processed logprobs for the trainer to match
-    a temperature other than 1, ``--logprobs-mode processed_logprobs``)."""
+    its first call (``act_sampling``; those samples train as temperature-1 samples, ``explored_samples``; a
+    whole-rollout ``temperature`` other than 1 needs ``--logprobs-mode processed_logprobs``)."""
     update: dict[str, Any] = {}
     if "temperature" in overrides:
         update["temperature"] = overrides["temperature"]
@@ -153,7 +153,7 @@ def ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dic
                     **{
                         k: v
                         for k, v in overrides.items()
-                        if k in ("group_size", "tasks_per_step", "extra_tasks")
+                        if k in ("group_size", "tasks_per_step", "extra_tasks", "act_temperature")
                     },
                 }
             )

@@ -133,6 +133,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sampling temperature of the GRPO rollouts (held-out and gate evaluations are greedy)",
     )
     p.add_argument(
+        "--act-temperature",
+        type=float,
+        default=0.0,
+        help="GRPO rollouts: the first call's temperature (the tool decision), explored hotter than the rest; "
+        "those samples train as temperature-1 samples (TrainConfig.explored_samples); 0 = --temperature",
+    )
+    p.add_argument(
         "--learning-rate",
         type=float,
         default=5e-5,
@@ -581,6 +588,7 @@ def round_config(
         rollout_timeout_s=300,
         wait_timeout_s=1200,
         init_adapter=init,
+        explored_samples="train" if args.act_temperature else "exclude",
     )
 
 
@@ -696,6 +704,9 @@ def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[
         )
     held_out = greedy((test + [t for i, t in enumerate(train_all) if i in tail])[: args.eval_size])
     warm, train = middle[: args.warm_tasks], middle[args.warm_tasks : args.warm_tasks + args.train_size]
+    if args.act_temperature:
+        act = {"act_sampling": {"temperature": args.act_temperature}}
+        train = [t.model_copy(update={"input": {**t.input, **act}}) for t in train]
     return greedy(rest[:gate_n]), warm, train, held_out
 
 

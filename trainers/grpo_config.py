@@ -48,6 +48,10 @@ class TrainConfig(LoraFields, GRPOConfig):
         extra_tasks_per_step: dynamic sampling (DAPO, Yu et al. 2025): tasks sampled per step beyond
             ``tasks_per_step`` (each a group of ``num_generations`` rollouts); the step trains on
             ``tasks_per_step`` of the groups, those whose rewards differ first (:mod:`.rollouts`). 0 = off.
+        explored_samples: ``"exclude"`` (default) or ``"train"``: whether a rollout whose tokens were sampled at a
+            temperature other than 1 by an engine returning raw logprobs (a guided call's recomputed logprobs
+            always are) trains, as a sample of the temperature-1 policy, or is excluded as unmatched
+            (:mod:`.logprob_match`, "explored samples"). For agents that explore their tool decision at T > 1.
         rollout_version: which version a batch's rollouts pin. ``"served"`` (default): the version serving by
             default (the rollouts are on-policy only while every published adapter is promoted); ``"trained"``:
             the newest trained adapter, staged after every optimizer step for the trainer's own rollouts and
@@ -80,6 +84,10 @@ class TrainConfig(LoraFields, GRPOConfig):
     extra_tasks_per_step: int = field(
         default=0,
         metadata={"help": "Dynamic sampling: extra tasks sampled per step, groups with signal trained."},
+    )
+    explored_samples: str = field(
+        default="exclude",
+        metadata={"help": "'train': raw-logprob spans sampled at T != 1 train as T=1 samples (explored)."},
     )
     rollout_version: str = field(
         default="served",
@@ -131,6 +139,8 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"num_generations={self.num_generations} (GRPO needs a group of at least 2)")
         if self.tasks_per_step < 1:
             problems.append(f"tasks_per_step={self.tasks_per_step} (must be >= 1)")
+        if self.explored_samples not in ("exclude", "train"):
+            problems.append(f"explored_samples={self.explored_samples!r} (use 'exclude' or 'train')")
         if self.extra_tasks_per_step < 0:
             problems.append(f"extra_tasks_per_step={self.extra_tasks_per_step} (must be >= 0)")
         if self.rollout_version not in ("served", "trained"):

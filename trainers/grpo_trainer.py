@@ -160,6 +160,7 @@ class LightningTrainer:
                 max_staleness=config.max_staleness,
                 extra_tasks=config.extra_tasks_per_step,
                 seed=config.seed,
+                explored=config.explored_samples == "train",
             )
         self.source = source
         prompts = source.prompts()

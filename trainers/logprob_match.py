@@ -23,6 +23,15 @@ it cannot:
   are still the grammar-masked ones (flag ``guided_logprobs_not_recomputed``). A guided call whose logprobs
   the gateway recomputed (``guided_logprobs_recomputed``: the engine's prompt logprobs) counts as raw.
 
+**Explored samples** (``explored=True``, :class:`~agentforge.trainers.grpo_config.TrainConfig`'s
+``explored_samples="train"``): a raw-logprob span sampled at a temperature other than 1 (an agent exploring
+its tool decision at ``T > 1``; a guided call's recomputed logprobs are always raw) is matched at 1.0 and
+trains as a sample of the temperature-1 policy. This is exploration without an importance correction for the
+temperature: the stored and recomputed values still agree (both temperature 1), so the correction keeps
+guarding against weight drift, but the sample was drawn from a hotter distribution than the one trained. Its
+advantage still decides the sign of its push; the bias favours the explored samples, as sampling at a higher
+temperature than one trains at does in practice (e.g. DAPO's T = 1.0 rollouts of a policy served greedily).
+
 A trajectory with a span that cannot be matched is excluded from training and counted under
 ``batch/skipped_unmatched_logprobs`` (the reasons are logged), never silently down-weighted by a ratio that
 compares two different distributions.
@@ -73,11 +82,13 @@ def _distortions(sampling: dict[str, Any]) -> list[str]:
     return out
 
 
-def stored_logprob_temperature(span: Span) -> tuple[float | None, str | None]:
+def stored_logprob_temperature(span: Span, *, explored: bool = False) -> tuple[float | None, str | None]:
     """The temperature at which the trainer reproduces ``span``'s stored log-probabilities (module docstring).
 
     Args:
         span: an LLM span as the gateway recorded it.
+        explored: match a raw-logprob span sampled at a temperature other than 1 at 1.0 (explored samples,
+            module docstring) instead of refusing it.
 
     Returns:
         ``(temperature, None)`` when the trainer can recompute the span's stored log-probabilities, else
@@ -114,7 +125,7 @@ def stored_logprob_temperature(span: Span) -> tuple[float | None, str | None]:
             None,
             f"sampled with {', '.join(distortions)}, which the trainer's log-softmax does not reproduce",
         )
-    if mode == RAW_LOGPROBS and temperature != 1.0:
+    if mode == RAW_LOGPROBS and temperature != 1.0 and not explored:
         return None, (
             f"sampled at temperature {temperature} by an engine returning raw_logprobs (the temperature-1 "
             "distribution, not the one sampled from); serve with logprobs_mode='processed_logprobs'"

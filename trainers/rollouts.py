@@ -90,6 +90,9 @@ class RolloutSource:
         extra_tasks: dynamic sampling (module docstring): groups sampled per batch beyond the ones trained;
             0 = off.
         seed: seeds the draw of the extra tasks (with the step).
+        explored: train raw-logprob spans sampled at a temperature other than 1 (an explored tool decision)
+            as temperature-1 samples instead of excluding them
+            (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`).
 
     Raises:
         UserError: ``extra_tasks`` is negative.
@@ -114,11 +117,12 @@ class RolloutSource:
         tenant: str | None = None,
         extra_tasks: int = 0,
         seed: int = 0,
+        explored: bool = False,
     ) -> None:
         if extra_tasks < 0:
             raise UserError(f"RolloutSource(extra_tasks={extra_tasks}): must be >= 0")
         self.store, self.tasks, self.group_size = store, tasks, group_size
-        self.extra_tasks, self.seed = extra_tasks, seed
+        self.extra_tasks, self.seed, self.explored = extra_tasks, seed, explored
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.current_version, self.alias = current_version, alias
         self.placeholder = placeholder_token_id
@@ -291,7 +295,7 @@ class RolloutSource:
             return {}, "failed"
         spans = self.store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm, valid_only=True)
         try:
-            trajectories = build_trajectories(spans)
+            trajectories = build_trajectories(spans, explored=self.explored)
         except SampleValidationError as exc:  # e.g. a doubled BOS: say why once per batch, not only count it
             if not report.skipped.get("invalid"):
                 logger.warning(

@@ -212,12 +212,14 @@ def grammar_forced(span: Span) -> list[bool]:
         ) from None
 
 
-def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
+def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list[Trajectory]:
     """Merge a rollout's LLM spans into trajectories by the module's merge rule.
 
     Args:
         spans: spans of one rollout (one attempt), any kinds; only ``kind == llm`` spans with
             ``status == "ok"`` are used, in ``sequence`` order.
+        explored: raw-logprob spans sampled at a temperature other than 1 are matched at 1.0 instead of
+            unmatched (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`).
 
     Returns:
         Trajectories in order; one per run of continuing calls.
@@ -250,7 +252,7 @@ def build_trajectories(spans: Sequence[Span]) -> list[Trajectory]:
         current.logprobs += logprobs
         current.env_mask += [1] * len(completion)
         current.forced += grammar_forced(span)
-        temperature, unmatched = stored_logprob_temperature(span)
+        temperature, unmatched = stored_logprob_temperature(span, explored=explored)
         current.temperatures += [temperature] * len(completion)
         if unmatched:
             current.unmatched.append(f"span {span.span_id}: {unmatched}")
