@@ -263,6 +263,95 @@ def warm_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> lis
     return rows
 
 
+def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """What one capture of the served policy teaches it, per arm (``--capture-arms``).
+
+    The ``--parent`` adapter serves and answers the first ``--warm-tasks`` GRPO tasks ``--warm-samples`` times
+    each, explored as the main job's SFT rounds capture (:func:`main_job.capture`: first call at
+    ``--warm-temperature`` with ``--warm-min-p``, every other sample forced to call a tool, reply greedy). On
+    that one capture each arm trains one candidate from the parent, scored on the held-out tasks:
+
+    * ``sft``: the main job's SFT round (rejection sampling: the successes, at most ``--warm-per-task`` a task);
+    * ``name:learning_rate[:epochs]``: offline GRPO (:func:`agentforge.run_offline_grpo`'s source) on the
+      capture's groups: one group per task (its ``--warm-samples`` explored samples, ``explored_samples=
+      "train"``), only the groups whose rewards differ (the rest have zero advantage), ``--tasks-per-step``
+      groups a step, ``epochs`` passes (default 1), constant learning rate, no warm-up.
+    """
+    from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
+    from agentforge.trainers.replay.grpo import StoredGroupSource
+    from agentforge.trainers.replay.select import select_traces
+
+    store, stack, model, board = ctx["store"], ctx["stack"], ctx["model"], ctx["board"]
+    if args.parent is None:
+        raise SystemExit("--capture-arms needs --parent (the adapter that serves and captures)")
+    rows = []
+    for seed in args.seeds:
+        stack.swapper.reset_to_base()
+        stack.swapper.wait_drained(timeout_s=120)
+        parent = GatedPublisher(stack.swapper, store).publish(args.parent, 0)
+        board(parent)
+        parent_score = board.held[parent]["parts"]["success"]
+        pool = ctx["train"][: args.warm_tasks]
+        since = time.time()
+        captured = mj.capture(store, pool, args.warm_samples, parent, args.warm_temperature, args.warm_min_p,
+                              force_every=mj.capture_force_every(args))  # fmt: skip
+        flt = TraceFilter(task_ids=tuple(t.task_id for t in pool), resources={"policy": parent}, since=since,
+                          require_reward=False)  # fmt: skip
+        selection = select_traces(store, flt)
+        by_task: dict[str, list] = {}
+        for rec in selection.records:
+            by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
+        signal = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
+        print(f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
+              f"{captured['parts']['success']:.3f}, {len(signal)} of {len(by_task)} tasks with reward spread",
+              flush=True)  # fmt: skip
+        for arm in args.capture_arms:
+            name, _, rest = arm.partition(":")
+            publisher = StageOnly(GatedPublisher(stack.swapper, store, evaluate=None))
+            out = args.out / f"seed-{seed}" / name
+            t0 = time.monotonic()
+            if name == "sft":
+                config, _ = mj.warm_inputs(args, seed, pool, parent)
+                config.output_dir, config.init_adapter = str(out), str(args.parent)
+                sft_flt = TraceFilter(task_ids=flt.task_ids, resources={"policy": parent}, since=since,
+                                      max_per_task=args.warm_per_task)  # fmt: skip
+                adapter = Path(run_replay_sft(model, store, sft_flt, config, publisher).adapter_dir)
+                steps, lr, epochs = None, args.warm_learning_rate, args.warm_epochs
+            else:
+                lr_text, _, epochs_text = rest.partition(":")
+                lr, epochs = float(lr_text), float(epochs_text or 1)
+                steps = max(1, int(len(signal) * epochs) // args.tasks_per_step)
+                arm_args = argparse.Namespace(**{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0,
+                                                 "steps": steps})  # fmt: skip
+                config = mj.round_config(arm_args, out, seed * 100, str(args.parent), learning_rate=lr,
+                                         warmup_steps=0, rollout_version="served")  # fmt: skip
+                config.explored_samples = "train"
+                source = StoredGroupSource(signal, args.warm_samples, explored=True)
+                trainer = LightningTrainer(model, store, None, config, publisher, source=source,
+                                           swap_during_training=False)  # fmt: skip
+                source.placeholder = trainer.placeholder_token_id
+                trainer.train()
+                if publisher.last is None:
+                    print(f"{name}: nothing published", flush=True)
+                    continue
+                adapter = publisher.last
+            candidate = publisher.stage(adapter, 0)
+            board(candidate)
+            held = board.held[candidate]["parts"]["success"]
+            pairs = zip(board.held[parent]["scores"], board.held[candidate]["scores"], strict=True)
+            row = {"arm": name, "seed": seed, "lr": lr, "epochs": epochs, "steps": steps, "parent": parent_score,
+                   "held_out": held, "gain": held - parent_score, "candidate": candidate,
+                   "discordance": statistics.mean(float(a != b) for a, b in pairs),
+                   "collapse": board.held[candidate]["collapse_ratio"],
+                   "tools": board.held[candidate].get("tools_chosen"),
+                   "seconds": round(time.monotonic() - t0)}  # fmt: skip
+            rows.append(row)
+            print(f"{name:>12} seed {seed}: held-out {held:.3f} (parent {parent_score:.3f}, {row['gain']:+.3f})  "
+                  f"differs on {row['discordance']:.3f}  top/gold {row['collapse']:.2f}  steps {steps}  "
+                  f"{row['seconds']}s", flush=True)  # fmt: skip
+    return rows
+
+
 def _ablation_line(r: dict[str, Any]) -> str:
     upd = "-" if r["update_ratio"] is None else f"{r['update_ratio']:.2e}"
     signal = " ".join("-" if x is None else f"{x:.2f}" for x in r.get("signal_share", []))
@@ -406,6 +495,12 @@ def main(argv: list[str] | None = None) -> int:
         "a warm start trained here (no capture then)",
     )
     p.add_argument(
+        "--capture-arms",
+        nargs="+",
+        default=None,
+        help="what one capture of --parent teaches it: 'sft' and/or offline-GRPO arms name:learning_rate[:epochs]",
+    )
+    p.add_argument(
         "--logprobs-mode",
         default="raw_logprobs",
         help="what the engine's logprobs are; arms sampling at a temperature other than 1 need processed_logprobs",
@@ -416,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     args = mj.parse_args([*rest, "--out", str(ROOT / "runs" / "learning")] if "--out" not in rest else rest)
     for k, v in vars(ours).items():
         setattr(args, k, v)
-    if not (args.ablation or args.gate or args.warm):
-        p.error("say --ablation, --gate and/or --warm")
+    if not (args.ablation or args.gate or args.warm or args.capture_arms):
+        p.error("say --ablation, --gate, --warm and/or --capture-arms")
     from agentforge import LocalStack, open_store, prepare_default_model
     from agentforge.agents.customer_service.order_bot import OrderDeskAgent
     from agentforge.agents.customer_service.service_bot import ServiceDeskAgent
@@ -467,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.gate:
             out = gate_rates(mj, args, ctx)
             (args.out / "gate_rates.json").write_text(json.dumps(out, indent=1))
+        if args.capture_arms:
+            out = capture_ablation(mj, args, ctx)
+            (args.out / "capture_ablation.json").write_text(json.dumps(out, indent=1))
         if args.ablation:
             rows = ablation(mj, args, ctx)
             (args.out / "ablation.json").write_text(json.dumps(rows, indent=1))

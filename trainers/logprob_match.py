@@ -24,9 +24,9 @@ it cannot:
   the gateway recomputed (``guided_logprobs_recomputed``: the engine's prompt logprobs) counts as raw.
 
 **Explored samples** (``explored=True``, :class:`~agentforge.trainers.grpo_config.TrainConfig`'s
-``explored_samples="train"``): a raw-logprob span sampled at a temperature other than 1 (an agent exploring
-its tool decision at ``T > 1``; a guided call's recomputed logprobs are always raw) is matched at 1.0 and
-trains as a sample of the temperature-1 policy. This is exploration without an importance correction for the
+``explored_samples="train"``): a raw-logprob span sampled with other settings than temperature 1 (an agent
+exploring its tool decision at ``T > 1`` or with ``min_p``, a greedy reply after it; a guided call's
+recomputed logprobs are always raw) is matched at 1.0 and trains as a sample of the temperature-1 policy. This is exploration without an importance correction for the
 temperature: the stored and recomputed values still agree (both temperature 1), so the correction keeps
 guarding against weight drift, but the sample was drawn from a hotter distribution than the one trained. Its
 advantage still decides the sign of its push; the bias favours the explored samples, as sampling at a higher
@@ -87,8 +87,8 @@ def stored_logprob_temperature(span: Span, *, explored: bool = False) -> tuple[f
 
     Args:
         span: an LLM span as the gateway recorded it.
-        explored: match a raw-logprob span sampled at a temperature other than 1 at 1.0 (explored samples,
-            module docstring) instead of refusing it.
+        explored: match a raw-logprob span sampled with any settings at 1.0 (explored samples, module
+            docstring) instead of refusing one not sampled at temperature 1 without truncation.
 
     Returns:
         ``(temperature, None)`` when the trainer can recompute the span's stored log-probabilities, else
@@ -109,6 +109,8 @@ def stored_logprob_temperature(span: Span, *, explored: bool = False) -> tuple[f
         mode = RAW_LOGPROBS
     if mode not in LOGPROBS_MODES:
         return None, f"the engine returned {mode!r}, which are not log-probabilities of the sampled tokens"
+    if explored and mode == RAW_LOGPROBS:  # raw values are the temperature-1 ones however it sampled
+        return 1.0, None
     raw = request.get("temperature")
     try:
         temperature = 1.0 if raw is None else float(raw)
@@ -125,7 +127,7 @@ def stored_logprob_temperature(span: Span, *, explored: bool = False) -> tuple[f
             None,
             f"sampled with {', '.join(distortions)}, which the trainer's log-softmax does not reproduce",
         )
-    if mode == RAW_LOGPROBS and temperature != 1.0 and not explored:
+    if mode == RAW_LOGPROBS and temperature != 1.0:
         return None, (
             f"sampled at temperature {temperature} by an engine returning raw_logprobs (the temperature-1 "
             "distribution, not the one sampled from); serve with logprobs_mode='processed_logprobs'"

@@ -37,7 +37,13 @@ from agentforge.ports import AdapterPublisher, BatchReport, TraceStore
 from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.replay.select import TraceFilter, TraceRecord, select_traces
 from agentforge.trainers.rollouts import unmatched_logprobs
-from agentforge.trainers.samples import GRPO_COLUMNS, grpo_sample, masked_sample, with_temperatures
+from agentforge.trainers.samples import (
+    GRPO_COLUMNS,
+    build_trajectories,
+    grpo_sample,
+    masked_sample,
+    with_temperatures,
+)
 from agentforge.types import new_id
 
 __all__ = ["StoredGroupSource", "run_offline_grpo"]
@@ -51,6 +57,10 @@ class StoredGroupSource:
         group_size: ``G`` (TRL's ``num_generations``).
         placeholder_token_id: the token of masked slots.
         skipped: skip counts from the selection, kept for the report (:attr:`selection_skipped`).
+        explored: the records were sampled with exploring settings (a hot or ``min_p`` tool decision, a
+            greedy reply) on an engine returning raw logprobs: their trajectories are rebuilt to train as
+            temperature-1 samples instead of being masked as unmatched
+            (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`).
 
     Attributes:
         groups: the trainable groups, each exactly ``G`` slots long (``None`` = masked slot).
@@ -67,8 +77,9 @@ class StoredGroupSource:
         *,
         placeholder_token_id: int = 0,
         skipped: Counter[str] | None = None,
+        explored: bool = False,
     ) -> None:
-        self.group_size, self.placeholder = group_size, placeholder_token_id
+        self.group_size, self.placeholder, self.explored = group_size, placeholder_token_id, explored
         self.selection_skipped = Counter(skipped or {})
         self.run_id = new_id("run")
         self.reports: list[BatchReport] = []
@@ -126,6 +137,8 @@ class StoredGroupSource:
         if not record.trajectories or record.trajectories[-1].sampled_tokens == 0:
             return masked, "no_trainable_tokens"
         traj = record.trajectories[-1]
+        if self.explored and traj.unmatched:
+            traj = build_trajectories(record.spans, explored=True)[-1]
         if unmatched_logprobs(traj, len(self.reports)):
             return masked, "unmatched_logprobs"
         report.extra_trajectories += len(record.trajectories) - 1
@@ -165,7 +178,11 @@ def run_offline_grpo(
 
     selection = select_traces(store, replace(flt, require_reward=False))  # raises EmptySelectionError
     source = StoredGroupSource(
-        selection.groups(), config.num_generations, skipped=selection.skipped, placeholder_token_id=0
+        selection.groups(),
+        config.num_generations,
+        skipped=selection.skipped,
+        placeholder_token_id=0,
+        explored=config.explored_samples == "train",
     )
     if len(source.groups) < config.tasks_per_step:
         raise UserError(

@@ -75,17 +75,26 @@ def test_guided_calls_are_matched_by_what_the_gateway_stored() -> None:
 
 
 def test_explored_raw_spans_train_as_temperature_one_samples_and_nothing_else_loosens() -> None:
-    """``explored=True`` (TrainConfig.explored_samples="train"): a tool decision sampled at T = 1.5 whose stored
-    logprobs are raw (a guided call's recomputed ones always are) matches at 1.0; greedy spans, truncation,
-    processed spans and unrecomputed guided calls are judged as without it."""
+    """``explored=True`` (TrainConfig.explored_samples="train"): a raw-logprob span sampled hot, with min_p or
+    greedily (a capture's explored tool decision and greedy reply; a guided call's recomputed logprobs are raw)
+    matches at 1.0; processed spans keep their own rules and unrecomputed guided calls stay refused."""
     hot = _span("raw_logprobs", (GUIDED_RECOMPUTED,), temperature=1.5)
     assert stored_logprob_temperature(hot)[0] is None
     assert stored_logprob_temperature(hot, explored=True) == (1.0, None)
-    assert stored_logprob_temperature(_span(None, temperature=0.7), explored=True) == (1.0, None)
-    assert stored_logprob_temperature(_span("processed_logprobs", temperature=1.5), explored=True) == (1.5, None)
-    for still_refused in (
+    for raw in (
+        _span(None, temperature=0.7),
         _span("raw_logprobs", temperature=0.0),
-        _span("raw_logprobs", temperature=1.5, min_p=0.2),
+        _span("raw_logprobs", temperature=2.0, min_p=0.2),
+    ):
+        assert stored_logprob_temperature(raw, explored=True) == (1.0, None)
+    assert stored_logprob_temperature(_span("processed_logprobs", temperature=1.5), explored=True) == (
+        1.5,
+        None,
+    )
+    for still_refused in (
+        _span("processed_logprobs", temperature=0.0),
+        _span("processed_logprobs", temperature=1.5, min_p=0.2),
         _span("raw_logprobs", (GUIDED_NOT_RECOMPUTED,), temperature=1.5),
+        _span("raw_logits", temperature=1.0),
     ):
         assert stored_logprob_temperature(still_refused, explored=True)[0] is None
