@@ -293,18 +293,31 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
         parent_score = board.held[parent]["parts"]["success"]
         pool = ctx["train"][: args.warm_tasks]
         since = time.time()
-        captured = mj.capture(store, pool, args.warm_samples, parent, args.warm_temperature, args.warm_min_p,
-                              force_every=mj.capture_force_every(args))  # fmt: skip
-        flt = TraceFilter(task_ids=tuple(t.task_id for t in pool), resources={"policy": parent}, since=since,
-                          require_reward=False)  # fmt: skip
+        captured = mj.capture(
+            store,
+            pool,
+            args.warm_samples,
+            parent,
+            args.warm_temperature,
+            args.warm_min_p,
+            force_every=mj.capture_force_every(args),
+        )
+        flt = TraceFilter(
+            task_ids=tuple(t.task_id for t in pool),
+            resources={"policy": parent},
+            since=since,
+            require_reward=False,
+        )
         selection = select_traces(store, flt)
         by_task: dict[str, list] = {}
         for rec in selection.records:
             by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
         signal = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
-        print(f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
-              f"{captured['parts']['success']:.3f}, {len(signal)} of {len(by_task)} tasks with reward spread",
-              flush=True)  # fmt: skip
+        print(
+            f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
+            f"{captured['parts']['success']:.3f}, {len(signal)} of {len(by_task)} tasks with reward spread",
+            flush=True,
+        )
         for arm in args.capture_arms:
             name, _, rest = arm.partition(":")
             publisher = StageOnly(GatedPublisher(stack.swapper, store, evaluate=None))
@@ -313,22 +326,35 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             if name == "sft":
                 config, _ = mj.warm_inputs(args, seed, pool, parent)
                 config.output_dir, config.init_adapter = str(out), str(args.parent)
-                sft_flt = TraceFilter(task_ids=flt.task_ids, resources={"policy": parent}, since=since,
-                                      max_per_task=args.warm_per_task)  # fmt: skip
+                sft_flt = TraceFilter(
+                    task_ids=flt.task_ids,
+                    resources={"policy": parent},
+                    since=since,
+                    max_per_task=args.warm_per_task,
+                )
                 adapter = Path(run_replay_sft(model, store, sft_flt, config, publisher).adapter_dir)
                 steps, lr, epochs = None, args.warm_learning_rate, args.warm_epochs
             else:
                 lr_text, _, epochs_text = rest.partition(":")
                 lr, epochs = float(lr_text), float(epochs_text or 1)
                 steps = max(1, int(len(signal) * epochs) // args.tasks_per_step)
-                arm_args = argparse.Namespace(**{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0,
-                                                 "steps": steps})  # fmt: skip
-                config = mj.round_config(arm_args, out, seed * 100, str(args.parent), learning_rate=lr,
-                                         warmup_steps=0, rollout_version="served")  # fmt: skip
+                arm_args = argparse.Namespace(
+                    **{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0, "steps": steps}
+                )
+                config = mj.round_config(
+                    arm_args,
+                    out,
+                    seed * 100,
+                    str(args.parent),
+                    learning_rate=lr,
+                    warmup_steps=0,
+                    rollout_version="served",
+                )
                 config.explored_samples = "train"
                 source = StoredGroupSource(signal, args.warm_samples, explored=True)
-                trainer = LightningTrainer(model, store, None, config, publisher, source=source,
-                                           swap_during_training=False)  # fmt: skip
+                trainer = LightningTrainer(
+                    model, store, None, config, publisher, source=source, swap_during_training=False
+                )
                 source.placeholder = trainer.placeholder_token_id
                 trainer.train()
                 if publisher.last is None:
@@ -339,16 +365,28 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             board(candidate)
             held = board.held[candidate]["parts"]["success"]
             pairs = zip(board.held[parent]["scores"], board.held[candidate]["scores"], strict=True)
-            row = {"arm": name, "seed": seed, "lr": lr, "epochs": epochs, "steps": steps, "parent": parent_score,
-                   "held_out": held, "gain": held - parent_score, "candidate": candidate,
-                   "discordance": statistics.mean(float(a != b) for a, b in pairs),
-                   "collapse": board.held[candidate]["collapse_ratio"],
-                   "tools": board.held[candidate].get("tools_chosen"),
-                   "seconds": round(time.monotonic() - t0)}  # fmt: skip
+            row = {
+                "arm": name,
+                "seed": seed,
+                "lr": lr,
+                "epochs": epochs,
+                "steps": steps,
+                "parent": parent_score,
+                "held_out": held,
+                "gain": held - parent_score,
+                "candidate": candidate,
+                "discordance": statistics.mean(float(a != b) for a, b in pairs),
+                "collapse": board.held[candidate]["collapse_ratio"],
+                "tools": board.held[candidate].get("tools_chosen"),
+                "seconds": round(time.monotonic() - t0),
+            }
             rows.append(row)
-            print(f"{name:>12} seed {seed}: held-out {held:.3f} (parent {parent_score:.3f}, {row['gain']:+.3f})  "
-                  f"differs on {row['discordance']:.3f}  top/gold {row['collapse']:.2f}  steps {steps}  "
-                  f"{row['seconds']}s", flush=True)  # fmt: skip
+            print(
+                f"{name:>12} seed {seed}: held-out {held:.3f} (parent {parent_score:.3f}, {row['gain']:+.3f})  "
+                f"differs on {row['discordance']:.3f}  top/gold {row['collapse']:.2f}  steps {steps}  "
+                f"{row['seconds']}s",
+                flush=True,
+            )
     return rows
 
 
