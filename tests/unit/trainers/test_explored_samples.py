@@ -25,8 +25,14 @@ def _explored_rollout(store: SQLStore, task: str, completion: list[int], reward:
         ({"temperature": 0.0}, PROMPT + completion + [9], [7, 8]),
     ]
     for request, prompt, out in calls:
-        call = LLMCall(version="policy@v1", request=request, prompt_token_ids=prompt, completion_token_ids=out,
-                       logprobs=[-0.5] * len(out), finish_reason="stop")  # fmt: skip
+        call = LLMCall(
+            version="policy@v1",
+            request=request,
+            prompt_token_ids=prompt,
+            completion_token_ids=out,
+            logprobs=[-0.5] * len(out),
+            finish_reason="stop",
+        )
         attributes = {"logprobs_mode": "raw_logprobs"}
         store.add_span(
             Span(kind=SpanKind.llm, rollout_id=rollout.rollout_id, llm=call, attributes=attributes)
