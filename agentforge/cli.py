@@ -241,7 +241,9 @@ def serve(
         supervisor = None
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
+            from agentforge.serving.vllm import VLLMServer
 
+            assert isinstance(server, VLLMServer)  # the vllm backend built it above
             models = tenancy.get("tenant_models")  # tenant versions the dead engine held load again on demand
             supervisor = EngineSupervisor(
                 server,
@@ -307,7 +309,7 @@ def _stop_on_signals() -> tuple[threading.Event, list[str]]:
     return stop, why
 
 
-def _check_store_answers(store, alias: str) -> None:  # type: ignore[no-untyped-def]
+def _check_store_answers(store: Any, alias: str) -> None:
     """Read the alias's versions once, so a store server that is down or refuses the key fails at start.
 
     Raises:

@@ -41,14 +41,14 @@ class ConfigError(UserError):
 
 
 class MissingExtraError(UserError, ImportError):
-    """An optional dependency is missing; the message names the ``pip install`` to run."""
+    """An optional dependency is missing; the message names the ``pip install`` to run (``extra`` ``None``: a
+    core dependency, missing from a broken install)."""
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
+    def __init__(self, package: str, extra: str | None, purpose: str) -> None:
         self.package, self.extra = package, extra
-        super().__init__(
-            f"{purpose} needs the '{package}' package, which is not installed. "
-            f'Run: pip install "agentforge[{extra}]"'
-        )
+        target = "agentforge" if extra is None else f"agentforge[{extra}]"
+        missing = f"{purpose} needs the '{package}' package, which is not installed"
+        super().__init__(f'{missing}. Run: pip install "{target}"')
 
 
 class InvalidTransitionError(UserError):

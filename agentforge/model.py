@@ -12,6 +12,7 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from agentforge.config import DEFAULT_MODEL_NAME, default_model_dir
 from agentforge.errors import MissingExtraError, RunError, UserError
@@ -89,7 +90,7 @@ def prepare_default_model(target: Path | None = None, force: bool = False) -> Pa
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
-        del config.quantization_config
+        delattr(config, "quantization_config")
     config.dtype = "float32"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
@@ -109,7 +110,7 @@ def prepare_default_model(target: Path | None = None, force: bool = False) -> Pa
     return target
 
 
-def _verify(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def _verify(model: Any, tokenizer: Any) -> None:
     """Greedy-generate a short answer; raise ``RunError`` if the output is empty or degenerate."""
     import torch
 

@@ -327,12 +327,12 @@ class BatchReport:
     truncated: int = 0
     extra_trajectories: int = 0
     split_rollouts: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    rewards: list[float] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter[str])
+    rewards: list[float] = field(default_factory=list[float])
     sampled_tokens: int = 0
     forced_tokens: int = 0
     wait_s: float = 0.0
-    parts: dict[str, list[float]] = field(default_factory=dict)
+    parts: dict[str, list[float]] = field(default_factory=dict[str, list[float]])
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for logging (shares are fractions of the batch)."""
@@ -376,12 +376,20 @@ class SampleSource(Protocol):
     result), so a source may block, poll a store and write to it without coordinating ranks.
 
     Attributes:
-        run_id: identifies the training run on whatever the source writes (rollouts, metadata).
-        reports: one :class:`BatchReport` per call, appended by ``__call__`` (the trainer logs the last).
+        run_id: identifies the training run on whatever the source writes (rollouts, metadata); the trainer
+            sets it (an attribute, or a property with a setter).
+        reports: one :class:`BatchReport` per call, appended by ``__call__`` (the trainer logs the last; read
+            only, so a wrapper may hand out its inner source's list).
     """
 
-    run_id: str
-    reports: list[BatchReport]
+    @property
+    def run_id(self) -> str: ...
+
+    @run_id.setter
+    def run_id(self, value: str) -> None: ...
+
+    @property
+    def reports(self) -> list[BatchReport]: ...
 
     def prompts(self) -> list[str]:
         """The dataset's ``prompt`` column: one entry per group (a task id, a group id, a slot)."""

@@ -49,7 +49,8 @@ class LocalStack:
 
     Args:
         store: the trace store every piece writes to.
-        agent: a runner agent ``agent(task, ctx) -> reward | None``; ``None`` starts no runners.
+        agent: a runner agent ``agent(task, ctx) -> reward | None``, or a ``"module:function"`` factory returning
+            it (as :class:`~agentforge.runtime.Runner` takes it); ``None`` starts no runners.
         model: base checkpoint directory (default: the prepared SmolLM2-135M, see ``agentforge model prepare``).
         workers: runner threads.
         backend: ``"vllm"`` (a separate vLLM process) or ``"embedded"`` (transformers + PEFT in-process).
@@ -88,7 +89,7 @@ class LocalStack:
     def __init__(
         self,
         store: TraceStore,
-        agent: Callable[..., Any] | None = None,
+        agent: Callable[..., Any] | str | None = None,
         *,
         model: str | Path | None = None,
         workers: int = 4,

@@ -214,7 +214,7 @@ def schema_problem(call: ToolCall, schemas: Mapping[str, Any]) -> str | None:
     schema = schemas[call.name] or {"type": "object", "properties": {}}
     if not isinstance(schema, Mapping):
         return None
-    properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    properties = found if isinstance(found := schema.get("properties"), Mapping) else {}
     if schema.get("additionalProperties", False) is False:
         extra = [k for k in call.parsed if k not in properties]
         if extra:

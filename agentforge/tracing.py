@@ -234,7 +234,7 @@ def emit_span(
         attempt_id=aid,
         kind=span_kind,
         name=name,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         error=error,
         attributes=dict(attributes or {}),
         started_at=start,

@@ -36,11 +36,13 @@ __all__ = [
     "Rollout",
     "Attempt",
     "SpanKind",
+    "SpanStatus",
     "Span",
     "LLMCall",
     "ToolCall",
     "Reward",
     "ResourceVersion",
+    "ResourceKind",
     "Version",
     "new_id",
     "new_ordered_id",
@@ -77,7 +79,7 @@ TENANT_HEADER = "X-Tenant"
 _TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
-def check_tenant(tenant: str) -> str:
+def check_tenant(tenant: object) -> str:
     """Return ``tenant`` if it is a valid tenant name, else raise.
 
     A tenant name is 1-63 characters of lower-case ASCII letters, digits, ``_`` and ``-``, starting with a
@@ -294,6 +296,10 @@ class SpanKind(StrEnum):
     custom = "custom"
 
 
+#: How a span ended.
+SpanStatus = Literal["ok", "error"]
+
+
 class ToolCall(BaseModel):
     """A tool call the model emitted, parsed from the engine's answer.
 
@@ -343,7 +349,7 @@ class LLMCall(BaseModel):
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     response_text: str = ""
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list[ToolCall])
     finish_reason: str | None = None
     usage: dict[str, Any] = Field(default_factory=dict)
     latency_s: float = 0.0
@@ -367,7 +373,7 @@ class Span(BaseModel):
     attempt_id: str | None = None
     kind: SpanKind = SpanKind.custom
     name: str = ""
-    status: Literal["ok", "error"] = "ok"
+    status: SpanStatus = "ok"
     error: str | None = None
     llm: LLMCall | None = None
     attributes: dict[str, Any] = Field(default_factory=dict)
@@ -411,6 +417,10 @@ class Reward(BaseModel):
         return self.value is not None
 
 
+#: What a versioned resource holds.
+ResourceKind = Literal["prompt", "adapter", "other"]
+
+
 class ResourceVersion(BaseModel):
     """A versioned resource: a prompt template, an adapter, or any JSON payload.
 
@@ -425,7 +435,7 @@ class ResourceVersion(BaseModel):
 
     name: str
     version: int = Field(default=0, ge=0)
-    kind: Literal["prompt", "adapter", "other"] = "other"
+    kind: ResourceKind = "other"
     payload: dict[str, Any] = Field(default_factory=dict)
     active: bool = False
     created_at: float = Field(default_factory=now)

@@ -84,6 +84,7 @@ def optimize_prompt_cmd(
         store = open_store_url(store_url)
         seed_text = seed_prompt if seed_prompt is not None else get_prompt(store, name).payload["template"]
         with LocalStack(store, agent, model=model, workers=workers, backend=backend) as stack:
+            assert stack.gateway is not None  # started by the with statement
             reflection = ReflectionLM(
                 base_url=reflection_base_url or f"{stack.gateway.url}/v1",
                 model=reflection_model,

@@ -6,7 +6,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 from rich.markup import escape
@@ -19,6 +19,10 @@ from agentforge.commands.common import (
     reported,
     user_code_importable,
 )
+
+if TYPE_CHECKING:
+    from agentforge.ports import TraceStore
+    from agentforge.runtime import Runner
 
 __all__ = ["run"]
 
@@ -107,7 +111,7 @@ def run(
             gateway,
             workers=workers,
             mode=mode,
-            agent_name=name,  # type: ignore[arg-type]
+            agent_name=name,
             gateway_api_key=api_key,
             store_api_key=api_key,
             engine=engine,
@@ -137,7 +141,17 @@ def run(
         raise typer.Exit(1)
 
 
-def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:  # type: ignore[no-untyped-def]
+class _Summary(TypedDict):
+    """What ``agentforge run --tasks`` prints as JSON."""
+
+    rollouts: int
+    states: dict[str, int]
+    rewarded: int
+    mean_reward: float | None
+    errors: dict[str, int]
+
+
+def _wait(store: TraceStore, runner: Runner, ids: list[str], timeout_s: float) -> _Summary:
     """Show progress until every rollout is finished; return counts and the mean reward."""
     from agentforge.errors import RolloutTimeout
 
@@ -182,7 +196,7 @@ def _wait(store, runner, ids: list[str], timeout_s: float) -> dict[str, object]:
     }
 
 
-def _errors(store, ids: list[str]) -> Counter[str]:  # type: ignore[no-untyped-def]
+def _errors(store: TraceStore, ids: list[str]) -> Counter[str]:
     """The last attempt's error of each failed rollout, counted (first line, 300 characters)."""
     out: Counter[str] = Counter()
     for rid in ids:
@@ -192,7 +206,7 @@ def _errors(store, ids: list[str]) -> Counter[str]:  # type: ignore[no-untyped-d
     return out
 
 
-def _check_pins(store, pins: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def _check_pins(store: TraceStore, pins: dict[str, str]) -> None:
     """Refuse pins to versions the store does not hold (``policy@v0``, the base model, always exists).
 
     Raises:
@@ -229,7 +243,7 @@ def terminate_like_ctrl_c() -> None:
         signal.signal(signal.SIGTERM, interrupt)
 
 
-def _cancel_queued(store, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+def _cancel_queued(store: TraceStore, ids: list[str]) -> None:
     """Cancel this run's rollouts that are still queued (best effort: the store may be gone)."""
     from agentforge.types import RolloutState
 

@@ -92,7 +92,7 @@ def mask_runs(env_mask: list[int]) -> str:
 def _store(url: str | None, api_key: str | None) -> TraceStore:
     from agentforge.commands.common import open_store_url
 
-    return open_store_url(url, must_exist=True, api_key=api_key)  # type: ignore[no-any-return]
+    return open_store_url(url, must_exist=True, api_key=api_key)
 
 
 def _clock(ts: float) -> str:

@@ -187,7 +187,7 @@ def _config(
     rollout_timeout_s=300.0,
     agent_name="",
     **memory,
-):  # type: ignore[no-untyped-def]
+):
     """The run's :class:`TrainConfig`; ``memory`` takes its memory knobs (``max_rows_per_micro_batch``,
     ``logprob_chunk_tokens``; default: TrainConfig's)."""
     import torch
@@ -235,7 +235,7 @@ def _train(
     resume,
     gate=None,
     engine=None,
-):  # type: ignore[no-untyped-def]
+):
     from agentforge.model import prepare_default_model
     from agentforge.runtime import evaluate_tasks, task_scores
     from agentforge.serving.promoter import GatedPublisher
@@ -254,23 +254,26 @@ def _train(
         max_lora_rank=max(16, config.lora_r),
         **(engine or {}),
     ) as stack:
+        swapper, router = stack.swapper, stack.router
+        assert swapper is not None and router is not None  # started by the with statement
         print_engine(stack.engine)  # a simulated customer's endpoint; agents also get it as ctx.engine
         if held_out:
             summary["before"] = evaluate_tasks(
                 store, held_out, {"policy": stack.base_version}, label="before"
             )
             console.print(f"held-out mean reward of {stack.base_version}: {summary['before']:.4f}")
-        publisher: HotSwapPublisher | GatedPublisher = HotSwapPublisher(stack.swapper, store)
+        publisher: HotSwapPublisher | GatedPublisher = HotSwapPublisher(swapper, store)
         if gate is not None:  # each adapter meets the live version on the held-out tasks first
             publisher = GatedPublisher(
-                stack.swapper,
+                swapper,
                 store,
                 gate=gate,
                 evaluate=lambda v: task_scores(store, held_out, {config.alias: v}, label="gate"),
             )
         trainer = LightningTrainer(model, store, train_tasks, config, publisher)
         trainer.train(resume_from_checkpoint=resume)
-        version = stack.router.alias(config.alias)
+        version = router.alias(config.alias)
+        assert version is not None  # the stack registered the base model under the alias
         summary.update(
             version=version,
             versions=trainer.versions,

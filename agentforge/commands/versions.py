@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from agentforge.commands.common import console, reported
+
+if TYPE_CHECKING:
+    from agentforge.ports import TraceStore
 
 __all__ = ["versions", "rollback"]
 
@@ -33,7 +36,7 @@ def _lineage(name: str | None, tenant: str | None) -> str | None:
     return Version.lineage(name or "policy", tenant)
 
 
-def _store(url: str | None):  # type: ignore[no-untyped-def]
+def _store(url: str | None) -> TraceStore:
     from agentforge.commands.common import open_store_url
 
     return open_store_url(url, must_exist=True)

@@ -26,14 +26,14 @@ Format: Anthropic's Messages API reference (docs.anthropic.com/en/api/messages, 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import AsyncContentStream, JSONResponse, Response, StreamingResponse
 
 from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
-from agentforge.gateway.wire import decode_json, encode_json
+from agentforge.gateway.wire import Endpoint, decode_json, encode_json
 
 __all__ = [
     "MessagesError",
@@ -419,7 +419,7 @@ class MessagesStream:
         self._finish: tuple[str | None, str | None] = (None, None)
         self._usage: dict[str, Any] = {}
 
-    def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncContentStream) -> AsyncGenerator[bytes, None]:
         """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
         return translate_stream(chunks, self._chunk)
 
@@ -522,7 +522,7 @@ class MessagesStream:
 
 
 def messages_route(
-    handle: Callable[[Request, str], Awaitable[Response]],
+    handle: Callable[[Request, Endpoint], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
     """The ``POST /v1/messages`` route over the gateway's chat handler ``handle(request, "chat")``.
 
@@ -548,7 +548,7 @@ def messages_route(
         if isinstance(
             answer, StreamingResponse
         ):  # the relay's own response, its events translated on the way
-            answer.body_iterator = MessagesStream(body).events(answer.body_iterator)  # type: ignore[arg-type]
+            answer.body_iterator = MessagesStream(body).events(answer.body_iterator)
             return answer
         data = decode_json(bytes(answer.body))
         return JSONResponse(messages_response(data, body))

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -54,7 +54,7 @@ from agentforge.gateway.call import (
     validate_body,
 )
 from agentforge.gateway.capture import llm_call_from_response
-from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp
+from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp, LLMRoute
 from agentforge.gateway.pins import PinCache
 from agentforge.gateway.prefix_wire import engine_headers
 from agentforge.gateway.probation import VersionRefused
@@ -119,14 +119,14 @@ class _Gateway(SpanRecorder):
     ) -> None:
         super().__init__(store)
         on = privacy is not None and privacy.mode is not PrivacyMode.off
-        self.privacy = PrivacyGuard(privacy) if on else None  # type: ignore[arg-type]
+        self.privacy = PrivacyGuard(privacy) if on and privacy is not None else None
         self.router = router
         self._transport, self._timeout_s = transport, timeout_s
         self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
         self.pins = PinCache(store, router)
 
     @asynccontextmanager
-    async def lifespan(self, app: FastAPI) -> Any:
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         yield
         if self._client is not None:
             await self._client.aclose()
@@ -423,13 +423,14 @@ def create_gateway(
         gateway.pins.own_lineage = tenant_models.serves_own if tenant_models is not None else None
     # the key check (or the loopback guard) first, then LLM calls skip FastAPI's stack
     dialects = {  # other APIs over the chat handler: gateway/anthropic.py, gateway/responses.py
-        "messages": messages_route(gateway.handle),  # type: ignore[arg-type]
-        "responses": responses_route(gateway.handle),  # type: ignore[arg-type]
+        "messages": messages_route(gateway.handle),
+        "responses": responses_route(gateway.handle),
     }
 
-    async def llm_call(request: Request, endpoint: str) -> Response:
-        dialect = dialects.get(endpoint)
-        return await (dialect(request) if dialect is not None else gateway.handle(request, endpoint))  # type: ignore[arg-type]
+    async def llm_call(request: Request, route: LLMRoute) -> Response:
+        if route == "messages" or route == "responses":
+            return await dialects[route](request)
+        return await gateway.handle(request, route)
 
     app.serve_llm_routes(llm_call, api_key, max_request_bytes, open_prefixes=tuple(mounts or ()))
 

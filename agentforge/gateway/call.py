@@ -56,7 +56,8 @@ class CallContext:
     def __init__(
         self, endpoint: Endpoint, body: dict[str, Any], rollout_id: str | None, attempt_id: str | None
     ) -> None:
-        self.endpoint, self.body = endpoint, body
+        self.endpoint: Endpoint = endpoint
+        self.body = body
         self.rollout_id, self.attempt_id = rollout_id, attempt_id
         self.started_at, self.t0 = now(), time.perf_counter()
         self.version = ""

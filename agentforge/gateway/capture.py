@@ -200,10 +200,10 @@ def llm_call_from_response(
     Returns:
         The record; ``trainable`` is false when any flag of :data:`UNTRAINABLE_FLAGS` is set.
     """
-    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    choices = found if isinstance(found := data.get("choices"), list) else []
     choice: dict[str, Any] = choices[0] if choices and isinstance(choices[0], dict) else {}
     if endpoint == "chat":
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = found if isinstance(found := choice.get("message"), dict) else {}
         text = message.get("content") or ""
         raw_calls = message.get("tool_calls") or []
         prompt_ids = _int_list(data.get("prompt_token_ids"))
@@ -211,7 +211,7 @@ def llm_call_from_response(
         text, raw_calls = choice.get("text") or "", []
         prompt_ids = _int_list(choice.get("prompt_token_ids"))
     tool_calls = [tool_call_from_openai(c) for c in raw_calls if isinstance(c, dict)]
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    usage = found if isinstance(found := data.get("usage"), dict) else {}
     flags = list(extra_flags or [])
     if len(choices) > 1:
         flags.append("extra_choices_dropped")
@@ -377,7 +377,7 @@ class StreamCapture:
             self._prompt_ids = _int_list(choice.get("prompt_token_ids"))
         self._append_tokens(_int_list(choice.get("token_ids")), _logprobs(choice, self.endpoint))
         if self.endpoint == "chat":
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = found if isinstance(found := choice.get("delta"), dict) else {}
             if isinstance(delta.get("content"), str):
                 self._text.append(delta["content"])
             for call in delta.get("tool_calls") or []:

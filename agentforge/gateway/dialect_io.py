@@ -3,10 +3,12 @@ chat request they hand the gateway's chat handler, and the chat stream's events 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Literal
 
 from starlette.requests import Request
+from starlette.responses import AsyncContentStream
+from starlette.types import Message
 
 from agentforge.gateway.call import DIALECT_KEY
 from agentforge.gateway.wire import decode_json
@@ -19,7 +21,7 @@ def chat_call(request: Request, chat_body: bytes, dialect: str) -> Request:
     the dialect marked (``scope[DIALECT_KEY]``, recorded on the span)."""
     sent = False
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         nonlocal sent
         if not sent:
             sent = True
@@ -37,7 +39,7 @@ def error_message(chunk: dict[str, Any]) -> str:
     return str(error.get("message")) if isinstance(error, dict) else str(error)
 
 
-def _decoded(data: bytes) -> dict[str, Any] | None | bool:
+def _decoded(data: bytes) -> dict[str, Any] | None | Literal[False]:
     """An event's ``data:`` payload: ``None`` for ``[DONE]``, the JSON object, or ``False`` for anything else."""
     if data == b"[DONE]":
         return None
@@ -49,8 +51,8 @@ def _decoded(data: bytes) -> dict[str, Any] | None | bool:
 
 
 async def translate_stream(
-    chunks: AsyncIterator[bytes], on_chunk: Callable[[dict[str, Any] | None], bytes]
-) -> AsyncIterator[bytes]:
+    chunks: AsyncContentStream, on_chunk: Callable[[dict[str, Any] | None], bytes]
+) -> AsyncGenerator[bytes, None]:
     """The chat stream ``chunks`` (SSE bytes) → what ``on_chunk`` makes of each event's decoded JSON object
     (``None`` for ``[DONE]``; a payload that is not a JSON object is skipped), one piece per piece read.
     ``chunks`` is closed when done or closed early, so the relay under it ends and records the call."""
@@ -64,7 +66,7 @@ async def translate_stream(
                 for line in event.split(b"\n"):
                     chunk = _decoded(line[5:].strip()) if line.startswith(b"data:") else False
                     if chunk is not False:
-                        out.append(on_chunk(chunk))  # type: ignore[arg-type]
+                        out.append(on_chunk(chunk))
             if any(out):
                 yield b"".join(out)
     finally:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FastPathMiddleware",
     "GatewayApp",
+    "LLMRoute",
     "match_llm_route",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DISCONNECT_HOOK",
@@ -56,16 +57,20 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 logger = logging.getLogger("agentforge.gateway")
 
-_SUFFIXES: tuple[tuple[str, Endpoint], ...] = (
+#: What the fast path serves: the gateway's own endpoints (:data:`~agentforge.gateway.wire.Endpoint`) and the
+#: dialects over its chat handler.
+LLMRoute = Endpoint | Literal["messages", "responses"]
+
+_SUFFIXES: tuple[tuple[str, LLMRoute], ...] = (
     ("/v1/chat/completions", "chat"),
     ("/v1/completions", "completions"),
-    ("/v1/messages", "messages"),  # type: ignore[arg-type]  # the Anthropic dialect (gateway/anthropic.py)
-    ("/v1/responses", "responses"),  # type: ignore[arg-type]  # the Responses dialect (gateway/responses.py)
+    ("/v1/messages", "messages"),  # the Anthropic dialect (gateway/anthropic.py)
+    ("/v1/responses", "responses"),  # the Responses dialect (gateway/responses.py)
 )
 _PREFIX = ROLLOUT_PATH_PREFIX
 
 
-def match_llm_route(path: str) -> tuple[Endpoint, str | None] | None:
+def match_llm_route(path: str) -> tuple[LLMRoute, str | None] | None:
     """``(endpoint, rollout_id)`` when ``path`` is one of the LLM routes, else ``None``.
 
     ``/v1/chat/completions`` → ``("chat", None)``; ``/rollouts/ro-1/v1/completions`` →
@@ -94,7 +99,7 @@ class FastPathMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        handle: Callable[[Request, Endpoint], Awaitable[Response]],
+        handle: Callable[[Request, LLMRoute], Awaitable[Response]],
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         self.app, self._handle, self._max = app, handle, max_request_bytes
@@ -152,7 +157,7 @@ class _Watch:
         if task is None:
             return
         if DISCONNECT_HOOK in scope:
-            scope[DISCONNECT_HOOK] = self._client_left  # type: ignore[literal-required]
+            scope[DISCONNECT_HOOK] = self._client_left
         else:
             self._watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
 
@@ -177,7 +182,7 @@ class _Watch:
                 if not self._watcher.done():
                     self._watcher.cancel()
             else:
-                self._scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]
+                self._scope[DISCONNECT_HOOK] = None
 
     def until_end(self, send: Send) -> Send:
         """``send`` that stops watching before the response's last message (after it the server reports
@@ -219,7 +224,7 @@ class GatewayApp(FastAPI):
 
     def serve_llm_routes(
         self,
-        handle: Callable[[Request, Endpoint], Awaitable[Response]],
+        handle: Callable[[Request, LLMRoute], Awaitable[Response]],
         api_key: str | None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         open_prefixes: tuple[str, ...] = (),

@@ -174,7 +174,7 @@ class SpanRecorder:
     def _submit(self, span: Span) -> Awaitable[Any]:
         submit_async = getattr(self.store, "submit_async", None)
         if submit_async is not None:
-            return submit_async(span)  # type: ignore[no-any-return]
+            return submit_async(span)
         return asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
 
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:

@@ -34,14 +34,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import AsyncContentStream, JSONResponse, Response, StreamingResponse
 
 from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
-from agentforge.gateway.wire import decode_json, encode_json, error_body
+from agentforge.gateway.wire import Endpoint, decode_json, encode_json, error_body
 
 __all__ = [
     "ResponsesError",
@@ -443,7 +443,7 @@ class ResponsesStream:
         self._finish_reason: Any = None
         self.assistant: dict[str, Any] | None = None  #: set when the stream completed
 
-    def events(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncContentStream) -> AsyncGenerator[bytes, None]:
         """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
         return translate_stream(chunks, self._chunk)
 
@@ -597,7 +597,7 @@ class ResponsesStream:
 
 
 def responses_route(
-    handle: Callable[[Request, str], Awaitable[Response]], memory: ResponseMemory | None = None
+    handle: Callable[[Request, Endpoint], Awaitable[Response]], memory: ResponseMemory | None = None
 ) -> Callable[[Request], Awaitable[Response]]:
     """The ``POST /v1/responses`` route over the gateway's chat handler ``handle(request, "chat")`` (see the
     module docstring); ``memory`` keeps stored responses' conversations for ``previous_response_id``."""
@@ -623,7 +623,7 @@ def responses_route(
         keep = body.get("store", True) is not False
         if isinstance(answer, StreamingResponse):
             stream = ResponsesStream(body, response_id)
-            inner = stream.events(answer.body_iterator)  # type: ignore[arg-type]
+            inner = stream.events(answer.body_iterator)
 
             async def events() -> AsyncIterator[bytes]:
                 try:

@@ -105,7 +105,7 @@ def _http_protocol(read_timeout_s: float = HTTP_REQUEST_READ_S) -> Any:
     class HeadWithBodyProtocol(HttpToolsProtocol):
         _read_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
             # the keep-alive timer, which uvicorn arms only after a response: any byte received cancels it
             self.timeout_keep_alive_task = self.loop.call_later(

@@ -106,9 +106,9 @@ class ToolCallDeltas:
         index = self._index(entry)
         self._last = index
         call = self._calls.setdefault(index, _Call())
-        function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
-        name = function.get("name") if isinstance(function.get("name"), str) else ""
-        arguments = function.get("arguments") if isinstance(function.get("arguments"), str) else ""
+        function = found if isinstance(found := entry.get("function"), dict) else {}
+        name = found if isinstance(found := function.get("name"), str) else ""
+        arguments = found if isinstance(found := function.get("arguments"), str) else ""
         call_id = entry.get("id") if isinstance(entry.get("id"), str) and entry.get("id") else None
         type_ = entry.get("type") if isinstance(entry.get("type"), str) else None
         if call.id_sent:  # after the opening fragment: argument fragments (and a name still streaming)

@@ -160,7 +160,9 @@ def shape_response(data: dict[str, Any], ask: ClientAsk, version: str) -> dict[s
         _shape_choices(choices, ask)
         for choice in choices:
             message = choice.get("message") if isinstance(choice, dict) else None
-            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            if not isinstance(message, dict):
+                continue
+            calls = message.get("tool_calls")
             if not calls or not isinstance(calls, list):
                 continue
             message = choice["message"] = dict(message)

@@ -148,9 +148,7 @@ def _need(module: str) -> Any:
     try:
         return __import__(module, fromlist=["_"])
     except ImportError as exc:  # a core dependency; a broken install gets the fix named
-        raise MissingExtraError(
-            f'privacy detection needs {module}: pip install "agentforge" ({exc})'
-        ) from exc
+        raise MissingExtraError(exc.name or module, None, "privacy detection") from exc
 
 
 class Detector:
@@ -375,7 +373,7 @@ def _offline_email_recognizer(rec: Any) -> Any:
     tldextract = _need("tldextract")
     extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 
-    class OfflineEmailRecognizer(rec.EmailRecognizer):  # type: ignore[misc, name-defined]
+    class OfflineEmailRecognizer(rec.EmailRecognizer):
         def validate_result(self, pattern_text: str) -> bool:
             return bool(extract(pattern_text.rsplit("@", 1)[-1]).suffix)
 

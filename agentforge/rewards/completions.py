@@ -33,7 +33,7 @@ def message_text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        parts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        parts = [text for p in content if isinstance(p, Mapping) and isinstance(text := p.get("text"), str)]
         return "\n".join(parts) if parts else None
     return None
 

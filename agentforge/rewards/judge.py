@@ -40,6 +40,7 @@ from agentforge.rewards.ranking import parse_ranking, rank_rewards
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
     "DEFAULT_JUDGE_CRITERIA",
@@ -153,7 +154,7 @@ class GroupJudge:
 
     def messages(
         self, task_text: str, candidates: Sequence[str], order: Sequence[int]
-    ) -> list[dict[str, str]]:
+    ) -> list[ChatCompletionMessageParam]:
         """The chat messages of one judgement (system: criteria and answer format; user: task and labelled
         candidates in ``order``)."""
         labels = _LABELS[: len(candidates)]
@@ -220,12 +221,12 @@ class GroupJudge:
         """
         return self.judge(task_text, candidates).rewards
 
-    def _ask(self, messages: list[dict[str, str]]) -> str:
+    def _ask(self, messages: list[ChatCompletionMessageParam]) -> str:
         extra: dict[str, Any] = {} if self.seed is None else {"seed": self.seed}
         response = self.client.chat.completions.create(
             model=self.model,
             messages=messages,
-            max_tokens=self.max_tokens,  # type: ignore[arg-type]
+            max_tokens=self.max_tokens,
             temperature=self.temperature,
             **extra,
         )

@@ -299,7 +299,7 @@ class SharedHttpClient:
                 except ImportError:  # pragma: no cover - depends on the environment
                     return None
 
-                class _Shared(DefaultHttpxClient):  # type: ignore[misc, valid-type]
+                class _Shared(DefaultHttpxClient):
                     def close(self) -> None:  # the worker owns it
                         pass
 

@@ -350,16 +350,16 @@ class CanaryJudge:
         """
         with self._lock:
             known = self._probes.get(old) if old is not None else None
-        probe = getattr(canary, "probe", None)
+        probe: Canary | None = getattr(canary, "probe", None)
         unknown = known is None or known.probe != getattr(canary, "key", None)
-        if callable(probe) and unknown and self.differ(name, old):
+        if callable(probe) and unknown and self.differ(name, old) and old is not None:  # differ implies old
             try:
                 known = probe(old_upstream())
             except Exception as exc:  # noqa: BLE001 - the old version's probe only informs the check
                 log.info("could not probe %s for the canary comparison: %s", old, exc)
             else:
                 with self._lock:
-                    self._probes[old] = known  # type: ignore[index]  # differ implies old
+                    self._probes[old] = known
         if before is not None:
             before()
         result = canary(upstream)

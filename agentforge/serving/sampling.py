@@ -4,7 +4,7 @@ names the parameter, never a 500 or a misleading message from deeper down)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["sampling_problem"]
 
@@ -17,7 +17,7 @@ def sampling_problem(body: dict[str, Any], chat: bool) -> str | None:
     an integer 0-20 on completions), ``top_logprobs`` (an integer 0-20), ``stream`` (a boolean).
     """
 
-    def integer(value: Any) -> bool:
+    def integer(value: Any) -> TypeGuard[int]:
         return isinstance(value, int) and not isinstance(value, bool)
 
     def number(value: Any) -> bool:

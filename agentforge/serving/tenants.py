@@ -77,7 +77,7 @@ class TenantAdapters:
         slot_wait_s: float = 30.0,
     ) -> None:
         self.server, self.router, self.store, self.alias = server, router, store, alias
-        capacity = getattr(server, "max_cpu_loras", None) or getattr(server, "max_loras", None)
+        capacity: int | None = getattr(server, "max_cpu_loras", None) or getattr(server, "max_loras", None)
         if shared_retain < 0:
             raise ConfigError(
                 f"shared_retain={shared_retain}: the shared swapper keeps 0 or more earlier versions"

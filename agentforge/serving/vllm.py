@@ -205,7 +205,7 @@ class VLLMServer(VLLMAdapterRoutes):
         self.dtype, self.gpu_memory_utilization, self.startup_timeout_s, self.warmup = "auto", 0.0, 0.0, False
         self.served_name, self.base_model = base["id"], str(model or base.get("root") or base["id"])
         self.max_lora_rank, self.max_loras = check_max_lora_rank(max_lora_rank), max_loras
-        self.max_cpu_loras: int | None = None  # not visible through the API: capacity is max_loras
+        self.max_cpu_loras = None  # not visible through the API: capacity is max_loras
         self.max_model_len = int(base.get("max_model_len") or 0)
         self.startup_s = self.warmup_s = None
         self.log_path, self._proc, self._owned, self.starts = None, None, False, 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from agentforge.testing.script import ScriptedTurn, split_text
@@ -143,7 +143,7 @@ class Answer:
                 )
                 k += 1
 
-    async def sse(self) -> Any:
+    async def sse(self) -> AsyncIterator[bytes]:
         """The streamed answer (vLLM's chunk layout)."""
         top = {"prompt_token_ids": self.prompt_ids} if self.ids_on and self.endpoint == "chat" else {}
         if self.endpoint == "chat":
