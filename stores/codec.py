@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import orjson
 from pydantic import BaseModel
@@ -99,6 +99,14 @@ def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+@overload
+def plain(field: str, value: str) -> str: ...
+
+
+@overload
+def plain(field: str, value: str | None) -> str | None: ...
+
+
 def plain(field: str, value: str | None) -> str | None:
     """Check a value bound for a scalar text column (see the module's text policy).
 
@@ -125,6 +133,14 @@ def plain(field: str, value: str | None) -> str | None:
 #: What a rollout, attempt, span or reward id may be: 1-200 ASCII letters, digits and ``. _ : @ ~ + = -``,
 #: starting with a letter or digit, so it fits its column and one URL path segment of the store API.
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@~+=-]{0,199}")
+
+
+@overload
+def ident(field: str, value: str) -> str: ...
+
+
+@overload
+def ident(field: str, value: str | None) -> str | None: ...
 
 
 def ident(field: str, value: str | None) -> str | None:

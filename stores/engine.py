@@ -27,7 +27,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, create_engine, select
+from sqlmodel import Session, col, create_engine, select
 
 from agentforge.errors import AgentForgeError, MissingExtraError, NotFoundError, StoreError, UserError
 from agentforge.stores.tables import AttemptRow, RolloutRow
@@ -291,7 +291,7 @@ def running_attempt_id(s: Session, rollout_id: str) -> str | None:
     q = (
         select(AttemptRow.attempt_id)
         .where(AttemptRow.rollout_id == rollout_id, AttemptRow.state == AttemptState.running.value)
-        .order_by(AttemptRow.number.desc())
+        .order_by(col(AttemptRow.number).desc())
         .limit(1)
-    )  # type: ignore[attr-defined]
+    )
     return s.exec(q).first()

@@ -29,11 +29,11 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, or_, text
+from sqlalchemy import CursorResult, delete, or_, text
 from sqlalchemy.engine import make_url
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agentforge.errors import UserError
 from agentforge.privacy.ledger import exports_holding, record_deletion
@@ -100,8 +100,10 @@ def _named_in_metadata(s: Session, kind: str, values: Sequence[str]) -> list[str
         needle = json.dumps(value)[1:-1]  # how the value reads inside the stored JSON
         rows = s.exec(
             select(RolloutRow).where(
-                or_(RolloutRow.metadata_json.contains(needle), RolloutRow.task_json.contains(needle))
-            )  # type: ignore[union-attr]
+                or_(
+                    col(RolloutRow.metadata_json).contains(needle), col(RolloutRow.task_json).contains(needle)
+                )
+            )
         ).all()
         found += [r.rollout_id for r in rows if value in _owner_values(r, SUBJECT_HINTS[kind])]
     return found
@@ -110,7 +112,7 @@ def _named_in_metadata(s: Session, kind: str, values: Sequence[str]) -> list[str
 def _delete(s: Session, ids: list[str]) -> dict[str, int]:
     if s.get_bind().dialect.name == "sqlite":
         s.execute(text("PRAGMA secure_delete = ON"))  # freed pages are zeroed, not left readable
-    counts = dict.fromkeys(("spans", "rewards", "attempts", "rollouts"), 0)
+    counts: dict[str, int] = dict.fromkeys(("spans", "rewards", "attempts", "rollouts"), 0)
     for at in range(0, len(ids), _CHUNK):
         chunk = ids[at : at + _CHUNK]
         for name, table in (
@@ -119,7 +121,9 @@ def _delete(s: Session, ids: list[str]) -> dict[str, int]:
             ("attempts", AttemptRow),
             ("rollouts", RolloutRow),
         ):
-            result = s.execute(delete(table).where(table.rollout_id.in_(chunk)))  # type: ignore[attr-defined]
+            result = cast(
+                "CursorResult[Any]", s.execute(delete(table).where(col(table.rollout_id).in_(chunk)))
+            )
             counts[name] += result.rowcount or 0
     return counts
 
@@ -226,19 +230,19 @@ def apply_retention(
     def run(s: Session) -> tuple[list[str], dict[str, int], list[dict[str, Any]]]:
         rows = s.exec(
             select(RolloutRow.rollout_id, RolloutRow.agent, RolloutRow.state, RolloutRow.created_at).where(
-                RolloutRow.created_at < cutoff,
-                RolloutRow.state.in_(_TERMINAL),  # type: ignore[attr-defined]
+                col(RolloutRow.created_at) < cutoff,
+                col(RolloutRow.state).in_(_TERMINAL),
             )
         ).all()
         ids = [r[0] for r in rows]
-        finals: dict[str, float] = {}
+        finals: dict[str, float | None] = {}
         for at_ in range(0, len(ids), _CHUNK):
             chunk = ids[at_ : at_ + _CHUNK]
             for rid, value in s.exec(
                 select(RewardRow.rollout_id, RewardRow.value).where(
-                    RewardRow.rollout_id.in_(chunk),
-                    RewardRow.final,
-                    RewardRow.valid,  # type: ignore[attr-defined]
+                    col(RewardRow.rollout_id).in_(chunk),
+                    col(RewardRow.final),
+                    col(RewardRow.valid),
                 )
             ).all():
                 finals[rid] = value
@@ -263,8 +267,11 @@ def apply_retention(
             for (d, a, st), (n, k, total) in sorted(groups.items())
         ]
         counts = _delete(s, ids)
-        orphans = s.execute(  # spans recorded without a rollout (unattributed calls) age out too
-            delete(SpanRow).where(SpanRow.rollout_id.is_(None), SpanRow.started_at < cutoff)  # type: ignore[union-attr]
+        orphans = cast(  # spans recorded without a rollout (unattributed calls) age out too
+            "CursorResult[Any]",
+            s.execute(
+                delete(SpanRow).where(col(SpanRow.rollout_id).is_(None), col(SpanRow.started_at) < cutoff)
+            ),
         )
         counts["orphan_spans"] = orphans.rowcount or 0
         return ids, counts, aggregates

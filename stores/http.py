@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -323,7 +323,7 @@ class HTTPStore:
         :data:`MAX_BATCH` items and about :data:`BATCH_BYTES` bytes; an item whose own encoding is over the
         server's :data:`MAX_BODY_BYTES` fails alone with a ``UserError``, unsent."""
         encoded = [i if isinstance(i, Encoded) else Encoded(i, encode_item(i)) for i in items]
-        out: list[Span | Reward | AgentForgeError] = []
+        out: list[Span | Reward | AgentForgeError | None] = []
         chunk: list[Encoded] = []
         size = 0
 
@@ -346,7 +346,8 @@ class HTTPStore:
             chunk.append(item)
             size += len(item.json) + 1
         flush()
-        return out
+        # None only for an item encoded with keep=False (submit_many(stored=False)); never for a Span or Reward
+        return cast("list[Span | Reward | AgentForgeError]", out)
 
     def _write_chunk(self, chunk: Sequence[Encoded]) -> list[Span | Reward | AgentForgeError | None]:
         body = batch_body([i.json for i in chunk])
@@ -380,7 +381,8 @@ class HTTPStore:
         share ``POST /api/batch`` requests (each encoded here, in the caller's thread, while the writer thread
         waits on earlier requests); the future resolves once the server committed all of them. ``stored=False``:
         a newly written item's outcome is ``None`` (no stored copy is built from the server's answer)."""
-        return self._writer.submit_many([Encoded(i, encode_item(i), stored) for i in items])
+        future = self._writer.submit_many([Encoded(i, encode_item(i), stored) for i in items])
+        return cast("Future[list[Span | Reward | BaseException | None]]", future)  # None: stored=False
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """See :meth:`TraceStore.submit_async`."""

@@ -195,7 +195,7 @@ class OTLPExport:
         self._thread: threading.Thread | None = None
         self._pid, self._closed = os.getpid(), False
         self._accepted = self._done = self._flush_to = 0
-        self._counts = dict.fromkeys(
+        self._counts: dict[str, int] = dict.fromkeys(
             ("exported", "dropped_queue_full", "dropped_export_failed", "build_errors"), 0
         )
         self._warned_at = 0.0

@@ -69,7 +69,7 @@ def otlp_metrics_text(store: TraceStore) -> str:
     ``agentforge_otlp_dropped_total{reason="queue_full"|"export_failed"|"build_error"}`` and
     ``agentforge_otlp_queue_size``."""
     listener = getattr(store, "listener", None)
-    counts = listener.metrics() if hasattr(listener, "metrics") else None
+    counts = listener.metrics() if listener is not None and hasattr(listener, "metrics") else None
     lines = [
         "# TYPE agentforge_otlp_export_enabled gauge",
         f"agentforge_otlp_export_enabled {int(counts is not None)}",
@@ -109,17 +109,19 @@ def batch_results(store: TraceStore, items: list[BatchItem | str], ack: str = "f
     for i, item in enumerate(items):
         if isinstance(item, str):
             entries.append(item)
-        elif (item.span is None) == (item.reward is None):
-            entries.append(f"batch item {i} must hold exactly one of 'span' and 'reward'")
+        elif item.span is not None and item.reward is None:
+            entries.append(item.span)
+        elif item.reward is not None and item.span is None:
+            entries.append(item.reward)
         else:
-            entries.append(item.span if item.span is not None else item.reward)  # type: ignore[arg-type]
+            entries.append(f"batch item {i} must hold exactly one of 'span' and 'reward'")
     out: list[BatchResult] = []
     for sent, result in zip(entries, write_accepted(store, entries), strict=True):
         if isinstance(result, str):
             out.append(BatchResult(error="ValidationError", message=result))
         elif isinstance(result, Exception):
             out.append(BatchResult(error=type(result).__name__, message=str(result)))
-        elif ack == "patch" and (patch := patch_of(sent, result)) is not None:  # type: ignore[arg-type]
+        elif ack == "patch" and not isinstance(sent, str) and (patch := patch_of(sent, result)) is not None:
             out.append(BatchResult(patch=patch))
         elif isinstance(result, Span):
             out.append(BatchResult(span=result))
@@ -331,7 +333,8 @@ def store_router(
         items: list[BatchItem | str]
         try:
             batch = parse(BatchRequest, raw)
-            items, ack = list(batch.items), batch.ack
+            items = list(batch.items)
+            ack = batch.ack
         except ValueError as exc:  # pydantic's ValidationError is a ValueError too
             if not isinstance(exc, ValidationError):
                 raise HTTPException(422, detail=[{"type": "json_invalid", "msg": str(exc)}]) from None

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.engine import make_url
-from sqlmodel import Session, SQLModel, select
+from sqlmodel import Session, SQLModel, col, select
 
 from agentforge.config import default_store_url
 from agentforge.errors import AgentForgeError, UserError
@@ -190,9 +190,10 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         """
         keep = stored or self.listener is not None  # a commit listener reads the stored spans
         utf8 = self.dialect == "sqlite"  # JSON as UTF-8 bytes, stored as text by SQLite as they are
-        return self._writer.submit_many(
+        future = self._writer.submit_many(
             [prepare_span(i, keep, utf8) if isinstance(i, Span) else i for i in items]
         )
+        return cast("Future[list[Span | Reward | BaseException | None]]", future)  # None: a span not kept
 
     def submit_async(self, item: Span | Reward) -> asyncio.Future[Span | Reward]:
         """:meth:`submit` for coroutines: a future of the running loop (see :meth:`TraceStore.submit_async`)."""
@@ -252,9 +253,10 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             )
 
         def fn(s: Session) -> list[Span]:
-            q = select(SpanRow.__table__)  # type: ignore[attr-defined]  # plain rows: no ORM object per span
+            # plain rows, no ORM object per span (sqlmodel's types omit the table models' __table__)
+            q = select(SpanRow.__table__)  # type: ignore[attr-defined]
             if orphans:
-                q = q.where(SpanRow.rollout_id.is_(None))  # type: ignore[union-attr]
+                q = q.where(col(SpanRow.rollout_id).is_(None))
             if rollout_id is not None:
                 rollout_row(s, rollout_id)
                 q = q.where(SpanRow.rollout_id == rollout_id)
@@ -265,7 +267,7 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
                 q = q.where(SpanRow.kind == SpanKind(kind).value)
             if tenant is not None:
                 q = q.where(SpanRow.tenant == tenant)
-            spans = [row_to_span(r) for r in s.execute(q.order_by(SpanRow.seq))]
+            spans = [row_to_span(r) for r in s.execute(q.order_by(col(SpanRow.seq)))]
             return self._valid_spans(s, spans) if valid_only else spans
 
         return self._tx.run(fn, write=False)
@@ -275,7 +277,7 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         rollout_ids = sorted({sp.rollout_id for sp in spans if sp.rollout_id is not None})
         chosen: dict[str, AttemptRow] = {}
         for i in range(0, len(rollout_ids), 500):
-            q = select(AttemptRow).where(AttemptRow.rollout_id.in_(rollout_ids[i : i + 500]))  # type: ignore[attr-defined]
+            q = select(AttemptRow).where(col(AttemptRow.rollout_id).in_(rollout_ids[i : i + 500]))
             for att in s.exec(q):
                 best = chosen.get(att.rollout_id)
                 rank = (att.state == AttemptState.succeeded.value, att.number)
@@ -314,7 +316,7 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
 
         def fn(s: Session) -> list[Reward]:
             rollout_row(s, rollout_id)
-            q = select(RewardRow).where(RewardRow.rollout_id == rollout_id).order_by(RewardRow.seq)
+            q = select(RewardRow).where(RewardRow.rollout_id == rollout_id).order_by(col(RewardRow.seq))
             return [row_to_reward(r) for r in s.exec(q)]
 
         return self._tx.run(fn, write=False)
@@ -328,9 +330,9 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             q = (
                 select(RewardRow)
                 .where(RewardRow.rollout_id == rollout_id)
-                .order_by(RewardRow.final.desc(), RewardRow.seq.desc())
+                .order_by(col(RewardRow.final).desc(), col(RewardRow.seq).desc())
                 .limit(1)
-            )  # type: ignore[attr-defined]
+            )
             row = s.exec(q).first()
             return None if row is None else row_to_reward(row)
 
@@ -361,7 +363,9 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             raise UserError(
                 f"rollout {rollout.rollout_id!r} cannot be imported: {what}; import finished rollouts"
             )
-        [rollout_to_row(rollout), *map(attempt_to_row, attempts)]  # check scalar text before writing
+        rollout_to_row(rollout)  # check scalar text before writing
+        for attempt in attempts:
+            attempt_to_row(attempt)
 
         def fn(s: Session) -> bool:
             if s.exec(select(RolloutRow).where(RolloutRow.rollout_id == rollout.rollout_id)).first():
@@ -375,8 +379,7 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             s.add(rollout_to_row(rollout))
             s.add_all([attempt_to_row(a) for a in attempts])
             for item, seq in zip(items, next_seqs(s, len(items)), strict=True):
-                conv = span_to_row if isinstance(item, Span) else reward_to_row
-                s.add(conv(item, seq))  # type: ignore[arg-type]
+                s.add(span_to_row(item, seq) if isinstance(item, Span) else reward_to_row(item, seq))
             s.flush()
             return True
 

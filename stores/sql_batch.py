@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pydantic_core import PydanticSerializationError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
 from agentforge.stores.codec import stamped
@@ -51,13 +51,13 @@ __all__ = [
 Item = Span | Reward
 Result = Span | Reward | AgentForgeError
 
-_SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]
+_SPAN_FIELDS = tuple(SpanRow.__table__.columns.keys())  # type: ignore[attr-defined]  # sqlmodel's types omit __table__
 _SPAN_COLUMNS = ", ".join(_SPAN_FIELDS)
 #: The bulk insert's columns: the three the store stamps, then the span's own cells (:func:`span_cells`).
 _INSERT_FIELDS = ("seq", "rollout_id", "attempt_id", *SPAN_CELLS)
 _INSERT_COLUMNS = ", ".join(_INSERT_FIELDS)
 _UTF8_COLUMNS = tuple(3 + i for i in SPAN_JSON_CELLS)  # where in an insert row JSON may come as UTF-8 bytes
-_SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # type: ignore[misc]  # a span row, by column name
+_SpanRecord = namedtuple("_SpanRecord", _SPAN_FIELDS)  # a span row, by column name
 _RUNNING = AttemptState.running.value
 _FINISHED = frozenset(state.value for state in RolloutState if state.finished)  # rollout states, as stored
 #: The span attribute marking a span the store quarantined as late (see :func:`late_marks`).
@@ -140,7 +140,7 @@ def write_spans(connection: Any, dialect: Any, spans: Sequence[Span | Prepared])
     return _insert_spans(BatchCursor(connection, dialect), list(spans))
 
 
-def _insert_spans(cur: BatchCursor, items: list[Span | Prepared]) -> list[Result]:
+def _insert_spans(cur: BatchCursor, items: Sequence[Span | Prepared]) -> list[Result]:
     """Insert a run of spans with one lookup per kind and one bulk insert (``COPY`` on PostgreSQL)."""
     results: list[Result | None] = []
     spans: list[Span] = []
@@ -347,7 +347,7 @@ def insert_reward(s: Session, reward: Reward) -> Reward:
                 f"span {reward.span_id!r} belongs to rollout {span.rollout_id!r}, not {reward.rollout_id!r}"
             )
     else:
-        q = select(SpanRow).where(SpanRow.rollout_id == reward.rollout_id).order_by(SpanRow.seq.desc())  # type: ignore[attr-defined]
+        q = select(SpanRow).where(SpanRow.rollout_id == reward.rollout_id).order_by(col(SpanRow.seq).desc())
         span = s.exec(q.limit(1)).first()
     if attempt_id is None and span is not None:
         attempt_id = span.attempt_id

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from sqlalchemy import and_, exists, or_
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agentforge.queries import RolloutPage, RolloutQuery, RolloutSummary
 from agentforge.stores.engine import Transactor
@@ -38,7 +38,7 @@ def _reward_of_rollout() -> Any:
     return (
         select(RewardRow.value)
         .where(RewardRow.rollout_id == RolloutRow.rollout_id)
-        .order_by(RewardRow.final.desc(), RewardRow.seq.desc())  # type: ignore[attr-defined]
+        .order_by(col(RewardRow.final).desc(), col(RewardRow.seq).desc())
         .limit(1)
         .correlate(RolloutRow)
         .scalar_subquery()
@@ -48,7 +48,7 @@ def _reward_of_rollout() -> Any:
 def _where(query: RolloutQuery, reward: Any) -> list[Any]:
     conds: list[Any] = []
     if query.before is not None:
-        conds.append(RolloutRow.seq < query.before)
+        conds.append(col(RolloutRow.seq) < query.before)
     if query.agent is not None:
         conds.append(RolloutRow.agent == query.agent)
     if query.state is not None:
@@ -62,17 +62,17 @@ def _where(query: RolloutQuery, reward: Any) -> list[Any]:
     if query.max_reward is not None:
         conds.append(reward <= query.max_reward)
     if query.trainer_run is not None:
-        meta = RolloutRow.metadata_json
-        conds.append(meta.contains(_json_pair("trainer_run", query.trainer_run), autoescape=True))  # type: ignore[union-attr]
+        meta = col(RolloutRow.metadata_json)
+        conds.append(meta.contains(_json_pair("trainer_run", query.trainer_run), autoescape=True))
     if query.version is not None:
         served = exists().where(
             and_(
-                SpanRow.rollout_id == RolloutRow.rollout_id,
-                SpanRow.kind == "llm",
-                SpanRow.llm_json.contains(_json_pair("version", query.version), autoescape=True),  # type: ignore[union-attr]
+                col(SpanRow.rollout_id) == col(RolloutRow.rollout_id),
+                col(SpanRow.kind) == "llm",
+                col(SpanRow.llm_json).contains(_json_pair("version", query.version), autoescape=True),
             )
         )
-        pinned = RolloutRow.resources_json.contains(_json_pair("policy", query.version), autoescape=True)  # type: ignore[union-attr]
+        pinned = col(RolloutRow.resources_json).contains(_json_pair("policy", query.version), autoescape=True)
         conds.append(or_(pinned, served))
     return conds
 
@@ -85,10 +85,11 @@ def _versions(s: Session, rollouts: list[Rollout]) -> dict[str, tuple[list[str],
         return out
     q = (
         select(SpanRow.rollout_id, SpanRow.llm_json)
-        .where(SpanRow.rollout_id.in_(ids), SpanRow.kind == "llm")  # type: ignore[union-attr]
-        .order_by(SpanRow.seq)
+        .where(col(SpanRow.rollout_id).in_(ids), SpanRow.kind == "llm")
+        .order_by(col(SpanRow.seq))
     )
     for rollout_id, llm_json in s.exec(q):
+        assert rollout_id is not None  # one of ids
         seen, count = out[rollout_id]
         version = (json.loads(llm_json) if llm_json else {}).get("version") or ""
         if version and version not in seen:
@@ -125,7 +126,7 @@ class RolloutPages:
 
         def fn(s: Session) -> RolloutPage:
             q = select(RolloutRow, reward.label("reward")).where(*_where(query, reward))
-            q = q.order_by(RolloutRow.seq.desc()).limit(query.limit + 1)  # type: ignore[union-attr]
+            q = q.order_by(col(RolloutRow.seq).desc()).limit(query.limit + 1)
             rows = list(s.exec(q))
             more = len(rows) > query.limit
             rows = rows[: query.limit]
@@ -133,6 +134,7 @@ class RolloutPages:
             versions = _versions(s, rollouts)
             items = []
             for (row, value), rollout in zip(rows, rollouts, strict=True):
+                assert row.seq is not None  # a stored row
                 seen, calls = versions[rollout.rollout_id]
                 if not seen and rollout.resources.get("policy"):
                     seen = [rollout.resources["policy"]]

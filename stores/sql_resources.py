@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agentforge.errors import NotFoundError
 from agentforge.stores.engine import Transactor
@@ -96,7 +96,7 @@ class ResourceVersions:
                 raise NotFoundError(f"resource {name!r} has no version {version}")
             s.exec(
                 update(ResourceRow)
-                .where(ResourceRow.name == name, ResourceRow.version != version)
+                .where(col(ResourceRow.name) == name, col(ResourceRow.version) != version)
                 .values(active=False)
             )
             row.active = True
@@ -111,5 +111,5 @@ class ResourceVersions:
         q = select(ResourceRow)
         if name is not None:
             q = q.where(ResourceRow.name == name)
-        q = q.order_by(ResourceRow.name, ResourceRow.version)
+        q = q.order_by(col(ResourceRow.name), col(ResourceRow.version))
         return self._tx.run(lambda s: [row_to_resource(r) for r in s.exec(q)], write=False)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agentforge.errors import InvalidTransitionError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, rollout_row
@@ -163,7 +163,7 @@ class RolloutQueue:
             q = q.where(RolloutRow.agent == agent)
         if since is not None:
             q = q.where(RolloutRow.created_at >= since)
-        q = q.order_by(RolloutRow.seq)
+        q = q.order_by(col(RolloutRow.seq))
         if limit is not None:
             q = q.limit(limit)
         return self._tx.run(lambda s: [row_to_rollout(r) for r in s.exec(q)], write=False)
@@ -201,18 +201,19 @@ class RolloutQueue:
             q = select(RolloutRow).where(RolloutRow.state == RolloutState.queued.value)
             if agent is not None:
                 q = q.where(RolloutRow.agent == agent)
-            row = s.exec(q.order_by(RolloutRow.seq).limit(1).with_for_update(skip_locked=True)).first()
+            row = s.exec(q.order_by(col(RolloutRow.seq)).limit(1).with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
             t = now()
             row.state, row.attempts, row.updated_at = RolloutState.running.value, row.attempts + 1, t
+            given: dict[str, Any] = {"attempt_id": attempt_id} if attempt_id is not None else {}
             attempt = Attempt(
                 rollout_id=row.rollout_id,
                 number=row.attempts,
                 worker_id=worker_id,
                 started_at=t,
                 heartbeat_at=t,
-                **({"attempt_id": attempt_id} if attempt_id is not None else {}),
+                **given,
             )
             s.add(row)
             s.add(attempt_to_row(attempt))
@@ -232,7 +233,9 @@ class RolloutQueue:
             att = attempt_row(s, attempt_id)
             if att.state == AttemptState.running.value:
                 s.exec(
-                    update(AttemptRow).where(AttemptRow.attempt_id == attempt_id).values(heartbeat_at=now())
+                    update(AttemptRow)
+                    .where(col(AttemptRow.attempt_id) == attempt_id)
+                    .values(heartbeat_at=now())
                 )
 
         self._tx.run(fn, write=True)
@@ -286,7 +289,7 @@ class RolloutQueue:
             q = (
                 select(AttemptRow)
                 .where(AttemptRow.state == AttemptState.running.value, AttemptRow.heartbeat_at < cutoff)
-                .order_by(AttemptRow.started_at)
+                .order_by(col(AttemptRow.started_at))
                 .with_for_update(skip_locked=True)
             )
             affected = []
@@ -368,7 +371,7 @@ class RolloutQueue:
 
         def fn(s: Session) -> list[Attempt]:
             rollout_row(s, rollout_id)
-            q = select(AttemptRow).where(AttemptRow.rollout_id == rollout_id).order_by(AttemptRow.number)
+            q = select(AttemptRow).where(AttemptRow.rollout_id == rollout_id).order_by(col(AttemptRow.number))
             return [row_to_attempt(r) for r in s.exec(q)]
 
         return self._tx.run(fn, write=False)

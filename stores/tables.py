@@ -12,15 +12,29 @@ The text policy and the JSON/text helpers live in :mod:`agentforge.stores.codec`
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from pydantic import ValidationError
-from sqlalchemy import BigInteger, Column, Connection, Integer, Text, UniqueConstraint, inspect, text
+from sqlalchemy import BigInteger, Column, Connection, Integer, Row, Text, UniqueConstraint, inspect, text
 from sqlmodel import Field, SQLModel
 
 from agentforge.errors import UserError
 from agentforge.stores.codec import ID_PATTERN, dumps, fast_dumps, fast_json, ident, loads, plain
-from agentforge.types import Attempt, LLMCall, ResourceVersion, Reward, Rollout, Span, Task, check_tenant
+from agentforge.types import (
+    Attempt,
+    AttemptState,
+    LLMCall,
+    ResourceKind,
+    ResourceVersion,
+    Reward,
+    Rollout,
+    RolloutState,
+    Span,
+    SpanKind,
+    SpanStatus,
+    Task,
+    check_tenant,
+)
 
 __all__ = [
     "ADDED_COLUMNS",
@@ -66,7 +80,7 @@ def _json_col() -> Any:
 class RolloutRow(SQLModel, table=True):
     """One rollout; ``seq`` (insertion order) makes "oldest first" exact."""
 
-    __tablename__ = "af_rollouts"
+    __tablename__: ClassVar[str] = "af_rollouts"
 
     seq: int | None = Field(default=None, primary_key=True, sa_type=_BIGINT)
     rollout_id: str = Field(unique=True, index=True, max_length=200)
@@ -90,7 +104,7 @@ class RolloutRow(SQLModel, table=True):
 class AttemptRow(SQLModel, table=True):
     """One attempt at a rollout; ``(rollout_id, number)`` is unique."""
 
-    __tablename__ = "af_attempts"
+    __tablename__: ClassVar[str] = "af_attempts"
     __table_args__ = (UniqueConstraint("rollout_id", "number"),)
 
     attempt_id: str = Field(primary_key=True, max_length=200)
@@ -108,7 +122,7 @@ class SequenceTicket(SQLModel, table=True):
     """Source of the store-wide sequence shared by spans and rewards (rows are deleted once taken;
     ``AUTOINCREMENT`` on SQLite and a sequence on PostgreSQL guarantee no number is handed out twice)."""
 
-    __tablename__ = "af_sequence"
+    __tablename__: ClassVar[str] = "af_sequence"
     __table_args__ = {"sqlite_autoincrement": True}
 
     seq: int | None = Field(default=None, primary_key=True, sa_type=_BIGINT)
@@ -125,7 +139,7 @@ class SpanRow(SQLModel, table=True):
     ``attempt_id`` has no index: ``list_spans`` finds an attempt's spans through its rollout's index, and each
     insert writes one index entry fewer (older tables keep theirs, written in vain)."""
 
-    __tablename__ = "af_spans"
+    __tablename__: ClassVar[str] = "af_spans"
 
     seq: int = Field(primary_key=True, sa_type=_BIGINT, sa_column_kwargs={"autoincrement": False})
     span_id: str = Field(unique=True, index=True, max_length=200)
@@ -145,7 +159,7 @@ class SpanRow(SQLModel, table=True):
 class RewardRow(SQLModel, table=True):
     """One reward (``seq`` as in :class:`SpanRow`); ``value`` is ``NULL`` (and ``valid`` false) for a missing/NaN reward."""
 
-    __tablename__ = "af_rewards"
+    __tablename__: ClassVar[str] = "af_rewards"
 
     seq: int = Field(primary_key=True, sa_type=_BIGINT, sa_column_kwargs={"autoincrement": False})
     reward_id: str = Field(unique=True, index=True, max_length=200)
@@ -165,7 +179,7 @@ class RewardRow(SQLModel, table=True):
 class ResourceRow(SQLModel, table=True):
     """One version of a named resource; at most one active version per name (kept by the store)."""
 
-    __tablename__ = "af_resources"
+    __tablename__: ClassVar[str] = "af_resources"
 
     name: str = Field(primary_key=True, max_length=300)
     version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
@@ -209,7 +223,7 @@ def row_to_rollout(row: RolloutRow) -> Rollout:
     return Rollout(
         rollout_id=row.rollout_id,
         task=Task.model_validate(loads(row.task_json)),
-        state=row.state,
+        state=RolloutState(row.state),
         agent=row.agent,
         group_id=row.group_id,
         resources=loads(row.resources_json) or {},
@@ -248,7 +262,7 @@ def row_to_attempt(row: AttemptRow) -> Attempt:
         rollout_id=row.rollout_id,
         number=row.number,
         worker_id=row.worker_id,
-        state=row.state,
+        state=AttemptState(row.state),
         error=row.error,
         started_at=row.started_at,
         heartbeat_at=row.heartbeat_at,
@@ -351,15 +365,15 @@ def _llm_from_json(text: str | None) -> LLMCall | None:
     return LLMCall.model_validate(loads(text))
 
 
-def row_to_span(row: SpanRow) -> Span:
-    """Row → Span (``sequence`` = ``row.seq``)."""
+def row_to_span(row: SpanRow | Row[Any]) -> Span:
+    """Row → Span (``sequence`` = ``row.seq``); ``row`` may be a plain row of the spans table."""
     return Span(
         span_id=row.span_id,
         rollout_id=row.rollout_id,
         attempt_id=row.attempt_id,
-        kind=row.kind,
+        kind=SpanKind(row.kind),
         name=row.name,
-        status=row.status,
+        status=cast(SpanStatus, row.status),  # validated by Span
         error=row.error,
         llm=_llm_from_json(row.llm_json),
         attributes=loads(row.attributes_json) or {},
@@ -433,7 +447,7 @@ def row_to_resource(row: ResourceRow) -> ResourceVersion:
     return ResourceVersion(
         name=row.name,
         version=row.version,
-        kind=row.kind,
+        kind=cast(ResourceKind, row.kind),  # validated by ResourceVersion
         payload=loads(row.payload_json) or {},
         active=row.active,
         created_at=row.created_at,

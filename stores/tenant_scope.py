@@ -143,7 +143,7 @@ class TenantView:
         out: list[Span | Reward | AgentForgeError] = []
         for item, result in zip(items, write_accepted(self.store, entries), strict=True):
             try:
-                out.append(result if isinstance(result, AgentForgeError) else self._kept(item, result))  # type: ignore[arg-type]
+                out.append(result if isinstance(result, AgentForgeError) else self._kept(item, result))
             except IdInUseError as exc:
                 out.append(exc)
         return out

@@ -23,9 +23,9 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Field, Session, SQLModel, col, select
 
 from agentforge.errors import NotFoundError, UserError
 from agentforge.ports import TenantDirectory
@@ -50,7 +50,7 @@ KEY_PREFIX = "aft_"
 class TenantKeyRow(SQLModel, table=True):
     """One tenant key: its id, tenant, the SHA-256 digest of its secret (hex) and when it stops working."""
 
-    __tablename__ = "af_tenant_keys"
+    __tablename__: ClassVar[str] = "af_tenant_keys"
 
     key_id: str = Field(primary_key=True, max_length=32)
     tenant: str = Field(index=True, max_length=63)
@@ -164,7 +164,7 @@ class TenantKeys:
             q = select(TenantKeyRow)
             if tenant is not None:
                 q = q.where(TenantKeyRow.tenant == tenant)
-            return [_listed(r) for r in s.exec(q.order_by(TenantKeyRow.created_at))]
+            return [_listed(r) for r in s.exec(q.order_by(col(TenantKeyRow.created_at)))]
 
         return self._tx.run(fn, write=False)
 

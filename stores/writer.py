@@ -258,7 +258,7 @@ class GroupCommitWriter(Generic[T, R]):
                 outcomes = [exc] * len(items)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[R], R | BaseException]]] = {}
             for sink, outcome in zip(sinks, outcomes, strict=True):
-                if type(sink) is tuple:
+                if isinstance(sink, tuple):
                     sink[0].settle(sink[1], outcome)
                 elif isinstance(sink, Future):
                     if isinstance(outcome, BaseException):
