@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict, cast
 
 from agentforge.agents.customer_service.prompts import (
     RETAIL_TRIAGE_PROMPT,
@@ -43,6 +43,7 @@ from agentforge.types import SpanKind
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
     from agentforge.agents.customer_service.knowledge import PolicyKnowledge
     from agentforge.agents.customer_service.tau_retail import RetailDB
@@ -89,6 +90,13 @@ class CSState(TypedDict, total=False):
     turn_calls: int
     llm_calls: int
     ended: bool
+
+
+def _messages(state: CSState) -> list[dict[str, Any]]:
+    """``state["messages"]`` (a turn's input holds the customer's message; ``KeyError`` without it)."""
+    if "messages" not in state:
+        raise KeyError("messages")
+    return state["messages"]
 
 
 def fit_history(messages: Sequence[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
@@ -323,8 +331,8 @@ def build_cs_graph(
 
     def system_message(state: CSState) -> dict[str, Any]:
         parts = [system_prompt]
-        if state.get("knowledge"):
-            parts.append("Policy:\n" + "\n".join(state["knowledge"]))
+        if chunks := state.get("knowledge"):
+            parts.append("Policy:\n" + "\n".join(chunks))
         if state.get("intent") or state.get("order_id"):
             parts.append(
                 f"Request: {state.get('intent') or 'unknown'}; order: {state.get('order_id') or 'unknown'}."
@@ -335,8 +343,8 @@ def build_cs_graph(
         history = fit_history(state.get("messages", []), max_history_chars)
         out = client.chat.completions.create(
             model=model,
-            messages=[system_message(state), *example, *history],  # type: ignore[list-item]
-            tools=tools_for_intent(state.get("intent")),  # type: ignore[arg-type]
+            messages=cast("list[ChatCompletionMessageParam]", [system_message(state), *example, *history]),
+            tools=cast("list[ChatCompletionToolParam]", tools_for_intent(state.get("intent"))),
             max_tokens=max_tokens,
             **sampling,
         )
@@ -349,7 +357,7 @@ def build_cs_graph(
 
     def tools_node(state: CSState) -> dict[str, Any]:
         results, ended = [], False
-        for raw in state["messages"][-1].get("tool_calls") or []:
+        for raw in _messages(state)[-1].get("tool_calls") or []:
             call = tool_call_from_openai(raw)
             if MALFORMED_ARGUMENTS in call.flags or call.parsed is None:
                 results.append(tool_error_message(call))
@@ -370,7 +378,7 @@ def build_cs_graph(
         return {"messages": results, "ended": ended or state.get("ended", False)}
 
     def after_agent(state: CSState) -> str:
-        return "tools" if state["messages"][-1].get("tool_calls") else END
+        return "tools" if _messages(state)[-1].get("tool_calls") else END
 
     def after_tools(state: CSState) -> str:
         return END if state.get("ended") or state.get("turn_calls", 0) >= max_turn_calls else "agent"

@@ -202,7 +202,7 @@ def chroma_embedding_function(embedder: LocalEmbedder | None = None) -> Any:
             def name() -> str:
                 return "agentforge-local-minilm"
 
-            def default_space(self) -> str:  # type: ignore[override]
+            def default_space(self) -> str:
                 return "cosine"
 
             def get_config(self) -> dict[str, Any]:

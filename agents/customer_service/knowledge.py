@@ -158,7 +158,7 @@ class PolicyKnowledge:
                 ids=ids,
                 documents=list(texts),
                 embeddings=vectors,  # type: ignore[arg-type]
-                metadatas=list(metadatas) if metadatas else None,  # type: ignore[arg-type]
+                metadatas=list(metadatas) if metadatas else None,
             )
         return ids
 
@@ -179,7 +179,7 @@ class PolicyKnowledge:
             n = min(max(1, k), self._collection.count())
             if n == 0:
                 return []
-            out = self._collection.query(query_embeddings=[vector], n_results=n, include=["documents"])  # type: ignore[list-item]
+            out = self._collection.query(query_embeddings=[vector], n_results=n, include=["documents"])
         return [d for d in (out.get("documents") or [[]])[0] if d]
 
     def count(self) -> int:

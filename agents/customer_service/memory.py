@@ -192,7 +192,7 @@ class MemoryStore:
                         embedder,
                     )
                 finally:
-                    client.close()
+                    client.close()  # type: ignore[attr-defined]  # chromadb's ClientAPI type lacks its clients' close()
             finally:
                 self._owner.release()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from agentforge.agents.customer_service.cs_graph import (
     assistant_dict,
@@ -40,6 +40,7 @@ from agentforge.errors import ConfigError, MissingExtraError, UserError
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
     from agentforge.runtime.context import RolloutContext
     from agentforge.types import Task, ToolCall
@@ -134,6 +135,13 @@ class OrderTurnState(TypedDict, total=False):
     llm_calls: int
 
 
+def _messages(state: OrderTurnState) -> list[dict[str, Any]]:
+    """``state["messages"]`` (a turn's input holds the customer's message; ``KeyError`` without it)."""
+    if "messages" not in state:
+        raise KeyError("messages")
+    return state["messages"]
+
+
 def build_order_bot_graph(
     client: OpenAI,
     *,
@@ -200,25 +208,28 @@ def build_order_bot_graph(
     def llm(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         out = client.chat.completions.create(
             model=model,
-            messages=[*head, *messages],
-            tools=tools,
-            max_tokens=max_tokens,  # type: ignore[arg-type]
+            messages=cast("list[ChatCompletionMessageParam]", [*head, *messages]),
+            tools=cast("list[ChatCompletionToolParam]", tools),
+            max_tokens=max_tokens,
             **{"temperature": temperature, **extra},
         )
         return assistant_dict(out.choices[0].message)
 
     def act(state: OrderTurnState) -> OrderTurnState:
         extra = {"tool_choice": "required"} if force_tool else {}
-        reply = llm(state["messages"], act_max_tokens, **extra, **act_extra)
-        return {"messages": [*state["messages"], reply], "llm_calls": state.get("llm_calls", 0) + 1}
+        messages = _messages(state)
+        reply = llm(messages, act_max_tokens, **extra, **act_extra)
+        return {"messages": [*messages, reply], "llm_calls": state.get("llm_calls", 0) + 1}
 
     def tool(state: OrderTurnState) -> OrderTurnState:
-        answers = run_tool_calls(state["messages"][-1], desk.call, max_tool_chars, on_tool_call)
-        return {"messages": [*state["messages"], *answers]}
+        messages = _messages(state)
+        answers = run_tool_calls(messages[-1], desk.call, max_tool_chars, on_tool_call)
+        return {"messages": [*messages, *answers]}
 
     def reply(state: OrderTurnState) -> OrderTurnState:
-        answer = llm(state["messages"], reply_max_tokens, **reply_extra)
-        return {"messages": [*state["messages"], answer], "llm_calls": state.get("llm_calls", 0) + 1}
+        messages = _messages(state)
+        answer = llm(messages, reply_max_tokens, **reply_extra)
+        return {"messages": [*messages, answer], "llm_calls": state.get("llm_calls", 0) + 1}
 
     graph = StateGraph(OrderTurnState)
     graph.add_node("act", act)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from agentforge.agents.customer_service.cs_graph import (
     assistant_dict,
@@ -39,6 +39,11 @@ from agentforge.errors import ConfigError, MissingExtraError, UserError
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import (
+        ChatCompletionMessageParam,
+        ChatCompletionToolChoiceOptionParam,
+        ChatCompletionToolParam,
+    )
 
     from agentforge.runtime.context import RolloutContext
     from agentforge.types import Task, ToolCall
@@ -137,6 +142,13 @@ class ServiceTurnState(TypedDict, total=False):
     tool_rounds: int
 
 
+def _messages(state: ServiceTurnState) -> list[dict[str, Any]]:
+    """``state["messages"]`` (a turn's input holds the customer's message; ``KeyError`` without it)."""
+    if "messages" not in state:
+        raise KeyError("messages")
+    return state["messages"]
+
+
 def build_service_bot_graph(
     client: OpenAI,
     *,
@@ -200,20 +212,22 @@ def build_service_bot_graph(
         choice = first_tool_choice if not calls else "auto"
         if rounds >= max_tool_rounds:
             choice = "none"
+        messages = _messages(state)
         out = client.chat.completions.create(
             model=model,
-            messages=[*head, *state["messages"]],  # type: ignore[arg-type]
-            tools=tools,  # type: ignore[arg-type]
+            messages=cast("list[ChatCompletionMessageParam]", [*head, *messages]),
+            tools=cast("list[ChatCompletionToolParam]", tools),
             max_tokens=max_tokens,
-            tool_choice=choice,  # type: ignore[arg-type]
+            tool_choice=cast("ChatCompletionToolChoiceOptionParam", choice),
             **{"temperature": temperature, **(reply_extra if calls else act_extra)},
         )
         message = assistant_dict(out.choices[0].message)
-        return {"messages": [*state["messages"], message], "llm_calls": calls + 1}
+        return {"messages": [*messages, message], "llm_calls": calls + 1}
 
     def run_tools(state: ServiceTurnState) -> ServiceTurnState:
-        answers = run_tool_calls(state["messages"][-1], desk.call, max_tool_chars, on_tool_call)
-        return {"messages": [*state["messages"], *answers], "tool_rounds": state.get("tool_rounds", 0) + 1}
+        messages = _messages(state)
+        answers = run_tool_calls(messages[-1], desk.call, max_tool_chars, on_tool_call)
+        return {"messages": [*messages, *answers], "tool_rounds": state.get("tool_rounds", 0) + 1}
 
     graph = StateGraph(ServiceTurnState)
     graph.add_node("llm", llm)

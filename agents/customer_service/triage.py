@@ -20,6 +20,7 @@ from agentforge.errors import MissingExtraError
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
     from agentforge.runtime.context import RolloutContext
     from agentforge.types import Task
@@ -103,6 +104,13 @@ class TriageState(TypedDict, total=False):
     reply: str
 
 
+def _message(state: TriageState) -> str:
+    """``state["message"]``, the graph's input (``KeyError`` without it)."""
+    if "message" not in state:
+        raise KeyError("message")
+    return state["message"]
+
+
 def parse_label(text: str, labels: Sequence[str] = CATEGORIES) -> str | None:
     """The label a completion names: its first word(s), normalised, if that is one of ``labels``.
 
@@ -161,9 +169,9 @@ def build_triage_graph(
     instructions = triage_prompt(labels) if system_prompt is None else system_prompt
 
     def triage(state: TriageState) -> TriageState:
-        messages: list[dict[str, str]] = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": instructions},
-            {"role": "user", "content": state["message"]},
+            {"role": "user", "content": _message(state)},
         ]
         extra: dict[str, Any] = {}
         if prefill:
@@ -186,7 +194,7 @@ def build_triage_graph(
                     "role": "system",
                     "content": f"You are a helpful support agent. The customer asks about {topic}.",
                 },
-                {"role": "user", "content": state["message"]},
+                {"role": "user", "content": _message(state)},
             ],
             max_tokens=32,
             temperature=0.0,

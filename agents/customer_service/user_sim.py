@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
     "STOP",
@@ -126,12 +127,13 @@ class UserSession:
             {"role": "user", "content": f"Scenario: {self.instruction}\n{said}" if first else said}
         )
         history = self.messages[:1] + sim.example + _tail(self.messages[1:], sim.max_history_chars)
+        extra: dict[str, Any] = {"seed": sim.seed} if sim.seed is not None else {}
         out = sim.client.chat.completions.create(
             model=sim.model,
-            messages=history,
+            messages=cast("list[ChatCompletionMessageParam]", history),
             max_tokens=sim.max_tokens,
-            temperature=sim.temperature,  # type: ignore[arg-type]
-            **({"seed": sim.seed} if sim.seed is not None else {}),
+            temperature=sim.temperature,
+            **extra,
         )
         self.calls += 1
         text = (out.choices[0].message.content or "").strip()

@@ -19,7 +19,7 @@ import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from agentforge.errors import UserError
 from agentforge.rewards.completions import RewardFunc, agent_texts
@@ -102,6 +102,11 @@ def gold_of(task: Task | Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             "a τ task needs gold 'actions' (a list of {name, kwargs}) in the task or its metadata"
         )
     return actions, list(source.get("outputs") or [])
+
+
+def _is_env(value: object) -> TypeGuard[ToolEnv]:
+    """Whether ``value`` hands out databases (has a callable ``new_db``)."""
+    return callable(getattr(value, "new_db", None))
 
 
 def _default_env() -> ToolEnv:
@@ -228,7 +233,7 @@ def tau_reward_details(
     actions, outputs = gold_of(task)
     if env is None:
         snapshot = getattr(db, "data", None)
-        if callable(getattr(snapshot, "new_db", None)):
+        if _is_env(snapshot):
             env = snapshot
         else:
             _check_retail(db, task, actions)

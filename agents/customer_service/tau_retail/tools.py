@@ -42,6 +42,7 @@ Tool = Callable[..., str]
 
 @functools.cache
 def _schemas() -> tuple[dict[str, Any], ...]:
+    assert __package__ is not None  # a module of the tau_retail package
     text = resources.files(__package__).joinpath("tools.json").read_text(encoding="utf-8")
     return tuple(json.loads(text))
 

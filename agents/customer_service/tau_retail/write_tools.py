@@ -38,6 +38,18 @@ def _order(db: RetailDB, order_id: str) -> dict[str, Any] | None:
     return db.get("orders", order_id)
 
 
+def _linked(db: RetailDB, table: str, key: str) -> dict[str, Any]:
+    """The record another one names (an order's user, an order item's product), which the data holds.
+
+    Raises:
+        KeyError: it does not (inconsistent records: ``call_tool`` reports it, as τ-bench does).
+    """
+    record = db.get(table, key)
+    if record is None:
+        raise KeyError(key)
+    return record
+
+
 def _dump(record: Any) -> str:
     return json.dumps(record)
 
@@ -82,7 +94,7 @@ def _price_difference(
     difference = 0.0
     for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
         item = next(item for item in order["items"] if item["item_id"] == item_id)
-        variants = db.get("products", item["product_id"])["variants"]
+        variants = _linked(db, "products", item["product_id"])["variants"]
         variant = variants.get(new_item_id)
         if variant is None or not variant["available"]:
             return f"Error: new item {new_item_id} not found or available"
@@ -106,7 +118,7 @@ def _swap_checks(
     difference = _price_difference(db, order, item_ids, new_item_ids)
     if isinstance(difference, str):
         return difference
-    method = db.get("users", order["user_id"])["payment_methods"].get(payment_method_id)
+    method = _linked(db, "users", order["user_id"])["payment_methods"].get(payment_method_id)
     if method is None:
         return "Error: payment method not found"
     return difference, method
@@ -162,7 +174,7 @@ def modify_pending_order_items(
         method["balance"] = round(method["balance"] - difference, 2)
     for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
         item = next(item for item in order["items"] if item["item_id"] == item_id)
-        variant = db.get("products", item["product_id"])["variants"][new_item_id]
+        variant = _linked(db, "products", item["product_id"])["variants"][new_item_id]
         item["item_id"] = new_item_id
         item["price"] = variant["price"]
         item["options"] = copy.deepcopy(variant["options"])
@@ -198,7 +210,7 @@ def modify_pending_order_payment(db: RetailDB, order_id: str, payment_method_id:
         return "Error: order not found"
     if order["status"] != "pending":
         return "Error: non-pending order cannot be modified"
-    methods = db.get("users", order["user_id"])["payment_methods"]
+    methods = _linked(db, "users", order["user_id"])["payment_methods"]
     if payment_method_id not in methods:
         return "Error: payment method not found"
     history = order["payment_history"]
@@ -245,7 +257,7 @@ def return_delivered_order_items(
         return "Error: order not found"
     if order["status"] != "delivered":
         return "Error: non-delivered order cannot be returned"
-    if payment_method_id not in db.get("users", order["user_id"])["payment_methods"]:
+    if payment_method_id not in _linked(db, "users", order["user_id"])["payment_methods"]:
         return "Error: payment method not found"
     if (
         "gift_card" not in payment_method_id
