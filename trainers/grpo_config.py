@@ -16,7 +16,7 @@ from agentforge.trainers.micro_batches import micro_batches
 from agentforge.trainers.progress import adopt_activation_checkpointing
 
 try:
-    from trl import GRPOConfig
+    from trl.trainer.grpo_config import GRPOConfig
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("trl", "train", "the lightning trainer") from exc
 
@@ -80,6 +80,8 @@ class TrainConfig(LoraFields, GRPOConfig):
             layers drop KV caches; set ``gradient_checkpointing=False`` for the full speed-up.
     """
 
+    # TRL's own field, typed int | None there although TRL's checks need a number: here it is one
+    num_generations: int = field(default=8, metadata={"help": "Rollouts per task (the GRPO group, >= 2)."})
     tasks_per_step: int = field(default=4, metadata={"help": "Distinct tasks per optimizer step."})
     extra_tasks_per_step: int = field(
         default=0,

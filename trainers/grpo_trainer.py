@@ -197,7 +197,7 @@ class LightningTrainer:
         continued adapter as this run loaded it, not the base. (``save_pretrained`` then also writes that copy,
         in the published folder's ``ref/``.)
         """
-        return config.policy(self.model_path, config.bf16)
+        return config.policy(self.model_path, bool(config.bf16))
 
     @property
     def is_main_process(self) -> bool:
@@ -233,7 +233,7 @@ class LightningTrainer:
 
     def _stable_run_id(self) -> str:
         """The run id, kept in ``{output_dir}/agentforge-run.json`` so a resumed run keeps its identity."""
-        path = Path(self.config.output_dir) / "agentforge-run.json"
+        path = Path(self._output_dir) / "agentforge-run.json"
         if path.exists():
             return str(json.loads(path.read_text())["run_id"])
         if not self.is_main_process:  # only the main process's identity is ever written anywhere
@@ -248,9 +248,16 @@ class LightningTrainer:
         return self.source.run_id
 
     @property
+    def _output_dir(self) -> str:
+        """``config.output_dir``, which ``TrainingArguments`` sets (``trainer_output``) when none is given."""
+        output_dir = self.config.output_dir
+        assert output_dir is not None
+        return output_dir
+
+    @property
     def adapter_dir(self) -> Path:
         """Where published adapters are saved (``{output_dir}/adapters/step-N``)."""
-        return Path(self.config.output_dir) / "adapters"
+        return Path(self._output_dir) / "adapters"
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> dict[str, Any]:
         """Run ``config.max_steps`` optimizer steps, publishing every ``swap_every`` and at the end.
@@ -277,11 +284,12 @@ class LightningTrainer:
         """
         resume = None
         if resume_from_checkpoint:  # None: nothing to resume yet (a fresh start)
-            resume = resume_checkpoint(self.config.output_dir, resume_from_checkpoint)
+            resume = resume_checkpoint(self._output_dir, resume_from_checkpoint)
         if resume is not None:
             self._report_resume(resume)
-            if hasattr(self.publisher, "restore"):
-                self.publisher.restore()  # serve the store's latest version again before sampling
+            restore = getattr(self.publisher, "restore", None)
+            if restore is not None:
+                restore()  # serve the store's latest version again before sampling
         self._resuming = resume is not None
         quiet(self.trainer.train)(resume_from_checkpoint=resume.checkpoint if resume else None)
         quiet(self.maybe_publish)(force=True)  # as the publishes during training: same filters
@@ -433,4 +441,4 @@ class LightningTrainer:
             )
         except Exception:  # metrics must never stop training
             logger.exception("could not store trainer metrics for step %d", step)
-        write_metrics_row(Path(self.config.output_dir) / "metrics.jsonl", clean)
+        write_metrics_row(Path(self._output_dir) / "metrics.jsonl", clean)

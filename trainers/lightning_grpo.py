@@ -92,7 +92,7 @@ class LearningSignal:
 
 
 def _epoch_seeded(base: type) -> type:
-    class EpochSeededRepeatSampler(base):  # type: ignore[misc, valid-type]
+    class EpochSeededRepeatSampler(base):
         """TRL's ``RepeatSampler`` whose generator is re-seeded from ``seed + epoch`` by ``set_epoch``."""
 
         def set_epoch(self, epoch: int) -> None:
@@ -134,7 +134,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     if share_prompt_prefix:
         from agentforge.trainers.prefix import SharedPrefixGRPOTrainer as base
     else:
-        from trl import GRPOTrainer as base
+        from trl.trainer.grpo_trainer import GRPOTrainer as base
     from agentforge.trainers.engine_logps import SpanTemperatures
     from agentforge.trainers.lineage import LineageOptimizer
     from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio

@@ -59,7 +59,7 @@ def _trainable(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
 
 def _inner(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside ``accelerate``'s ``AcceleratedOptimizer`` (or the optimizer itself)."""
-    return getattr(optimizer, "optimizer", optimizer)  # type: ignore[no-any-return]
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def save_optimizer_state(optimizer: Any, model: Any, folder: str | Path, lineage_steps: int) -> Path:

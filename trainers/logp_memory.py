@@ -95,10 +95,12 @@ def _install() -> None:
     """Route the fused head's kernel look-up through :class:`_TokenChunkedKernel` (once per process)."""
     from trl.trainer import utils
 
-    if utils._ChunkedLogProbFunction is not _TokenChunkedKernel:
+    # TRL's private module binding (an import it does not re-export), replaced on purpose
+    kernel = utils._ChunkedLogProbFunction  # type: ignore[attr-defined]
+    if kernel is not _TokenChunkedKernel:
         check_trl_version("trl.trainer.utils._ChunkedLogProbFunction (token-chunked by agentforge)")
-        _TokenChunkedKernel.kernel = utils._ChunkedLogProbFunction
-        utils._ChunkedLogProbFunction = _TokenChunkedKernel
+        _TokenChunkedKernel.kernel = kernel
+        utils._ChunkedLogProbFunction = _TokenChunkedKernel  # type: ignore[attr-defined]
 
 
 @contextmanager

@@ -79,7 +79,7 @@ def group_shuffle(batch: dict[str, Any]) -> dict[str, Any]:
     order = [row for g in torch.randperm(len(members)).tolist() for row in members[g]]
     index = torch.tensor(order, device=ids.device)
 
-    def permute(value: Sequence[Any] | None) -> Sequence[Any] | None:
+    def permute(value: torch.Tensor | Sequence[Any] | None) -> torch.Tensor | Sequence[Any] | None:
         if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
             return value
         if isinstance(value, torch.Tensor):
@@ -101,9 +101,10 @@ def grouped_split() -> Iterator[None]:
     from agentforge.trainers.trl_private import check_trl_version
 
     check_trl_version("trl.trainer.grpo_trainer.shuffle_sequence_dict (grouped by agentforge)")
-    original = grpo_trainer.shuffle_sequence_dict
-    grpo_trainer.shuffle_sequence_dict = group_shuffle
+    # TRL's own module binding (an import it does not re-export), replaced on purpose while inside
+    original = grpo_trainer.shuffle_sequence_dict  # type: ignore[attr-defined]
+    grpo_trainer.shuffle_sequence_dict = group_shuffle  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        grpo_trainer.shuffle_sequence_dict = original
+        grpo_trainer.shuffle_sequence_dict = original  # type: ignore[attr-defined]

@@ -93,7 +93,7 @@ class TrainingForwardRatio:
         generate_every = args.steps_per_generation * self.num_iterations  # type: ignore[attr-defined]
         return bool(
             getattr(self, "use_vllm", False)
-            and self.vllm_importance_sampling_correction  # type: ignore[attr-defined]
+            and self.vllm_importance_sampling_correction
             and args.gradient_accumulation_steps % generate_every == 0
         )
 
@@ -107,7 +107,7 @@ class TrainingForwardRatio:
         finally:
             self.vllm_importance_sampling_correction = True
         self.old_pass_skips += 1
-        return out  # type: ignore[no-any-return]
+        return out
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         if _RATIO in inputs or not self._ratio_from_training_forward():

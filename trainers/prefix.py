@@ -105,7 +105,8 @@ def prompt_groups(
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """The forward argument that takes a KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if get_base_model is not None else model
     inner = getattr(base, "model", base)
     params = inspect.signature(type(inner).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
@@ -319,7 +320,7 @@ def _grpo_trainer_base() -> type:
     Raises:
         UserError: another TRL release (:func:`agentforge.trainers.trl_private.check_trl_version`).
     """
-    from trl import GRPOTrainer
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     from agentforge.trainers.trl_private import check_trl_version
 
@@ -329,7 +330,7 @@ def _grpo_trainer_base() -> type:
     return GRPOTrainer
 
 
-class SharedPrefixGRPOTrainer(_grpo_trainer_base()):  # type: ignore[misc]
+class SharedPrefixGRPOTrainer(_grpo_trainer_base()):
     """``trl.GRPOTrainer`` whose log-probability passes share each group's prompt (:func:`shared_prefix_logps`).
 
     Used for the policy forward (with gradients) and TRL's old-logprob pass (importance sampling). Falls

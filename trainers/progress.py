@@ -122,7 +122,7 @@ def library_noise_filtered() -> Iterator[None]:
         for category, message, module in LIBRARY_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category, module=module)
         hf_logging.disable_progress_bar()
-        if dataset_bars_on:
+        if dataset_bars_on and datasets is not None:
             datasets.utils.disable_progress_bars()
         try:
             yield
@@ -130,7 +130,7 @@ def library_noise_filtered() -> Iterator[None]:
             deepspeed_logger.removeFilter(notice)
             if bars_on:
                 hf_logging.enable_progress_bar()
-            if dataset_bars_on:
+            if dataset_bars_on and datasets is not None:
                 datasets.utils.enable_progress_bars()
 
 

@@ -31,7 +31,7 @@ from agentforge.trainers.prompt_report import PairedTest, PromptCandidate, Promp
 from agentforge.types import RolloutState, SpanKind, Task, Version, new_id
 
 if TYPE_CHECKING:
-    from gepa import EvaluationBatch
+    from gepa.core.adapter import EvaluationBatch, ProposalFn
     from rich.progress import Progress
 
     from agentforge.ports import TraceStore
@@ -71,7 +71,7 @@ class RolloutPromptAdapter:
     """
 
     #: GEPA's optional hook; ``None``: GEPA proposes through the reflection LM.
-    propose_new_texts = None
+    propose_new_texts: ProposalFn | None = None
 
     def __init__(
         self,
@@ -149,15 +149,15 @@ class RolloutPromptAdapter:
 
     def _output(self, rollout_id: str, state: RolloutState) -> dict[str, Any]:
         reward = self.store.final_reward(rollout_id)
-        ok = state is RolloutState.succeeded and reward is not None and reward.value is not None
-        self.failed += 0 if ok else 1
+        value = reward.value if reward is not None and state is RolloutState.succeeded else None
+        self.failed += 0 if value is not None else 1
         spans = self.store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm, valid_only=True)
         text = "\n".join(s.llm.response_text for s in spans if s.llm is not None)
         return {
             "rollout_id": rollout_id,
             "state": state.value,
             "output": text,
-            "score": float(reward.value) if ok else 0.0,
+            "score": float(value) if value is not None else 0.0,
         }
 
     # --- the GEPAAdapter protocol -------------------------------------------------------------------
@@ -173,7 +173,7 @@ class RolloutPromptAdapter:
         Raises:
             RunError: the budget is spent or the runners failed (GEPA stops; see :func:`optimize_prompt`).
         """
-        from gepa import EvaluationBatch
+        from gepa.core.adapter import EvaluationBatch
 
         version = self.version_for(candidate[self.name])
         outputs = self.run(batch, version)
@@ -288,7 +288,7 @@ def optimize_prompt(
         RunError, RolloutTimeout: the runners failed or rollouts did not finish.
     """
     try:
-        import gepa
+        from gepa.api import optimize
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("gepa", "train", "optimize_prompt") from exc
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -326,7 +326,7 @@ def optimize_prompt(
     seed_v = adapter.version_for(seed_prompt)
     log, first_call = _Log(), len(reflection.calls)
     with progress:
-        result = gepa.optimize(
+        result = optimize(
             seed_candidate={name: seed_prompt},
             trainset=list(trainset),
             valset=list(valset),
@@ -335,7 +335,7 @@ def optimize_prompt(
             reflection_prompt_template=reflection.template,
             reflection_minibatch_size=minibatch_size,
             max_metric_calls=max_rollouts,
-            stop_callbacks=[lambda _state: adapter.exhausted or adapter.error is not None],
+            stop_callbacks=[lambda gepa_state: adapter.exhausted or adapter.error is not None],
             use_merge=use_merge,
             seed=seed,
             logger=log,

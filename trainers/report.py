@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentforge.errors import MissingExtraError
+
+if TYPE_CHECKING:
+    from matplotlib.typing import ColorType
 
 __all__ = ["plot_reward_curves"]
 
@@ -47,7 +51,7 @@ def plot_reward_curves(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(11, 4.8) if evals or markers else (9, 4))
-    colours: dict[str, str] = {}
+    colours: dict[str, ColorType] = {}
     for label, points in curves.items():
         pts = [(s, r) for s, r in points if r is not None and not math.isnan(r)]
         if pts:

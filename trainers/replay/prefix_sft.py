@@ -112,7 +112,7 @@ def _sft_trainer_base() -> type:
     Raises:
         UserError: another TRL release (:func:`agentforge.trainers.trl_private.check_trl_version`).
     """
-    from trl import SFTTrainer
+    from trl.trainer.sft_trainer import SFTTrainer
 
     check_trl_version("SFTTrainer.compute_loss's fused-head call (answered by SharedPrefixSFTTrainer)")
     return SFTTrainer
@@ -139,7 +139,7 @@ class _SharedPrefixModel:
         return self._model(*args, **kwargs)
 
 
-class SharedPrefixSFTTrainer(_sft_trainer_base()):  # type: ignore[misc]
+class SharedPrefixSFTTrainer(_sft_trainer_base()):
     """``trl.SFTTrainer`` whose loss pass runs each batch's shared prompt head once (module docstring).
 
     ``shared_prefix_calls`` / ``fallback_calls`` count which path each loss pass took.

@@ -15,7 +15,7 @@ from agentforge.trainers.lora import LoraFields
 from agentforge.trainers.progress import adopt_activation_checkpointing
 
 try:
-    from trl import SFTConfig
+    from trl.trainer.sft_config import SFTConfig
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError(exc.name or "trl", "train", "replay SFT") from exc
 

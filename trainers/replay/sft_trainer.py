@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import MissingExtraError, UserError
 from agentforge.ports import AdapterPublisher, TraceStore
@@ -38,6 +38,9 @@ from agentforge.trainers.progress import quiet, show_progress
 from agentforge.trainers.replay.select import EmptySelectionError, Selection, TraceFilter, select_traces
 from agentforge.trainers.replay.sft_config import ReplaySFTConfig
 from agentforge.types import Span, SpanKind, new_id
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 try:
     from transformers import TrainerCallback
@@ -192,7 +195,7 @@ class ReplaySFTTrainer:
         try:
             from datasets import Dataset
             from transformers import AutoTokenizer
-            from trl import SFTTrainer
+            from trl.trainer.sft_trainer import SFTTrainer
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingExtraError(exc.name or "trl", "train", "replay SFT") from exc
 
@@ -242,14 +245,24 @@ class ReplaySFTTrainer:
         )
         show_progress(self.trainer, metrics_path=self.adapter_dir / "metrics.jsonl")  # beside replay.json
         # TRL truncates to max_length and drops examples left without any loss token: count what remains.
-        labels = self.trainer.train_dataset["labels"]
+        labels = self._train_dataset["labels"]
         if len(labels) < len(examples):
             self.skipped["over_max_length"] += len(examples) - len(labels)
         self.sampled_tokens = sum(sum(1 for t in row if t != -100) for row in labels)
 
     @property
+    def _train_dataset(self) -> Dataset:
+        """The trainer's dataset: TRL tokenized the one given into another ``datasets.Dataset``."""
+        from datasets import Dataset
+
+        dataset = self.trainer.train_dataset
+        assert isinstance(dataset, Dataset)
+        return dataset
+
+    @property
     def adapter_dir(self) -> Path:
         """Where the adapter is saved: ``{output_dir}/adapters/{run_id}`` (a new folder per job)."""
+        assert self.config.output_dir is not None  # TrainingArguments sets it when none is given
         return Path(self.config.output_dir) / "adapters" / self.run_id
 
     def train(self) -> ReplayResult:
@@ -262,15 +275,19 @@ class ReplaySFTTrainer:
             ServingError / AdapterIncompatibleError: publishing failed (the previous version keeps serving;
                 the adapter stays saved and the job is recorded with ``version = None`` and the error).
         """
+        from peft import PeftModel
+
         output = quiet(self.trainer.train)()
-        self.trainer.model.save_pretrained(self.adapter_dir)
+        model = self.trainer.model
+        assert isinstance(model, PeftModel)  # the LoRA policy (ReplaySFTConfig.policy)
+        model.save_pretrained(str(self.adapter_dir))
         losses = [row["loss"] for row in self._history.rows if "loss" in row]
         result = ReplayResult(
             run_id=self.run_id,
             considered=self.selection.considered,
             selected=len(self.selection.records),
             skipped=dict(self.skipped),
-            examples=len(self.trainer.train_dataset),
+            examples=len(self._train_dataset),
             sampled_tokens=self.sampled_tokens,
             steps=int(self.trainer.state.global_step),
             train_loss=float(output.training_loss) if output.training_loss is not None else None,
