@@ -23,6 +23,7 @@ lint:
 	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks plugins
 	.venv/bin/ruff format --check agentforge agents stores trainers tests examples benchmarks plugins
 	.venv/bin/python scripts/lint_imports.py
+	.venv/bin/python scripts/typecheck.py
 
 bench: setup
 	.venv/bin/python benchmarks/grpo_step_time.py
