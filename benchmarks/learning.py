@@ -291,7 +291,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
         parent = GatedPublisher(stack.swapper, store).publish(args.parent, 0)
         board(parent)
         parent_score = board.held[parent]["parts"]["success"]
-        pool = ctx["train"][: args.warm_tasks]
+        pool = ctx["train"][args.capture_slice * args.warm_tasks : (args.capture_slice + 1) * args.warm_tasks]
         since = time.time()
         captured = mj.capture(
             store,
@@ -537,6 +537,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=None,
         help="what one capture of --parent teaches it: 'sft' and/or offline-GRPO arms name:learning_rate[:epochs]",
+    )
+    p.add_argument(
+        "--capture-slice",
+        type=int,
+        default=0,
+        help="--capture-arms: which --warm-tasks slice of the GRPO tasks the parent answers (the main job's SFT "
+        "round k captures on slice k-1; a parent trained on slice 0 answers slice 1)",
     )
     p.add_argument(
         "--logprobs-mode",
