@@ -279,7 +279,6 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
     """
     from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
     from agentforge.trainers.replay.grpo import StoredGroupSource
-    from agentforge.trainers.replay.select import select_traces
 
     store, stack, model, board = ctx["store"], ctx["stack"], ctx["model"], ctx["board"]
     if args.parent is None:
@@ -302,20 +301,10 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             args.warm_min_p,
             force_every=mj.capture_force_every(args),
         )
-        flt = TraceFilter(
-            task_ids=tuple(t.task_id for t in pool),
-            resources={"policy": parent},
-            since=since,
-            require_reward=False,
-        )
-        selection = select_traces(store, flt)
-        by_task: dict[str, list] = {}
-        for rec in selection.records:
-            by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
-        signal = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
+        signal, tasks_seen = mj.capture_groups(store, pool, parent, since)
         print(
             f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
-            f"{captured['parts']['success']:.3f}, {len(signal)} of {len(by_task)} tasks with reward spread",
+            f"{captured['parts']['success']:.3f}, {len(signal)} of {tasks_seen} tasks with reward spread",
             flush=True,
         )
         for arm in args.capture_arms:
@@ -327,7 +316,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 config, _ = mj.warm_inputs(args, seed, pool, parent)
                 config.output_dir, config.init_adapter = str(out), str(args.parent)
                 sft_flt = TraceFilter(
-                    task_ids=flt.task_ids,
+                    task_ids=tuple(t.task_id for t in pool),
                     resources={"policy": parent},
                     since=since,
                     max_per_task=args.warm_per_task,

@@ -660,6 +660,25 @@ def grpo_plan(args: argparse.Namespace) -> str:
     )
 
 
+def capture_groups(
+    store: TraceStore, tasks: list[Task], version: str, since: float
+) -> tuple[dict[str, list[Any]], int]:
+    """The GRPO groups of a capture: ``version``'s rollouts of ``tasks`` since ``since`` (epoch seconds), one group
+    per task id, only the groups whose rewards differ (the rest carry zero advantage). Returns ``(groups, number
+    of tasks with any selected rollout)``."""
+    flt = TraceFilter(
+        task_ids=tuple(t.task_id for t in tasks),
+        resources={"policy": version},
+        since=since,
+        require_reward=False,
+    )
+    by_task: dict[str, list[Any]] = {}
+    for rec in select_traces(store, flt, allow_empty=True).records:
+        by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
+    groups = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
+    return groups, len(by_task)
+
+
 def capture_grpo_round(
     args: argparse.Namespace,
     seed: int,
@@ -691,20 +710,11 @@ def capture_grpo_round(
         args.warm_min_p,
         force_every=capture_force_every(args),
     )
-    flt = TraceFilter(
-        task_ids=tuple(t.task_id for t in pool),
-        resources={"policy": served},
-        since=since,
-        require_reward=False,
-    )
-    by_task: dict[str, list[Any]] = {}
-    for rec in select_traces(store, flt, allow_empty=True).records:
-        by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
-    groups = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
+    groups, tasks_seen = capture_groups(store, pool, served, since)
     steps = len(groups) // args.tasks_per_step
     console.print(
         f"seed {seed} GRPO round {rnd}: {served} captured {captured['n']} turns, success "
-        f"{captured['parts']['success']:.3f}; {len(groups)} of {len(by_task)} groups with reward spread, "
+        f"{captured['parts']['success']:.3f}; {len(groups)} of {tasks_seen} groups with reward spread, "
         f"{steps} steps"
     )
     if steps == 0:
