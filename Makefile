@@ -2,6 +2,8 @@
 .PHONY: setup demo test test-fast lint bench postgres
 
 PYTEST_ARGS ?=
+# two pytest-xdist workers: the vllm tests in one group on one worker (tests/conftest.py), the rest on the other
+XDIST ?= -n 2 --dist loadgroup
 
 setup:
 	bash scripts/setup.sh
@@ -14,10 +16,10 @@ postgres:
 
 test: setup
 	AGENTFORGE_TEST_PG_URL="$$(bash scripts/start_postgres.sh | tail -n 1)" AGENTFORGE_REQUIRE_VLLM=1 AGENTFORGE_REQUIRE_FRAMEWORKS=1 AGENTFORGE_REQUIRE_DATA=1 AGENTFORGE_REQUIRE_BROWSER=1 AGENTFORGE_REQUIRE_PHOENIX=1 \
-		.venv/bin/python -m pytest $(PYTEST_ARGS)
+		.venv/bin/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	.venv/bin/python -m pytest -m "not vllm and not slow and not postgres" $(PYTEST_ARGS)
+	.venv/bin/python -m pytest $(XDIST) -m "not vllm and not slow and not postgres" $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check agentforge agents stores trainers tests examples benchmarks plugins

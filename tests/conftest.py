@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # Tests never reach a real hosted LLM by accident.
@@ -18,3 +20,13 @@ os.environ.setdefault("AGENTFORGE_HOME", str(Path.home() / ".cache" / "agentforg
 # ``fixtures_guard``: an autouse guard fails any test that reaches a real LLM endpoint its markers do not
 # allow (hosted APIs and vLLM: only ``vllm`` tests; the embedded engine: ``slow`` or ``vllm`` tests).
 pytest_plugins = ["fixtures_guard", "fixtures_store", "fixtures_serving", "fixtures_gateway", "fixtures_cli"]
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), every ``vllm`` test joins one group,
+    so one worker runs them in turn on the session's single vLLM server (and the engines the lifecycle tests
+    start and kill), while the other worker takes the rest: two engines at once would halve each one's 2 cores
+    and double the session server's start. Marked as each item is collected, before xdist's
+    ``pytest_collection_modifyitems`` reads the group into the node id."""
+    if item.get_closest_marker("vllm") is not None and item.config.pluginmanager.hasplugin("xdist"):
+        item.add_marker(pytest.mark.xdist_group("vllm"))

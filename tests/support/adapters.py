@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
+
+from cache_lock import cache_lock
 
 from agentforge.config import default_model_dir, home_dir
 from agentforge.model import prepare_default_model
@@ -33,7 +34,6 @@ LETTER_PROMPT = "Answer with one letter."
 LETTER_MESSAGES = [{"role": "user", "content": LETTER_PROMPT}]
 _TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _RECIPE_VERSION = 1
-_lock = threading.Lock()
 
 
 def _cache_dir(recipe: dict[str, Any]) -> Path:
@@ -81,7 +81,7 @@ def letter_adapter(letter: str, *, steps: int = 30, lr: float = 3e-3, r: int = 8
         "v": _RECIPE_VERSION,
     }
     target = _cache_dir(recipe)
-    with _lock:
+    with cache_lock("test-adapters"):
         if (target / "adapter_config.json").exists():
             return target
         import torch
@@ -136,7 +136,7 @@ def rank_adapter(r: int, *, rank_pattern: dict[str, int] | None = None) -> Path:
         "v": _RECIPE_VERSION,
     }
     target = _cache_dir(recipe)
-    with _lock:
+    with cache_lock("test-adapters"):
         if (target / "adapter_config.json").exists():
             return target
         import torch
@@ -154,7 +154,7 @@ def foreign_adapter() -> Path:
     """A copy of the rank-8 letter-``A`` adapter whose config names another base model."""
     source = letter_adapter("A")
     target = home_dir() / "test-adapters" / "foreign-base"
-    with _lock:
+    with cache_lock("test-adapters"):
         if not (target / "adapter_config.json").exists():
             tmp = target.with_name(target.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -182,7 +182,7 @@ def misfit_adapter(kind: str) -> Path:
 
     source = letter_adapter("A")
     target = home_dir() / "test-adapters" / f"misfit-{kind}-v{_RECIPE_VERSION}"
-    with _lock:
+    with cache_lock("test-adapters"):
         if (target / "adapter_config.json").exists():
             return target
         tmp = target.with_name(target.name + ".tmp")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import threading
 from pathlib import Path
+
+from cache_lock import cache_lock
 
 from agentforge.config import default_model_dir, home_dir
 from agentforge.model import prepare_default_model
@@ -34,7 +35,6 @@ BOS_TEMPLATE = (
 #: The BOS that ``tiny_model(BOS_TEMPLATE)``'s tokenizer adds and its template renders.
 BOS_TEMPLATE_BOS = "<|endoftext|>"
 _RECIPE_VERSION = 2
-_lock = threading.Lock()
 
 #: A chat prompt in the tiny model's (SmolLM2's) ids: ``<|im_start|>user\nhi<|im_end|>\n`` + the assistant header.
 PROMPT = [1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]
@@ -70,7 +70,7 @@ def tiny_model(chat_template: str | None = None) -> Path:
     recipe = {"v": _RECIPE_VERSION, "template": chat_template}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     target = home_dir() / "test-models" / f"tiny-llama-{key}"
-    with _lock:
+    with cache_lock("test-models"):
         if (target / "config.json").exists():
             return target
         import torch

@@ -36,8 +36,12 @@ def test_train_has_the_context_length() -> None:
 
 def test_train_and_serve_take_a_chat_template_that_must_exist(tmp_path: Path) -> None:
     assert "--chat-template" in _help("train") and "--chat-template" in _help("serve")
-    missing = CliRunner().invoke(app, ["serve", "--chat-template", str(tmp_path / "nope.jinja")])
-    assert missing.exit_code == 2 and "nope.jinja" in missing.output
+    missing = CliRunner().invoke(
+        app,
+        ["serve", "--chat-template", str(tmp_path / "nope.jinja")],
+        env={"COLUMNS": "300", "NO_COLOR": "1"},
+    )  # wide: a long tmp_path (e.g. a pytest-xdist worker's) must not wrap the file name in the error box
+    assert missing.exit_code == 2 and "nope.jinja" in missing.output, missing.output
 
 
 @pytest.mark.slow

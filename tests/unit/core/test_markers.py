@@ -8,7 +8,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 #: pytest's own marks and the plugins' (not declared in pyproject.toml).
-BUILTIN = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "asyncio"}
+BUILTIN = {
+    "parametrize",
+    "skip",
+    "skipif",
+    "xfail",
+    "usefixtures",
+    "filterwarnings",
+    "asyncio",
+    "xdist_group",
+}
 
 
 def test_every_declared_marker_is_used() -> None:

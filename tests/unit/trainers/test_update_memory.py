@@ -145,7 +145,9 @@ def test_token_chunked_head_equals_one_call(path, kernel_calls) -> None:  # type
     got, entropy, grads, calls = run(7)
     assert len(ref_calls) == 1 and ref_calls[0] > 7, "unchunked: one kernel call over every scored position"
     assert max(calls) <= 7 and sum(calls) == ref_calls[0], "chunked: every position once, at most 7 per call"
-    torch.testing.assert_close(got, ref, atol=0, rtol=0)  # each token's log-sum-exp never spans tokens
+    # each token's log-sum-exp never spans tokens: equal up to float32 rounding (a 7-row head matmul may be blocked
+    # differently from a 45-row one: bit-equal on the Intel hosts, 1-ulp differences measured on an AMD EPYC)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
     assert_same_as_per_row(got, ref, entropy, ref_entropy, grads, ref_grads, mask[:, -c:].bool())
 
 
