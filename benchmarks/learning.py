@@ -290,7 +290,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
         parent = GatedPublisher(stack.swapper, store).publish(args.parent, 0)
         board(parent)
         parent_score = board.held[parent]["parts"]["success"]
-        pool = ctx["train"][args.capture_slice * args.warm_tasks : (args.capture_slice + 1) * args.warm_tasks]
+        pool = mj.task_slice(ctx["train"], args.warm_tasks, args.capture_slice)
         since = time.time()
         captured = mj.capture(
             store,

@@ -660,6 +660,12 @@ def grpo_plan(args: argparse.Namespace) -> str:
     )
 
 
+def task_slice(train: list[Task], width: int, k: int) -> list[Task]:
+    """The ``k``-th slice (from 0) of ``width`` training tasks: SFT round ``k + 1`` captures on slice ``k``, GRPO
+    round ``r`` on a capture (:func:`capture_grpo_round`) on slice ``sft_rounds + r - 1``. Empty past the end."""
+    return train[k * width : (k + 1) * width]
+
+
 def capture_groups(
     store: TraceStore, tasks: list[Task], version: str, since: float
 ) -> tuple[dict[str, list[Any]], int]:
@@ -698,8 +704,7 @@ def capture_grpo_round(
     right ones are pushed up, which rejection-sampling SFT, training on the successes alone, does not do. The
     candidate goes through the gate once, at the end. Returns the round's metric rows."""
     served, width = publisher.current(), args.warm_tasks
-    start = (args.sft_rounds + rnd - 1) * width
-    pool = train[start : start + width] or train[-width:]
+    pool = task_slice(train, width, args.sft_rounds + rnd - 1) or train[-width:]
     since = time.time()
     captured = capture(
         store,
@@ -765,7 +770,7 @@ def train_seed(
     sft_rounds = []
     for rnd in range(1, max(args.rounds if args.steps else 0, args.sft_rounds) + 1):
         if rnd <= args.sft_rounds:  # each SFT round captures on its own slice of the training tasks
-            pool = train[(rnd - 1) * args.warm_tasks : rnd * args.warm_tasks] or train[: args.warm_tasks]
+            pool = task_slice(train, args.warm_tasks, rnd - 1) or train[: args.warm_tasks]
             sft_rounds.append(sft_round(args, seed, rnd, store, model, pool, publisher))
         if rnd <= args.rounds and args.steps:
             history += grpo_round(args, seed, rnd, store, model, train, publisher)
