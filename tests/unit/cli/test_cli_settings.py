@@ -11,9 +11,12 @@ from typer.testing import CliRunner
 
 from agentforge.cli import app
 
+#: A wide, plain terminal: rich wraps help and error boxes at COLUMNS, which can split a long path or option.
+WIDE = {"COLUMNS": "300", "NO_COLOR": "1"}
+
 
 def _help(*command: str) -> str:
-    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300", "NO_COLOR": "1"})
+    result = CliRunner().invoke(app, [*command, "--help"], env=WIDE)
     assert result.exit_code == 0, result.output
     return re.sub(r"[\s│]+", " ", result.output)
 
@@ -36,11 +39,8 @@ def test_train_has_the_context_length() -> None:
 
 def test_train_and_serve_take_a_chat_template_that_must_exist(tmp_path: Path) -> None:
     assert "--chat-template" in _help("train") and "--chat-template" in _help("serve")
-    missing = CliRunner().invoke(
-        app,
-        ["serve", "--chat-template", str(tmp_path / "nope.jinja")],
-        env={"COLUMNS": "300", "NO_COLOR": "1"},
-    )  # wide: a long tmp_path (e.g. a pytest-xdist worker's) must not wrap the file name in the error box
+    # wide: a long tmp_path (e.g. a pytest-xdist worker's) must not wrap the file name in the error box
+    missing = CliRunner().invoke(app, ["serve", "--chat-template", str(tmp_path / "nope.jinja")], env=WIDE)
     assert missing.exit_code == 2 and "nope.jinja" in missing.output, missing.output
 
 
