@@ -76,17 +76,20 @@ def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
 
 @pytest.mark.slow
 def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
+    """One run of ``benchmarks/gateway.py`` with every phase it has (``--lean``, ``--dialects``) at one client
+    count, two rounds: each phase answers without error, and every answered gateway call left its span."""
     out = subprocess.run(
         [
             sys.executable,
             str(ROOT / "benchmarks" / "gateway.py"),
             "--clients",
-            "1",
-            "4",
+            "2",
             "--seconds",
             "0.5",
             "--rounds",
             "2",
+            "--lean",
+            "--dialects",
             "--json",
         ],
         capture_output=True,
@@ -95,24 +98,35 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
         timeout=300,
     ).stdout
     phases = json.loads(out.strip().splitlines()[-1])
-    # direct, direct with the gateway's capture options, gateway, and the byte-copying relay (the floor);
-    # 1 and 4 clients; 2 rounds of plain and streamed
-    assert len(phases) == 32
-    assert [ph["round"] for ph in phases[:16]] == [1] * 8 + [2] * 8  # rounds alternate within a client count
-    for direct, captured, gateway, relay in zip(*(phases[i::4] for i in range(4)), strict=True):
-        targets = (direct["target"], captured["target"], gateway["target"], relay["target"])
-        assert targets == ("direct", "direct+capture", "gateway", "relay")
+    # direct, direct with the gateway's capture options, gateway, the byte-copying relay (the floor) and the
+    # leanest capture proxy; 2 rounds of plain and streamed; then the dialect phases
+    chat, others = phases[:20], phases[20:]
+    assert [ph["round"] for ph in chat] == [1] * 10 + [2] * 10  # rounds alternate within a client count
+    for direct, captured, gateway, relay, lean in zip(*(chat[i::5] for i in range(5)), strict=True):
+        targets = tuple(ph["target"] for ph in (direct, captured, gateway, relay, lean))
+        assert targets == ("direct", "direct+capture", "gateway", "relay", "lean")
         for ph in (direct, captured, gateway, relay):
             assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
         assert gateway["cpu_ms_per_req"] > 0 and relay["cpu_ms_per_req"] > 0
+        assert lean["errors"] == 0 and lean["req_per_s"] > 0 and lean["cpu_ms_per_req"] > 0, lean
+        assert lean["answered"] == lean["spans_stored"] > 0  # every answered call left its row
     assert "median over rounds:" in out
-    assert "floor at 4 clients, plain: a byte-copying relay reaches " in out
-    assert "streaming/non-streaming CPU cost at 4 clients" in out and "(median; rounds: " in out
+    assert "floor at 2 clients, plain: a byte-copying relay reaches " in out
+    assert "streaming/non-streaming CPU cost at 2 clients" in out and "(median; rounds: " in out
     assert (
         "the same ratio of the byte-copying relay: " in out
         and ", of the engine answering direct+capture: " in out
     )
+    for mode in ("plain", "streamed"):
+        assert f"lean capture at 2 clients, {mode}: the leanest capture proxy reaches " in out
+    assert ", of the leanest capture proxy: " in out and " errors; the gateway reaches " in out
+    assert sorted((ph["target"], ph["stream"], ph["round"]) for ph in others) == sorted(
+        (f"gateway-{d}", s, r) for d in ("responses", "messages") for s in (False, True) for r in (1, 2)
+    )
+    for ph in others:  # every call through a dialect route answered and left its span
+        assert ph["errors"] == 0 and ph["cpu_ms_per_req"] > 0 and ph["answered"] == ph["spans_stored"] > 0, ph
+    assert "gateway-responses" in out and "gateway-messages" in out and "CPU ratio (rounds)" in out
 
 
 @pytest.mark.slow
@@ -196,66 +210,6 @@ def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
     spans, answered = (int(w) for w in got[0].split() if w.isdigit())
     assert spans == answered > 0, got
     assert 'agentforge_otlp_dropped_total{reason="export_failed"} 0' in out
-
-
-@pytest.mark.slow
-def test_gateway_benchmark_lean_adds_the_leanest_capture_proxy_as_a_fifth_phase() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gateway.py"),
-            "--clients",
-            "2",
-            "--seconds",
-            "0.5",
-            "--rounds",
-            "1",
-            "--lean",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    phases = json.loads(out.strip().splitlines()[-1])
-    assert [ph["target"] for ph in phases] == ["direct", "direct+capture", "gateway", "relay", "lean"] * 2
-    for lean in phases[4::5]:
-        assert lean["errors"] == 0 and lean["req_per_s"] > 0 and lean["cpu_ms_per_req"] > 0, lean
-        assert lean["answered"] == lean["spans_stored"] > 0  # every answered call left its row
-    for mode in ("plain", "streamed"):
-        assert f"lean capture at 2 clients, {mode}: the leanest capture proxy reaches " in out
-    assert ", of the leanest capture proxy: " in out and " errors; the gateway reaches " in out
-
-
-@pytest.mark.slow
-def test_gateway_benchmark_dialects_measure_the_responses_and_messages_routes() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gateway.py"),
-            "--clients",
-            "2",
-            "--seconds",
-            "0.5",
-            "--rounds",
-            "1",
-            "--dialects",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    phases = json.loads(out.strip().splitlines()[-1])
-    others = [ph for ph in phases if ph["target"].startswith("gateway-")]
-    assert sorted((ph["target"], ph["stream"]) for ph in others) == sorted(
-        (f"gateway-{d}", s) for d in ("responses", "messages") for s in (False, True)
-    )
-    for ph in others:  # every call through a dialect route answered and left its span
-        assert ph["errors"] == 0 and ph["cpu_ms_per_req"] > 0 and ph["answered"] == ph["spans_stored"] > 0, ph
-    assert "gateway-responses" in out and "gateway-messages" in out and "CPU ratio (rounds)" in out
 
 
 @contextmanager

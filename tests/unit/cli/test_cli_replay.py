@@ -109,9 +109,15 @@ def _groups(tmp_path: Path) -> str:
 
 @pytest.mark.slow
 def test_replay_sft_and_grpo_publish_adapter_versions_serving_follows(tmp_path: Path) -> None:
-    url = _groups(tmp_path)
+    """The commands' plumbing (selection, training, publishing) on the tiny model: the default model's training
+    is the subject of ``tests/integration/test_replay_sft.py`` and the main job."""
+    from tiny_model import tiny_model
+
+    url, model = _groups(tmp_path), str(tiny_model())
     out = _cli(
         "sft",
+        "--model",
+        model,
         "--store-url",
         url,
         "--agent",
@@ -129,6 +135,8 @@ def test_replay_sft_and_grpo_publish_adapter_versions_serving_follows(tmp_path: 
     assert Path(result["adapter_dir"], "adapter_config.json").exists()
     grpo = _cli(
         "grpo",
+        "--model",
+        model,
         "--store-url",
         url,
         "--agent",

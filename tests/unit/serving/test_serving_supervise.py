@@ -3,7 +3,7 @@
 The stand-in engine (``serving_helpers.ProcessEngine``) is ``sh`` with two ``sleep`` children in their own
 process group (like vLLM's API server and its engine core); killing the leader with SIGKILL leaves the children
 running until the supervisor clears the group. The real-vLLM versions of these tests are
-``tests/integration/test_serving_supervise_vllm.py`` and ``test_serving_swap_kill_vllm.py``.
+``tests/integration/test_serving_restart_vllm.py`` and ``test_serving_swap_kill_vllm.py``.
 """
 
 from __future__ import annotations
