@@ -29,6 +29,14 @@ GPU alike: the trainer spends its compute only on rows with a gradient.
 A masked sample keeps its slot (TRL needs ``len(prompts)`` samples) with one placeholder token whose
 ``env_mask`` is 0, so no gradient flows from it.
 
+**Incomplete groups: exclude, never keep.** A masked member's reward is ``None`` even when the rollout has one (a
+stale rollout's reward was earned by another policy; an invalid or unmatched one has no tokens to credit), so
+TRL (1.16, ``_generate_and_score_completions``: ``nanmean``/``nanstd`` per group, then ``nan_to_num``) leaves
+it out of its group's baseline and spread and gives it advantage 0 — counting it as reward 0 would move every
+other member's advantage. A group left with one usable member has no baseline: every advantage is 0 and it
+counts as a group without signal (``batch/signal_group_share``), not as a flat one (``zero_variance_groups``).
+``tests/unit/trainers/test_incomplete_groups.py`` checks TRL's advantages for both cases.
+
 **The store is the cursor.** Every rollout carries ``metadata.trainer_run`` (the run id, kept across restarts
 in ``{output_dir}/agentforge-run.json``) and ``metadata.step`` (the optimizer step whose batch it belongs to,
 0-based). It gets ``metadata.trained_step`` only once that optimizer step has finished (:meth:`RolloutSource.

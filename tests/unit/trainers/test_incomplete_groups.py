@@ -1,0 +1,118 @@
+"""Contract from public bug reports (issue 36, "Incomplete GRPO groups"): a real TRL step on the tiny model over
+two groups of 4 that the live :class:`~agentforge.trainers.rollouts.RolloutSource` formed from finished rollouts —
+
+* group ``t1``: rewards 1 and 0, one failed member, one masked-but-rewarded member (stale: served by a version
+  3 behind, reward 1);
+* group ``t2``: one usable member (reward 1) and 3 unusable (failed, no reward, stale).
+
+The group statistics exclude every masked member (keep vs exclude, ``trainers/rollouts.py``): ``t1``'s baseline is
+the mean of 1 and 0 and its spread their standard deviation, so its usable members get advantages ±0.707 and its
+masked ones 0 — a masked member counted as reward 0, or its stored reward counted, would move both; ``t2`` has no
+baseline (one usable member) and every advantage 0. The batch report counts each reason once per member.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stored_groups import RecordingPublisher
+from tiny_model import PROMPT, tiny_model
+
+from agentforge.testing import memory_store
+from agentforge.trainers.rollouts import RolloutSource
+from agentforge.types import AttemptState, LLMCall, Reward, Span, SpanKind, Task
+
+CURRENT = "policy@v3"
+#: per group: (reward, version that served it, attempt succeeded); ``None`` = no reward stored
+MEMBERS: dict[str, list[tuple[float | None, str, bool]]] = {
+    "t1": [(1.0, CURRENT, True), (0.0, CURRENT, True), (1.0, CURRENT, False), (1.0, "policy@v0", True)],
+    "t2": [(1.0, CURRENT, True), (1.0, CURRENT, False), (None, CURRENT, True), (1.0, "policy@v0", True)],
+}
+
+
+def _finish(store: Any, rollout: Any, reward: float | None, version: str, ok: bool) -> None:
+    claimed, attempt = store.claim_rollout("w")
+    assert claimed.rollout_id == rollout.rollout_id
+    completion = [57, 1431, 2]
+    call = LLMCall(
+        prompt_token_ids=PROMPT,
+        completion_token_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        finish_reason="stop",
+        version=version,
+    )
+    store.add_span(
+        Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, kind=SpanKind.llm, llm=call)
+    )
+    if reward is not None:
+        store.add_reward(Reward(rollout_id=rollout.rollout_id, value=reward, final=True))
+    store.finish_attempt(attempt.attempt_id, AttemptState.succeeded if ok else AttemptState.failed)
+
+
+@pytest.mark.slow
+def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_path: Path) -> None:
+    import torch
+
+    from agentforge.trainers.grpo_config import TrainConfig
+    from agentforge.trainers.grpo_trainer import LightningTrainer
+
+    store = memory_store()
+    source = RolloutSource(
+        store,
+        {t: Task(task_id=t) for t in MEMBERS},
+        4,
+        lambda: CURRENT,
+        max_staleness=1,
+        max_attempts=1,
+        poll_s=0.01,
+    )
+    formed = source.enqueue([t for t in MEMBERS for _ in range(4)])
+    for rollout, member in zip(formed, [m for t in MEMBERS for m in MEMBERS[t]], strict=True):
+        _finish(store, rollout, *member)
+    by_task = {t: [r for r in formed if r.task.task_id == t] for t in MEMBERS}
+    source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
+
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        tasks_per_step=2,
+        max_steps=1,
+        learning_rate=1e-3,
+        lora_r=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+    )
+    trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
+    seen: list[dict[str, Any]] = []
+    score = trainer.trainer._generate_and_score_completions
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out = score(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    trainer.trainer._generate_and_score_completions = recording  # type: ignore[method-assign]
+    trainer.train()
+
+    (out,) = seen
+    order = [r.task.task_id for r in formed]  # TRL's batch: each group's 4 members in a row, t1 then t2
+    got = {t: [] for t in MEMBERS}
+    for task, advantage in zip(order, out["advantages"].tolist(), strict=True):
+        got[task].append(advantage)
+    a = 0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4)  # TRL: (r - mean) / (std + 1e-4), std unbiased
+    assert got["t1"] == pytest.approx([a, -a, 0.0, 0.0], abs=1e-5)
+    assert got["t2"] == [0.0, 0.0, 0.0, 0.0]
+    (report,) = source.reports
+    assert dict(report.skipped) == {"failed": 2, "stale": 2, "missing_reward": 1}
+    assert sorted(report.rewards) == [0.0, 1.0, 1.0]  # the usable members' rewards only
+    assert report.zero_variance_groups == 0  # t2 has one reward, not a flat group
+    (row,) = [r for r in trainer.history if "batch/signal_group_share" in r]
+    assert row["batch/signal_group_share"] == 0.5 and row["batch/skipped_stale"] == 2.0
