@@ -49,6 +49,12 @@ __all__ = [
     "PromptOptResult",
 ]
 
+#: Why a winner chosen on the validation scores is not activated on them (the decision's reason, the summary).
+VAL_ONLY = (
+    "the validation scores selected it among every candidate and cannot also judge it; "
+    "held-out tasks (testset, --test-tasks) decide activation"
+)
+
 
 class RolloutPromptAdapter:
     """A ``gepa.GEPAAdapter`` whose evaluations are runner rollouts pinned to unactivated prompt versions.
@@ -247,9 +253,11 @@ def optimize_prompt(
     The seed is the existing version with the same text (or version 1, activated, in an empty store; or a
     new unactivated version). Candidates are evaluated through pinned, unactivated versions, so live
     traffic is untouched while optimising. The winner (best validation mean) is compared with the seed on
-    ``testset`` (when given, else on the validation scores) and activated only if its mean is higher by
-    more than ``min_gain`` and, with ``max_p``, a one-sided paired test on the same examples
-    (:func:`paired_test`) gives ``p <= max_p``; otherwise the active version is left as it was. This is the
+    ``testset`` and activated only if its mean is higher by more than ``min_gain`` and, with ``max_p``, a
+    one-sided paired test on the same examples (:func:`paired_test`) gives ``p <= max_p``; otherwise the active
+    version is left as it was. Without ``testset`` nothing is activated: the comparison runs on the validation
+    scores and is reported, but those scores chose the winner among every candidate, so a candidate that fits
+    the validation tasks by chance or by construction would pass them (the winner's curse). This is the
     promotion gate's eval rule (:class:`agentforge.gate.EvalGate`); its decision, with the scores and the
     test, is stored as a ``promotion:{name}`` record (:func:`agentforge.gate.list_decisions`).
 
@@ -261,7 +269,8 @@ def optimize_prompt(
         valset: tasks for GEPA's candidate selection (every accepted candidate runs on all of them).
         reflection: the reflection LM (its ``calls`` record what it proposed).
         max_rollouts: the optimisation budget in rollouts (GEPA's ``max_metric_calls``), never exceeded.
-        testset: held-out tasks to decide on publishing (seed and winner, outside the budget).
+        testset: held-out tasks to decide on publishing (seed and winner, outside the budget); ``None``:
+            the winner is reported, never activated.
         feedback: per-example feedback (default :func:`label_feedback` without a vocabulary).
         minibatch_size: reflection minibatch size (GEPA's default 3).
         use_merge: also propose merges of Pareto-front candidates (GEPA's system-aware merge).
@@ -371,7 +380,10 @@ def optimize_prompt(
     if best is not seed_cand and before:  # the promotion gate's eval rule decides (agentforge.gate)
         seed_ref, best_ref = str(Version(name, seed_cand.version)), str(Version(name, best.version))
         verdict = EvalGate(max_p=max_p, min_gain=min_gain).judge(before, after, seed=seed)
-        significance, better = verdict.test, verdict.passed
+        significance, better = verdict.test, verdict.passed and basis == "test"
+        reason = verdict.reason
+        if verdict.passed and basis == "val":  # the scores that chose the winner cannot also judge it
+            reason = f"{reason}; not activated: {VAL_ONLY}"
         evidence = {
             **verdict.evidence(),
             "live_scores": before,
@@ -388,7 +400,7 @@ def optimize_prompt(
                 "passed" if better else "refused",
                 best_ref,
                 seed_ref,
-                f"{basis} set: {verdict.reason}",
+                f"{basis} set: {reason}",
                 evidence,
             ),
         )

@@ -136,6 +136,12 @@ class PromptOptResult:
             return (
                 f"activated {self.name} v{self.activated_version}: {self.decided_on} {a:.3f} → {b:.3f}{test}"
             )
+        if self.decided_on == "val" and best is not seed and b is not None and a is not None and b > a:
+            return (
+                f"kept the active version: the best candidate (v{best.version}) beat the seed on val "
+                f"({a:.3f} → {b:.3f}){test}, the scores that selected it; held-out tasks (testset, --test-tasks) "
+                "decide activation"
+            )
         return (
             f"kept the active version: the best candidate (v{best.version}) did not beat the seed on "
             f"{self.decided_on} ({b:.3f} vs {a:.3f}){test}"

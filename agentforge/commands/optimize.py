@@ -23,7 +23,10 @@ def optimize_prompt_cmd(
     val_tasks: Annotated[Path, typer.Option(help="JSONL tasks GEPA selects candidates on.")],
     test_tasks: Annotated[
         Path | None,
-        typer.Option(help="JSONL held-out tasks: the winner goes live only if it beats the seed here."),
+        typer.Option(
+            help="JSONL held-out tasks: the winner goes live only if it beats the seed here (without them "
+            "nothing goes live: the validation scores that chose the winner cannot also judge it)."
+        ),
     ] = None,
     seed_prompt: Annotated[
         str | None, typer.Option(help="Starting template (default: the prompt's active version).")

@@ -331,3 +331,60 @@ def test_small_real_run_on_vllm(vllm_server, tmp_path: Path) -> None:
     assert active == (result.activated_version or result.seed_version)
     assert result.improved == (result.best.test_score > result.seed.test_score)
     store.close()
+
+
+class ValOnlyEngine(LabelEngine):
+    """Like :class:`LabelEngine`, but a prompt naming "messages below 200" answers those messages only: a
+    candidate that fits the tasks the optimiser sees (training 0-5, validation 100-103) and no others."""
+
+    async def _answer(self, request: Request, endpoint: str) -> Response:
+        body = json.loads(await request.body())
+        system, user = body["messages"][0]["content"], body["messages"][1]["content"]
+        number = int(user.split()[1])
+        if "messages below 200" in system and number >= 200:
+            self._turns.insert(self._served, ScriptedTurn(" hello"))
+            return await ScriptedUpstream._answer(self, request, endpoint)
+        return await super()._answer(request, endpoint)
+
+
+def test_a_candidate_that_fits_the_validation_tasks_is_not_activated_on_their_scores(tmp_path: Path) -> None:
+    """Issue 36's contract "prompt-optimiser selection": with no test tasks, the winner of the validation tasks
+    (1.0 against the seed's 0.0, 4 paired wins) is reported and refused, never activated; with held-out tasks
+    it is judged there (0.0 against 0.0) and refused on them."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    engine = ValOnlyEngine()
+    overfit = "Categories: account, refund, for messages below 200. Reply with the category."
+    with (
+        GatewayServer(store, engine.router(), transport=engine.transport()) as gateway,
+        Runner(store, triage_agent, gateway.url, workers=2, poll_s=0.02) as runner,
+    ):
+        for testset, basis in ((None, "val"), (_tasks(6, 200), "test")):
+            for reflection, _ in _reflector(f"```\n{overfit}\n```"):
+                result = optimize_prompt(
+                    store,
+                    TRIAGE_PROMPT_NAME,
+                    SEED,
+                    _tasks(6),
+                    _tasks(4, 100),
+                    reflection=reflection,
+                    max_rollouts=20,
+                    testset=testset,
+                    feedback=label_feedback(LABELS),
+                    minibatch_size=2,
+                    check=runner.check_workers,
+                    show_progress=False,
+                )
+            assert result.best.template == overfit and result.best.val_score == 1.0, result.summary()
+            assert result.seed.val_score == 0.0 and result.decided_on == basis
+            assert result.activated_version is None and get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
+            decision = list_decisions(store, TRIAGE_PROMPT_NAME)[-1]
+            assert (decision.stage, decision.outcome, decision.evidence["basis"]) == (
+                "eval",
+                "refused",
+                basis,
+            )
+            if basis == "val":
+                assert "cannot also judge it" in decision.reason and "held-out tasks" in result.summary()
+            else:
+                assert (result.seed.test_score, result.best.test_score) == (0.0, 0.0)
+    store.close()
