@@ -383,6 +383,12 @@ class Span(BaseModel):
     tenant: str | None = None
 
 
+#: ``Rollout.metadata`` key: the 0-based optimizer step that trained on the rollout (set after the update).
+TRAINED_STEP = "trained_step"
+#: ``Reward.metadata`` key: a ``final`` reward that arrived after a step trained on its rollout (stored non-final).
+LATE_FINAL = "late_final"
+
+
 class Reward(BaseModel):
     """A scalar reward for a rollout, emitted at any time (inside a node, at the end, hours later).
 
@@ -390,7 +396,9 @@ class Reward(BaseModel):
     follows — given explicitly, or else the latest span of the rollout recorded before the reward
     (``None`` if there is none). A rollout's training reward is its **last** reward by ``sequence``
     (a ``final`` reward wins over non-final ones regardless of order). ``value=None`` or NaN is kept,
-    marked ``valid=False`` and never turned into a number.
+    marked ``valid=False`` and never turned into a number. Once an optimizer step has trained on the rollout
+    (``Rollout.metadata[TRAINED_STEP]``) its training reward is frozen: a later ``final`` reward is stored
+    with ``final=False`` and ``metadata[LATE_FINAL] = True`` (listed, never the training reward).
     """
 
     reward_id: str = Field(default_factory=lambda: new_id("rw"))

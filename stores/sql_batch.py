@@ -21,7 +21,7 @@ from pydantic_core import PydanticSerializationError
 from sqlmodel import Session, col, select
 
 from agentforge.errors import AgentForgeError, NotFoundError, UserError
-from agentforge.stores.codec import stamped
+from agentforge.stores.codec import loads, stamped
 from agentforge.stores.engine import attempt_row, rollout_row, running_attempt_id
 from agentforge.stores.sql_cursor import BatchCursor
 from agentforge.stores.tables import (
@@ -34,7 +34,7 @@ from agentforge.stores.tables import (
     row_to_span,
     span_cells,
 )
-from agentforge.types import AttemptState, Reward, RolloutState, Span, SpanKind
+from agentforge.types import LATE_FINAL, TRAINED_STEP, AttemptState, Reward, RolloutState, Span, SpanKind
 
 __all__ = [
     "write_items",
@@ -335,7 +335,14 @@ def insert_reward(s: Session, reward: Reward) -> Reward:
     existing = s.exec(select(RewardRow).where(RewardRow.reward_id == reward.reward_id)).first()
     if existing is not None:
         return row_to_reward(existing)
-    rollout_row(s, reward.rollout_id)
+    trained_step = (loads(rollout_row(s, reward.rollout_id).metadata_json) or {}).get(TRAINED_STEP)
+    if reward.final and trained_step is not None:  # the training reward is frozen once a step trained on it
+        reward = reward.model_copy(
+            update={
+                "final": False,
+                "metadata": {**reward.metadata, LATE_FINAL: True, TRAINED_STEP: trained_step},
+            }
+        )
     attempt_id = _resolve_attempt(s, reward.rollout_id, reward.attempt_id)
     span: Any
     if reward.span_id is not None:

@@ -70,7 +70,16 @@ from agentforge.trainers.samples import (
     to_rollout_func_output,
     with_temperatures,
 )
-from agentforge.types import Rollout, RolloutState, SpanKind, Task, check_tenant, new_id, parse_version_number
+from agentforge.types import (
+    TRAINED_STEP,
+    Rollout,
+    RolloutState,
+    SpanKind,
+    Task,
+    check_tenant,
+    new_id,
+    parse_version_number,
+)
 
 __all__ = ["BatchReport", "FixedGroups", "RolloutSource", "SampleSource", "stored_reward"]
 
@@ -185,7 +194,7 @@ class RolloutSource:
         """
         for rollout in self.untrained:
             latest = self.store.get_rollout(rollout.rollout_id)
-            self.store.update_rollout(rollout.rollout_id, metadata={**latest.metadata, "trained_step": step})
+            self.store.update_rollout(rollout.rollout_id, metadata={**latest.metadata, TRAINED_STEP: step})
         self.untrained = []
 
     def formed_earlier(self, step: int) -> list[Rollout]:

@@ -21,6 +21,8 @@ from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
 from agentforge.queries import RolloutQuery
 from agentforge.stores.base import TraceStore
 from agentforge.types import (
+    LATE_FINAL,
+    TRAINED_STEP,
     AttemptState,
     LLMCall,
     ResourceVersion,
@@ -467,6 +469,36 @@ def test_final_reward_is_last_by_sequence(store: TraceStore) -> None:
     store.add_reward(Reward(rollout_id=ro.rollout_id, value=0.0))
     best = store.final_reward(ro.rollout_id)
     assert best is not None and best.reward_id == f2.reward_id != f1.reward_id
+
+
+def test_a_final_reward_after_training_is_kept_but_never_replaces_the_training_reward(
+    store: TraceStore,
+) -> None:
+    """Issue 36: once a step trained on a rollout (``metadata.trained_step``, set by the trainer after the update),
+    its training reward is frozen; a late final reward (single or batched) is stored non-final and flagged."""
+    ro = store.enqueue_rollout(Rollout())
+    trained = store.add_reward(Reward(rollout_id=ro.rollout_id, value=1.0, final=True))
+    store.update_rollout(ro.rollout_id, metadata={"note": "x", TRAINED_STEP: 3})
+    late = store.add_reward(
+        Reward(rollout_id=ro.rollout_id, value=0.0, final=True, metadata={"why": "thumbs"})
+    )
+    (batched,) = store.write_batch([Reward(rollout_id=ro.rollout_id, value=0.0, final=True)])
+    assert isinstance(batched, Reward)
+    for r in (late, batched):
+        assert not r.final and r.metadata[LATE_FINAL] is True and r.metadata[TRAINED_STEP] == 3, r
+    assert late.metadata["why"] == "thumbs" and late.value == 0.0
+    best = store.final_reward(ro.rollout_id)
+    assert best is not None and best.reward_id == trained.reward_id and best.value == 1.0
+    assert [r.reward_id for r in store.list_rewards(ro.rollout_id)] == [
+        trained.reward_id,
+        late.reward_id,
+        batched.reward_id,
+    ]  # nothing lost
+    assert store.add_reward(late).reward_id == late.reward_id  # idempotent as ever
+    other = store.enqueue_rollout(Rollout())  # not trained: the last final reward still wins
+    store.add_reward(Reward(rollout_id=other.rollout_id, value=1.0, final=True))
+    last = store.add_reward(Reward(rollout_id=other.rollout_id, value=0.0, final=True))
+    assert store.final_reward(other.rollout_id).reward_id == last.reward_id  # type: ignore[union-attr]
 
 
 def test_none_and_nan_rewards_are_stored_invalid(store: TraceStore) -> None:

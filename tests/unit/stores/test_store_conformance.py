@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import store_conformance
 from store_conformance import (  # noqa: F401  (collected by pytest from this module)
+    test_a_final_reward_after_training_is_kept_but_never_replaces_the_training_reward,
     test_add_span_and_reward_are_idempotent,
     test_claim_is_atomic_across_threads,
     test_claim_order_and_agent_filter,
