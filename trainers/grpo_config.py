@@ -20,7 +20,21 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("trl", "train", "the lightning trainer") from exc
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "train_on_cpu_without_an_accelerator"]
+
+
+def train_on_cpu_without_an_accelerator(config: GRPOConfig) -> None:
+    """Left unset (``bf16=None``, ``use_cpu=False``) on a machine with no CUDA, XPU or MPS device: train on the CPU
+    in float32 (``use_cpu=True``, ``bf16=False``) instead of TRL's bf16 default, which transformers refuses there
+    ("Your setup doesn't support bf16/gpu"). Set either field to choose yourself (bf16 on a CPU with AMX or
+    AVX-512-BF16: ``use_cpu=True, bf16=True``)."""
+    if config.bf16 is not None or config.use_cpu:
+        return
+    import torch
+
+    accelerated = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if not (accelerated or torch.backends.mps.is_available()):
+        config.use_cpu, config.bf16 = True, False
 
 
 @dataclass
@@ -136,6 +150,7 @@ class TrainConfig(LoraFields, GRPOConfig):
         self.per_device_train_batch_size = max(1, rows // max(1, self.gradient_accumulation_steps))
         self.steps_per_generation = self.gradient_accumulation_steps
         adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
+        train_on_cpu_without_an_accelerator(self)
         super().__post_init__()
         if self.num_generations < 2:
             problems.append(f"num_generations={self.num_generations} (GRPO needs a group of at least 2)")

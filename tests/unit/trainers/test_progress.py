@@ -282,3 +282,22 @@ def test_a_step_whose_conversations_split_says_so(caplog) -> None:
     text = console.export_text()
     assert text.count("split into several trajectories") == 1 and "25%" in text
     assert [r.getMessage() for r in caplog.records] == [split_warning(3, 0.25)]
+
+
+def test_a_config_left_unset_trains_in_float32_on_the_cpu_of_a_machine_without_an_accelerator(
+    tmp_path,
+) -> None:
+    import torch
+
+    from agentforge.trainers.grpo_config import TrainConfig
+
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("this machine has an accelerator")
+    unset = TrainConfig(
+        output_dir=str(tmp_path), num_generations=2, tasks_per_step=1
+    )  # TRL alone refuses this
+    assert (unset.use_cpu, unset.bf16) == (True, False)
+    chosen = TrainConfig(
+        output_dir=str(tmp_path), num_generations=2, tasks_per_step=1, use_cpu=True, bf16=True
+    )
+    assert (chosen.use_cpu, chosen.bf16) == (True, True)  # a choice is kept
