@@ -171,10 +171,13 @@ class TraceStore(Protocol):
         valid_only: bool = False,
         *,
         tenant: str | None = None,
+        after_sequence: int | None = None,
+        limit: int | None = None,
     ) -> list[Span]:
         """Spans by ``sequence``. ``orphans=True`` lists spans without a rollout; ``valid_only=True``
         keeps only spans of the rollout's succeeded attempt (or of attempts not abandoned); ``tenant``
-        keeps only spans recorded for that tenant."""
+        keeps only spans recorded for that tenant; ``after_sequence`` / ``limit`` read one keyset page
+        (``limit`` rows of the sequence order after ``after_sequence``, counted before ``valid_only``)."""
         ...
 
     # --- batched writes (group commit) ----------------------------------------------------------

@@ -39,6 +39,7 @@ from agentforge.stores.wire import (
     BATCH_BYTES,
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_SEQUENCE,
     BatchResults,
     Encoded,
     batch_body,
@@ -184,6 +185,7 @@ class HTTPStore:
         content: bytes | None = None,
         raw: bool = False,
         headers: dict[str, str] | None = None,
+        response: bool = False,
     ) -> Any:
         if content is None and body is not None:
             content = dumps(body).encode("ascii")
@@ -225,7 +227,7 @@ class HTTPStore:
             ) from exc
         if resp.status_code >= 400:
             raise self._error(resp, method, url)
-        return resp.content if raw else json.loads(resp.content)
+        return resp if response else resp.content if raw else json.loads(resp.content)
 
     @staticmethod
     def _error(resp: httpx.Response, method: str, url: str) -> Exception:
@@ -401,18 +403,31 @@ class HTTPStore:
         valid_only: bool = False,
         *,
         tenant: str | None = None,
+        after_sequence: int | None = None,
+        limit: int | None = None,
     ) -> list[Span]:
-        """See :meth:`TraceStore.list_spans`."""
-        params = {
+        """See :meth:`TraceStore.list_spans`. Beyond one rollout the server answers in pages (``SPAN_PAGE``):
+        without ``limit`` this reads them all, one request a page."""
+        params: dict[str, Any] = {
             "rollout_id": rollout_id,
             "attempt_id": attempt_id,
             "kind": None if kind is None else SpanKind(kind).value,
             "orphans": orphans,
             "valid_only": valid_only,
+            "limit": limit,
         }
         if tenant is not None:
             params["tenant"] = tenant
-        return [Span.model_validate(d) for d in self._request("GET", "/api/spans", params=params)]
+        spans: list[Span] = []
+        cursor = after_sequence
+        while True:
+            resp = self._request(
+                "GET", "/api/spans", params={**params, "after_sequence": cursor}, response=True
+            )
+            spans += [Span.model_validate(d) for d in json.loads(resp.content)]
+            cursor = resp.headers.get(NEXT_AFTER_SEQUENCE)
+            if cursor is None or (limit is not None and len(spans) >= limit):
+                return spans if limit is None else spans[:limit]
 
     def add_reward(self, reward: Reward) -> Reward:
         """See :meth:`TraceStore.add_reward` (batched with concurrent calls of this client)."""

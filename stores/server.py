@@ -16,7 +16,8 @@ against the server's adapter root and log every call (:mod:`agentforge.stores.ad
 
 Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET /api/rollouts/page`` (keyset pages), ``GET|PATCH /api/rollouts/{id}``,
 ``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
-``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans``,
+``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans`` (beyond one
+rollout, in keyset pages of at most :data:`SPAN_PAGE`),
 ``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
 ``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
 ``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate``,
@@ -26,6 +27,7 @@ the unauthenticated ``GET /api/store/health``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +51,8 @@ from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_SEQUENCE,
+    SPAN_PAGE,
     BatchItem,
     BatchRequest,
     BatchResult,
@@ -358,9 +362,22 @@ def store_router(
         orphans: bool = False,
         valid_only: bool = False,
         tenant: str | None = None,
+        after_sequence: int | None = None,
+        limit: Annotated[int | None, Query(ge=1)] = None,
         st: Any = Depends(scoped),
     ) -> Response:
-        return _call(st.list_spans, rollout_id, attempt_id, kind, orphans, valid_only, tenant=tenant)
+        """One rollout's (or attempt's) spans; every other listing in pages of at most :data:`SPAN_PAGE` rows
+        of the sequence order, the next page's ``after_sequence`` in the ``X-Next-After-Sequence`` header."""
+        listed = functools.partial(st.list_spans, rollout_id, attempt_id, kind, orphans, tenant=tenant)
+        if rollout_id is not None or attempt_id is not None:
+            return _call(listed, valid_only, after_sequence=after_sequence, limit=limit)
+        cap = min(limit or SPAN_PAGE, SPAN_PAGE)
+        rows = _checked(listed, False, after_sequence=after_sequence, limit=cap)
+        spans = _checked(listed, True, after_sequence=after_sequence, limit=cap) if valid_only else rows
+        answer = _ASCIIJSONResponse(_dump(spans))
+        if len(rows) == cap:  # a full page: more may follow (valid_only may have left rows of it out)
+            answer.headers[NEXT_AFTER_SEQUENCE] = str(rows[-1].sequence)
+        return answer
 
     @r.post("/rewards")
     def add_reward(reward: Reward, st: Any = Depends(scoped)) -> Response:

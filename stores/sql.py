@@ -230,6 +230,8 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         valid_only: bool = False,
         *,
         tenant: str | None = None,
+        after_sequence: int | None = None,
+        limit: int | None = None,
     ) -> list[Span]:
         """Spans by ``sequence``.
 
@@ -242,6 +244,9 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
             valid_only: per rollout, keep only spans of the succeeded attempt if there is one, else of
                 the latest attempt; spans without an attempt id are kept too. Spans stored as late (see
                 :meth:`add_span`) are always left out.
+            after_sequence: only spans with a larger ``sequence`` (keyset paging).
+            limit: at most this many rows, counted before ``valid_only`` leaves any out (a page of the
+                sequence order: the next one starts after the last row's sequence).
 
         Raises:
             NotFoundError: unknown rollout or attempt.
@@ -267,7 +272,10 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
                 q = q.where(SpanRow.kind == SpanKind(kind).value)
             if tenant is not None:
                 q = q.where(SpanRow.tenant == tenant)
-            spans = [row_to_span(r) for r in s.execute(q.order_by(col(SpanRow.seq)))]
+            if after_sequence is not None:
+                q = q.where(col(SpanRow.seq) > after_sequence)
+            q = q.order_by(col(SpanRow.seq))
+            spans = [row_to_span(r) for r in s.execute(q if limit is None else q.limit(max(0, limit)))]
             return self._valid_spans(s, spans) if valid_only else spans
 
         return self._tx.run(fn, write=False)

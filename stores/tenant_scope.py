@@ -157,6 +157,8 @@ class TenantView:
         valid_only: bool = False,
         *,
         tenant: str | None = None,
+        after_sequence: int | None = None,
+        limit: int | None = None,
     ) -> list[Span]:
         """Spans of this tenant's rollout (``rollout_id``), else the spans recorded for this tenant.
 
@@ -169,9 +171,20 @@ class TenantView:
         if rollout_id is None:
             if attempt_id is not None:
                 raise TenantForbidden("a tenant key lists an attempt's spans with its rollout_id too")
-            return self.store.list_spans(None, None, kind, orphans, valid_only, tenant=self.tenant)
+            return self.store.list_spans(
+                None,
+                None,
+                kind,
+                orphans,
+                valid_only,
+                tenant=self.tenant,
+                after_sequence=after_sequence,
+                limit=limit,
+            )
         self._owned(rollout_id)
-        return self.store.list_spans(rollout_id, attempt_id, kind, orphans, valid_only)
+        return self.store.list_spans(
+            rollout_id, attempt_id, kind, orphans, valid_only, after_sequence=after_sequence, limit=limit
+        )
 
     def add_reward(self, reward: Reward) -> Reward:
         """Store a reward for this tenant's rollout."""

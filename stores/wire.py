@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from agentforge.ports import TraceStore
 
 __all__ = [
+    "NEXT_AFTER_SEQUENCE",
+    "SPAN_PAGE",
     "MAX_BATCH",
     "MAX_BODY_BYTES",
     "BATCH_BYTES",
@@ -43,6 +45,11 @@ __all__ = [
     "batch_body",
     "write_accepted",
 ]
+
+#: Most spans one ``GET /api/spans`` answers when it lists beyond one rollout (issue 36: listings are bounded).
+SPAN_PAGE = 1000
+#: Response header of a full span page: the ``after_sequence`` of the next page.
+NEXT_AFTER_SEQUENCE = "X-Next-After-Sequence"
 
 M = TypeVar("M", bound=BaseModel)
 E = TypeVar("E")

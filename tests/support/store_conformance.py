@@ -501,6 +501,23 @@ def test_a_final_reward_after_training_is_kept_but_never_replaces_the_training_r
     assert store.final_reward(other.rollout_id).reward_id == last.reward_id  # type: ignore[union-attr]
 
 
+def test_span_listings_read_in_keyset_pages(store: TraceStore) -> None:
+    """``after_sequence`` / ``limit``: one page of the sequence order, here and through every backend."""
+    ro = store.enqueue_rollout(Rollout())
+    spans = [
+        store.add_span(Span(rollout_id=ro.rollout_id, kind=SpanKind.custom, name=f"s{i}")) for i in range(5)
+    ]
+    every = store.list_spans(rollout_id=ro.rollout_id)
+    assert [s.span_id for s in every] == [s.span_id for s in spans]
+    page = store.list_spans(rollout_id=ro.rollout_id, limit=2)
+    assert [s.span_id for s in page] == [s.span_id for s in spans[:2]]
+    rest = store.list_spans(rollout_id=ro.rollout_id, after_sequence=page[-1].sequence)
+    assert [s.span_id for s in rest] == [s.span_id for s in spans[2:]]
+    assert store.list_spans(rollout_id=ro.rollout_id, after_sequence=spans[-1].sequence) == []
+    unscoped = store.list_spans(after_sequence=spans[1].sequence, limit=2)
+    assert [s.span_id for s in unscoped] == [s.span_id for s in spans[2:4]]
+
+
 def test_none_and_nan_rewards_are_stored_invalid(store: TraceStore) -> None:
     ro = store.enqueue_rollout(Rollout())
     none = store.add_reward(Reward(rollout_id=ro.rollout_id, value=None))

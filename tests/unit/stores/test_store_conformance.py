@@ -27,6 +27,7 @@ from store_conformance import (  # noqa: F401  (collected by pytest from this mo
     test_retries_until_attempts_run_out,
     test_reward_attaches_to_the_latest_span_before_it,
     test_span_attempt_must_belong_to_rollout,
+    test_span_listings_read_in_keyset_pages,
     test_spans_ordering_kinds_and_orphans,
     test_submit_many_acknowledges_a_flush_once_all_is_committed,
     test_tenant_is_stored_and_scopes_rollout_and_span_queries,

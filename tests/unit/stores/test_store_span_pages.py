@@ -1,0 +1,78 @@
+"""Bounded listings (issue 36, Low: "listings are unbounded"): ``GET /api/spans`` beyond one rollout answers at
+most ``SPAN_PAGE`` spans, the next page's start in the ``X-Next-After-Sequence`` header; ``HTTPStore.list_spans``
+reads every page, so the Python API still lists everything; a rollout's own listing is unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from fixtures_store import serve_app
+
+from agentforge.stores import server as store_server
+from agentforge.stores.http import HTTPStore
+from agentforge.stores.server import create_store_app
+from agentforge.stores.sql import SQLStore
+from agentforge.stores.wire import NEXT_AFTER_SEQUENCE
+from agentforge.types import AttemptState, Rollout, Span, SpanKind
+
+KEY = "span-pages-store-key-0123"
+PAGE = 7
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(store_server, "SPAN_PAGE", PAGE)
+    with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
+        with serve_app(create_store_app(store, api_key=KEY)) as url:
+            yield store, url
+
+
+def _fill(store: SQLStore) -> tuple[Rollout, list[Span]]:
+    """17 orphan spans and one rollout whose first attempt (3 spans) failed and whose second (2) succeeded."""
+    for i in range(17):
+        store.add_span(Span(kind=SpanKind.custom, name=f"orphan-{i}"))
+    rollout = store.enqueue_rollout(Rollout(max_attempts=2))
+    for spans in (3, 2):
+        _, attempt = store.claim_rollout("w")  # type: ignore[misc]
+        for i in range(spans):
+            store.add_span(Span(rollout_id=rollout.rollout_id, kind=SpanKind.custom, name=f"s{i}"))
+        store.finish_attempt(
+            attempt.attempt_id, AttemptState.failed if spans == 3 else AttemptState.succeeded
+        )
+    return rollout, store.list_spans()
+
+
+def test_a_listing_beyond_one_rollout_is_paged_and_the_client_reads_every_page(served) -> None:  # type: ignore[no-untyped-def]
+    store, url = served
+    rollout, everything = _fill(store)
+    assert len(everything) == 22
+    headers = {"Authorization": f"Bearer {KEY}"}
+    first = httpx.get(f"{url}/api/spans", headers=headers)
+    assert first.status_code == 200 and len(first.json()) == PAGE
+    cursor = int(first.headers[NEXT_AFTER_SEQUENCE])
+    assert cursor == everything[PAGE - 1].sequence
+    asked = httpx.get(f"{url}/api/spans", params={"limit": 10**6}, headers=headers)
+    assert len(asked.json()) == PAGE  # a larger limit does not lift the cap
+    last = httpx.get(f"{url}/api/spans", params={"after_sequence": everything[-3].sequence}, headers=headers)
+    assert len(last.json()) == 2 and NEXT_AFTER_SEQUENCE not in last.headers
+    own = httpx.get(f"{url}/api/spans", params={"rollout_id": rollout.rollout_id}, headers=headers)
+    assert len(own.json()) == 5 and NEXT_AFTER_SEQUENCE not in own.headers  # one rollout: unchanged
+    assert httpx.get(f"{url}/api/spans", params={"limit": 0}, headers=headers).status_code == 422
+
+    client = HTTPStore(url, api_key=KEY)
+    try:
+        assert [s.span_id for s in client.list_spans()] == [s.span_id for s in everything]  # 4 pages
+        valid = client.list_spans(valid_only=True)
+        assert [s.span_id for s in valid] == [s.span_id for s in store.list_spans(valid_only=True)]
+        assert len(valid) == 19  # the failed attempt's 3 spans are left out, across the page boundary
+        assert [s.name for s in client.list_spans(orphans=True, limit=3)] == [
+            "orphan-0",
+            "orphan-1",
+            "orphan-2",
+        ]
+        tail = client.list_spans(after_sequence=everything[10].sequence, limit=9)
+        assert [s.span_id for s in tail] == [s.span_id for s in everything[11:20]]  # two pages, cut at 9
+    finally:
+        client.close()
