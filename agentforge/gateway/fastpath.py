@@ -41,6 +41,7 @@ __all__ = [
     "match_llm_route",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DISCONNECT_HOOK",
+    "CLIENT_GONE",
 ]
 
 #: A scope key that :class:`~agentforge.gateway.server.AppServer`'s HTTP protocol sets to ``None`` on every
@@ -50,6 +51,10 @@ __all__ = [
 #: The gateway's fast path uses it instead of a task per call that waits on ``receive()`` for
 #: ``http.disconnect`` (which it still uses under other ASGI servers).
 DISCONNECT_HOOK = "agentforge.disconnect_hook"
+#: What the protocol leaves under :data:`DISCONNECT_HOOK` when the connection was lost before the app put its
+#: callable there (a client that left while its request was still being read or parsed): the app's watch then
+#: cancels the call at once instead of waiting for a disconnect that has already happened.
+CLIENT_GONE = False
 
 #: The largest request body the gateway takes by default (bytes): far above any context window's worth
 #: of text, far below what would let one client fill the trace store.
@@ -157,6 +162,9 @@ class _Watch:
         if task is None:
             return
         if DISCONNECT_HOOK in scope:
+            if scope[DISCONNECT_HOOK] is CLIENT_GONE:  # the client left before the call began
+                self._client_left()
+                return
             scope[DISCONNECT_HOOK] = self._client_left
         else:
             self._watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))

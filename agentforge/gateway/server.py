@@ -17,7 +17,7 @@ import uvicorn
 
 from agentforge.config import HTTP_KEEP_ALIVE_S, HTTP_REQUEST_READ_S
 from agentforge.errors import ServingError
-from agentforge.gateway.fastpath import DISCONNECT_HOOK
+from agentforge.gateway.fastpath import CLIENT_GONE, DISCONNECT_HOOK
 from agentforge.loopback import check_bind, is_loopback
 from agentforge.types import rollout_base_url
 
@@ -144,8 +144,10 @@ def _http_protocol(read_timeout_s: float = HTTP_REQUEST_READ_S) -> Any:
             hook = None
             if cycle is not None and not cycle.response_complete:
                 hook = cycle.scope.get(DISCONNECT_HOOK)
+                if hook is None and DISCONNECT_HOOK in cycle.scope:  # no watch yet: leave word for it
+                    cycle.scope[DISCONNECT_HOOK] = CLIENT_GONE
             super().connection_lost(exc)
-            if hook is not None:
+            if hook:  # a watch's callable (not None, not CLIENT_GONE)
                 hook()
 
     return HeadWithBodyProtocol

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -41,6 +41,9 @@ class ScriptedUpstream:
 
     Attributes:
         requests: every chat/completions request received, in order (empty with ``cycle``).
+        aborted: the answers its client abandoned, as vLLM aborts a request whose client left: ``(answer
+            number, streamed chunks sent before it)``, the number 1-based as :attr:`served` counts them; a
+            delayed answer (``ScriptedTurn.delay_s``) is abandoned while it waits, with 0 chunks sent.
         served: answers given so far.
         base_url: ``http://scripted-upstream/v1`` (for :meth:`transport`); :meth:`serve` gives a real one.
     """
@@ -58,6 +61,7 @@ class ScriptedUpstream:
         self._turns = [ScriptedTurn(t) if isinstance(t, str) else t for t in turns]
         self._served = 0
         self.requests: list[ScriptedRequest] = []
+        self.aborted: list[tuple[int, int]] = []
         self.admin_requests: list[ScriptedRequest] = []
         self.app = self._build_app()
 
@@ -155,8 +159,10 @@ class ScriptedUpstream:
             )
         turn = self._turns[self._served % len(self._turns)]
         self._served += 1
-        if turn.delay_s:
-            await asyncio.sleep(turn.delay_s)
+        number = self._served
+        if turn.delay_s and await self._abandoned_while_waiting(request, turn.delay_s):
+            self.aborted.append((number, 0))
+            return Response(status_code=499)  # nobody is listening: vLLM aborts the request
         prompt_ids = (
             turn.prompt_token_ids if turn.prompt_token_ids is not None else self._prompt_ids(body, endpoint)
         )
@@ -173,5 +179,27 @@ class ScriptedUpstream:
             f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-scripted-{self._served}",
         )
         if body.get("stream"):
-            return StreamingResponse(answer.sse(), media_type="text/event-stream")
+            return StreamingResponse(self._recorded(answer.sse(), number), media_type="text/event-stream")
         return JSONResponse(answer.full())
+
+    @staticmethod
+    async def _abandoned_while_waiting(request: Request, delay_s: float) -> bool:
+        """Wait ``delay_s`` seconds; ``True`` as soon as the client has gone (checked every 20 ms)."""
+        deadline = asyncio.get_running_loop().time() + delay_s
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            if await request.is_disconnected():
+                return True
+            await asyncio.sleep(min(0.02, left))
+        return False
+
+    async def _recorded(self, chunks: AsyncIterator[bytes], number: int) -> AsyncIterator[bytes]:
+        """``chunks``, recording in :attr:`aborted` a stream its client closed before the end."""
+        sent, done = 0, False
+        try:
+            async for chunk in chunks:
+                yield chunk
+                sent += 1
+            done = True
+        finally:
+            if not done:
+                self.aborted.append((number, sent))
