@@ -13,7 +13,7 @@ from agentforge.ports import TraceStore
 from agentforge.trainers.replay.select import TraceFilter, select_traces
 from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
-__all__ = ["RecordingPublisher", "own_logprobs", "store_rollout", "stored_group_trainer"]
+__all__ = ["RecordingPublisher", "own_logprobs", "store_rollout", "stored_group_trainer", "tiny_train_config"]
 
 
 def store_rollout(
@@ -84,14 +84,24 @@ def stored_group_trainer(
     Returns:
         ``(LightningTrainer, RecordingPublisher)``.
     """
-    from agentforge.trainers.grpo_config import TrainConfig
     from agentforge.trainers.grpo_trainer import LightningTrainer
     from agentforge.trainers.replay.grpo import StoredGroupSource
 
     groups = select_traces(store, TraceFilter(agent=agent, require_reward=False)).groups()
+    config = tiny_train_config(out, num_generations=group_size, **config_kw)
+    publisher = RecordingPublisher()
+    source = StoredGroupSource(groups, group_size)
+    return LightningTrainer(tiny_model(), store, None, config, publisher, source=source), publisher
+
+
+def tiny_train_config(out: Path, **changes: Any) -> Any:
+    """The tiny model's :class:`~agentforge.trainers.grpo_config.TrainConfig` in ``out``: one step of one group
+    of 2, lr 1e-2, LoRA r 4, float32 on the CPU, no saving or reporting, seed 0; ``changes`` override."""
+    from agentforge.trainers.grpo_config import TrainConfig
+
     fields: dict[str, Any] = dict(
         output_dir=str(out),
-        num_generations=group_size,
+        num_generations=2,
         tasks_per_step=1,
         max_steps=1,
         swap_every=1,
@@ -105,9 +115,4 @@ def stored_group_trainer(
         seed=0,
         gradient_checkpointing=False,
     )
-    fields.update(config_kw)
-    publisher = RecordingPublisher()
-    source = StoredGroupSource(groups, group_size)
-    return LightningTrainer(
-        tiny_model(), store, None, TrainConfig(**fields), publisher, source=source
-    ), publisher
+    return TrainConfig(**{**fields, **changes})

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stored_groups import RecordingPublisher
+from stored_groups import RecordingPublisher, tiny_train_config
 from tiny_model import PROMPT, tiny_model
 
 from agentforge.testing import memory_store
@@ -55,7 +55,6 @@ def _finish(store: Any, rollout: Any, reward: float | None, version: str, ok: bo
 def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_path: Path) -> None:
     import torch
 
-    from agentforge.trainers.grpo_config import TrainConfig
     from agentforge.trainers.grpo_trainer import LightningTrainer
 
     store = memory_store()
@@ -74,21 +73,8 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_pat
     by_task = {t: [r for r in formed if r.task.task_id == t] for t in MEMBERS}
     source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
 
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=4,
-        tasks_per_step=2,
-        max_steps=1,
-        learning_rate=1e-3,
-        lora_r=4,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        gradient_checkpointing=False,
-        shuffle_dataset=False,
+    config = tiny_train_config(
+        tmp_path / "run", num_generations=4, tasks_per_step=2, learning_rate=1e-3, shuffle_dataset=False
     )
     trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
     seen: list[dict[str, Any]] = []
