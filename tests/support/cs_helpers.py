@@ -71,7 +71,7 @@ def memory_text(writer: int, i: int) -> str:
     return f"Customer {writer * 100 + i} prefers {colours[i % 5]} items and order number {writer}{i:03d}."
 
 
-def memory_reader(path: str, stop_file: str, result_file: str, writers: int = 4, n: int = 12) -> None:
+def memory_reader(path: str, stop_file: str, result_file: str) -> None:
     """Reader process: query while the writers run, then check every memory is the top hit of its text."""
     from agentforge.agents.customer_service.memory import MemoryStore
 
@@ -82,8 +82,8 @@ def memory_reader(path: str, stop_file: str, result_file: str, writers: int = 4,
         queries += 1
         time.sleep(0.2)  # leave the owner lock to the writers between queries
     found = 0
-    for writer in range(writers):
-        for i in range(n):
+    for writer in range(4):
+        for i in range(25):
             top = store.search(memory_text(writer, i), k=1)
             found += bool(top) and top[0].memory_id == f"w{writer}-{i}"
     Path(result_file).write_text(json.dumps({"queries": queries, "found": found, "count": store.count()}))
