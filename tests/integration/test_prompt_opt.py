@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import Request
@@ -61,14 +63,37 @@ def _tasks(n: int, offset: int = 0) -> list[Task]:
     ]
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[tuple[SQLStore, LabelEngine, Runner]]:
-    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
-    engine = LabelEngine()
+@contextmanager
+def _runner(store: SQLStore, engine: ScriptedUpstream) -> Iterator[Runner]:
+    """The real gateway in front of ``engine`` and two runner threads executing the triage agent."""
     with (
         GatewayServer(store, engine.router(), transport=engine.transport()) as gateway,
         Runner(store, triage_agent, gateway.url, workers=2, poll_s=0.02) as runner,
     ):
+        yield runner
+
+
+def _optimize(store: SQLStore, runner: Runner, reflection: ReflectionLM, **changes: Any) -> Any:
+    """``optimize_prompt`` over 6 training and 4 validation tasks (100-103), 20 rollouts, minibatches of 2;
+    ``changes`` add or override keyword arguments."""
+    kwargs: dict[str, Any] = dict(
+        reflection=reflection,
+        max_rollouts=20,
+        feedback=label_feedback(LABELS),
+        minibatch_size=2,
+        check=runner.check_workers,
+        show_progress=False,
+    )
+    return optimize_prompt(
+        store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), **{**kwargs, **changes}
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[SQLStore, LabelEngine, Runner]]:
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    engine = LabelEngine()
+    with _runner(store, engine) as runner:
         yield store, engine, runner
     store.close()
 
@@ -95,20 +120,7 @@ def useless_reflector() -> Iterator[tuple[ReflectionLM, ScriptedUpstream]]:
 def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup, good_reflector) -> None:
     store, engine, runner = setup
     reflection, reflector = good_reflector
-    result = optimize_prompt(
-        store,
-        TRIAGE_PROMPT_NAME,
-        SEED,
-        _tasks(6),
-        _tasks(4, 100),
-        reflection=reflection,
-        max_rollouts=20,
-        testset=_tasks(6, 200),
-        feedback=label_feedback(LABELS),
-        minibatch_size=2,
-        check=runner.check_workers,
-        show_progress=False,
-    )
+    result = _optimize(store, runner, reflection, testset=_tasks(6, 200))
     versions = {v.version: v for v in list_prompts(store, TRIAGE_PROMPT_NAME)}
     assert versions[1].payload["template"] == SEED and versions[2].payload["template"] == GOOD
     assert versions[2].payload["metadata"]["source"] == "prompt_opt"
@@ -161,21 +173,7 @@ def test_candidates_run_as_pinned_rollouts_and_the_better_one_is_activated(setup
 def test_a_winner_goes_through_the_promoter_when_one_is_given(setup, good_reflector) -> None:
     store, _engine, runner = setup
     promoter = PromptPromoter(store, TRIAGE_PROMPT_NAME)  # no canary configured: it activates and records
-    result = optimize_prompt(
-        store,
-        TRIAGE_PROMPT_NAME,
-        SEED,
-        _tasks(6),
-        _tasks(4, 100),
-        reflection=good_reflector[0],
-        max_rollouts=20,
-        testset=_tasks(6, 200),
-        feedback=label_feedback(LABELS),
-        minibatch_size=2,
-        check=runner.check_workers,
-        show_progress=False,
-        promoter=promoter,
-    )
+    result = _optimize(store, runner, good_reflector[0], testset=_tasks(6, 200), promoter=promoter)
     assert result.activated_version == 2 and get_prompt(store, TRIAGE_PROMPT_NAME).version == 2
     assert [(d.stage, d.outcome) for d in promoter.decisions] == [("promote", "promoted")]
     stored = [(d.stage, d.outcome) for d in list_decisions(store, TRIAGE_PROMPT_NAME)]
@@ -187,27 +185,10 @@ def test_a_winner_goes_through_the_promoter_when_one_is_given(setup, good_reflec
 
 def test_a_winner_that_is_not_significant_is_not_activated(setup, good_reflector) -> None:
     store, _engine, runner = setup
-    kwargs = dict(
-        reflection=good_reflector[0],
-        max_rollouts=20,
-        feedback=label_feedback(LABELS),
-        minibatch_size=2,
-        check=runner.check_workers,
-        show_progress=False,
-    )
     with pytest.raises(ConfigError, match="max_p=0"):
-        optimize_prompt(store, TRIAGE_PROMPT_NAME, SEED, _tasks(6), _tasks(4, 100), max_p=0.0, **kwargs)
+        _optimize(store, runner, good_reflector[0], max_p=0.0)
     # 6 held-out wins give p = 1/64 ≈ 0.016: better on every example, yet not significant at 0.01
-    result = optimize_prompt(
-        store,
-        TRIAGE_PROMPT_NAME,
-        SEED,
-        _tasks(6),
-        _tasks(4, 100),
-        testset=_tasks(6, 200),
-        max_p=0.01,
-        **kwargs,
-    )
+    result = _optimize(store, runner, good_reflector[0], testset=_tasks(6, 200), max_p=0.01)
     assert (result.seed.test_score, result.best.test_score) == (0.0, 1.0)
     assert result.significance.p_value == 1 / 64 and result.max_p == 0.01
     assert result.activated_version is None and get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
@@ -354,26 +335,10 @@ def test_a_candidate_that_fits_the_validation_tasks_is_not_activated_on_their_sc
     store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
     engine = ValOnlyEngine()
     overfit = "Categories: account, refund, for messages below 200. Reply with the category."
-    with (
-        GatewayServer(store, engine.router(), transport=engine.transport()) as gateway,
-        Runner(store, triage_agent, gateway.url, workers=2, poll_s=0.02) as runner,
-    ):
+    with _runner(store, engine) as runner:
         for testset, basis in ((None, "val"), (_tasks(6, 200), "test")):
             for reflection, _ in _reflector(f"```\n{overfit}\n```"):
-                result = optimize_prompt(
-                    store,
-                    TRIAGE_PROMPT_NAME,
-                    SEED,
-                    _tasks(6),
-                    _tasks(4, 100),
-                    reflection=reflection,
-                    max_rollouts=20,
-                    testset=testset,
-                    feedback=label_feedback(LABELS),
-                    minibatch_size=2,
-                    check=runner.check_workers,
-                    show_progress=False,
-                )
+                result = _optimize(store, runner, reflection, testset=testset)
             assert result.best.template == overfit and result.best.val_score == 1.0, result.summary()
             assert result.seed.val_score == 0.0 and result.decided_on == basis
             assert result.activated_version is None and get_prompt(store, TRIAGE_PROMPT_NAME).version == 1
