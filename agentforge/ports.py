@@ -92,9 +92,11 @@ class TraceStore(Protocol):
         limit: int | None = None,
         *,
         tenant: str | None = None,
+        after: str | None = None,
     ) -> list[Rollout]:
         """Rollouts filtered by state / group / agent / ``created_at >= since`` (seconds) / ``tenant``,
-        oldest first."""
+        oldest first, at most ``limit``; ``after``: only those enqueued after that rollout id (a keyset cursor:
+        the last id of the previous page). Raises: ``NotFoundError`` (``after`` unknown, or not visible)."""
         ...
 
     def page_rollouts(self, query: RolloutQuery) -> RolloutPage:

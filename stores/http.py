@@ -39,6 +39,7 @@ from agentforge.stores.wire import (
     BATCH_BYTES,
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_ROLLOUT,
     NEXT_AFTER_SEQUENCE,
     BatchResults,
     Encoded,
@@ -269,12 +270,21 @@ class HTTPStore:
         limit: int | None = None,
         *,
         tenant: str | None = None,
+        after: str | None = None,
     ) -> list[Rollout]:
-        """See :meth:`TraceStore.list_rollouts` (a tenant key's server lists only its tenant's rollouts)."""
+        """See :meth:`TraceStore.list_rollouts` (a tenant key's server lists only its tenant's rollouts). The
+        server answers in pages (``ROLLOUT_PAGE``): without ``limit`` this reads them all, one request a page."""
         params = {"state": state, "group_id": group_id, "agent": agent, "since": since, "limit": limit}
         if tenant is not None:
             params["tenant"] = tenant
-        return [Rollout.model_validate(d) for d in self._request("GET", "/api/rollouts", params=params)]
+        rollouts: list[Rollout] = []
+        cursor = after
+        while True:
+            resp = self._request("GET", "/api/rollouts", params={**params, "after": cursor}, response=True)
+            rollouts += [Rollout.model_validate(d) for d in json.loads(resp.content)]
+            cursor = resp.headers.get(NEXT_AFTER_ROLLOUT)
+            if cursor is None or (limit is not None and len(rollouts) >= limit):
+                return rollouts if limit is None else rollouts[:limit]
 
     def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
         """See :meth:`TraceStore.page_rollouts` (``GET /api/rollouts/page``, the query as parameters)."""

@@ -17,7 +17,7 @@ against the server's adapter root and log every call (:mod:`agentforge.stores.ad
 Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET /api/rollouts/page`` (keyset pages), ``GET|PATCH /api/rollouts/{id}``,
 ``GET /api/rollouts/{id}/attempts``, ``POST /api/rollouts/claim``, ``POST /api/rollouts/requeue_stale``,
 ``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans`` (beyond one
-rollout, in keyset pages of at most :data:`SPAN_PAGE`),
+rollout, in keyset pages of at most :data:`SPAN_PAGE`; ``GET /api/rollouts`` in pages of at most :data:`ROLLOUT_PAGE`),
 ``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
 ``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
 ``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate``,
@@ -51,7 +51,9 @@ from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_ROLLOUT,
     NEXT_AFTER_SEQUENCE,
+    ROLLOUT_PAGE,
     SPAN_PAGE,
     BatchItem,
     BatchRequest,
@@ -265,19 +267,28 @@ def store_router(
         group_id: str | None = None,
         agent: str | None = None,
         since: float | None = None,
-        limit: int | None = None,
+        limit: Annotated[int | None, Query(ge=1)] = None,
         tenant: str | None = None,
+        after: str | None = None,
         st: Any = Depends(scoped),
     ) -> Response:
-        return _call(
+        """Rollouts oldest first, in pages of at most :data:`ROLLOUT_PAGE`; a full page names the next page's
+        ``after`` (its last rollout id) in the ``X-Next-After-Rollout`` header."""
+        cap = min(limit or ROLLOUT_PAGE, ROLLOUT_PAGE)
+        rows = _checked(
             st.list_rollouts,
             state=state,
             group_id=group_id,
             agent=agent,
             since=since,
-            limit=limit,
+            limit=cap,
             tenant=tenant,
+            after=after,
         )
+        answer = _ASCIIJSONResponse(_dump(rows))
+        if len(rows) == cap:
+            answer.headers[NEXT_AFTER_ROLLOUT] = rows[-1].rollout_id
+        return answer
 
     @r.post("/rollouts/claim")
     def claim(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from agentforge.errors import InvalidTransitionError, UserError
+from agentforge.errors import InvalidTransitionError, NotFoundError, UserError
 from agentforge.stores.engine import Transactor, attempt_row, rollout_row
 from agentforge.stores.tables import (
     AttemptRow,
@@ -149,9 +149,14 @@ class RolloutQueue:
         limit: int | None = None,
         *,
         tenant: str | None = None,
+        after: str | None = None,
     ) -> list[Rollout]:
         """Rollouts filtered by state / group / agent / ``created_at >= since`` (epoch seconds) / tenant,
-        oldest (first enqueued) first, at most ``limit``."""
+        oldest (first enqueued) first, at most ``limit``; ``after``: enqueued after that rollout id (keyset).
+
+        Raises:
+            NotFoundError: ``after`` names no rollout (of ``tenant``, when given).
+        """
         q = select(RolloutRow)
         if tenant is not None:
             q = q.where(RolloutRow.tenant == tenant)
@@ -166,7 +171,17 @@ class RolloutQueue:
         q = q.order_by(col(RolloutRow.seq))
         if limit is not None:
             q = q.limit(limit)
-        return self._tx.run(lambda s: [row_to_rollout(r) for r in s.exec(q)], write=False)
+
+        def fn(s: Session) -> list[Rollout]:
+            page = q
+            if after is not None:
+                cursor = rollout_row(s, after)
+                if tenant is not None and cursor.tenant != tenant:  # not visible: the same answer as unknown
+                    raise NotFoundError(f"rollout {after!r} does not exist")
+                page = q.where(col(RolloutRow.seq) > cursor.seq)
+            return [row_to_rollout(r) for r in s.exec(page)]
+
+        return self._tx.run(fn, write=False)
 
     def claim_rollout(
         self, worker_id: str, agent: str | None = None, *, attempt_id: str | None = None

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "NEXT_AFTER_SEQUENCE",
     "SPAN_PAGE",
+    "ROLLOUT_PAGE",
+    "NEXT_AFTER_ROLLOUT",
     "MAX_BATCH",
     "MAX_BODY_BYTES",
     "BATCH_BYTES",
@@ -50,6 +52,10 @@ __all__ = [
 SPAN_PAGE = 1000
 #: Response header of a full span page: the ``after_sequence`` of the next page.
 NEXT_AFTER_SEQUENCE = "X-Next-After-Sequence"
+#: Most rollouts one ``GET /api/rollouts`` answers.
+ROLLOUT_PAGE = 1000
+#: Response header of a full rollout page: the ``after`` (last rollout id) of the next page.
+NEXT_AFTER_ROLLOUT = "X-Next-After-Rollout"
 
 M = TypeVar("M", bound=BaseModel)
 E = TypeVar("E")

@@ -253,6 +253,11 @@ def test_list_rollouts_filters(store: TraceStore) -> None:
     assert [r.rollout_id for r in store.list_rollouts(limit=2)] == [a.rollout_id, b.rollout_id]
     store.claim_rollout("w")
     assert [r.rollout_id for r in store.list_rollouts(state=RolloutState.running)] == [a.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(after=a.rollout_id)] == [b.rollout_id, c.rollout_id]
+    assert [r.rollout_id for r in store.list_rollouts(agent="x", after=a.rollout_id)] == [c.rollout_id]
+    assert store.list_rollouts(after=c.rollout_id) == []
+    with pytest.raises(NotFoundError):  # a cursor that names no rollout is an error, not an empty page
+        store.list_rollouts(after="ro-missing")
 
 
 def test_page_rollouts_filters_and_keyset_pages(store: TraceStore) -> None:

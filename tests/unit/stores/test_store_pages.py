@@ -1,6 +1,8 @@
 """Bounded listings (issue 36, Low: "listings are unbounded"): ``GET /api/spans`` beyond one rollout answers at
-most ``SPAN_PAGE`` spans, the next page's start in the ``X-Next-After-Sequence`` header; ``HTTPStore.list_spans``
-reads every page, so the Python API still lists everything; a rollout's own listing is unchanged."""
+most ``SPAN_PAGE`` spans, the next page's start in the ``X-Next-After-Sequence`` header; ``GET /api/rollouts``
+at most ``ROLLOUT_PAGE`` rollouts, the next page's ``after`` in ``X-Next-After-Rollout``. ``HTTPStore`` reads
+every page, so the Python API still lists everything; a rollout's own span listing is unchanged; a tenant's
+pages hold only its rollouts, and another tenant's rollout id is no cursor."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import httpx
 import pytest
 from fixtures_store import serve_app
 
+from agentforge.errors import NotFoundError
 from agentforge.stores import server as store_server
 from agentforge.stores.http import HTTPStore
 from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
-from agentforge.stores.wire import NEXT_AFTER_SEQUENCE
-from agentforge.types import AttemptState, Rollout, Span, SpanKind
+from agentforge.stores.tenants import TenantKeyCache
+from agentforge.stores.wire import NEXT_AFTER_ROLLOUT, NEXT_AFTER_SEQUENCE
+from agentforge.types import AttemptState, Rollout, RolloutState, Span, SpanKind
 
 KEY = "span-pages-store-key-0123"
 PAGE = 7
@@ -24,8 +28,10 @@ PAGE = 7
 @pytest.fixture
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(store_server, "SPAN_PAGE", PAGE)
+    monkeypatch.setattr(store_server, "ROLLOUT_PAGE", PAGE)
     with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
-        with serve_app(create_store_app(store, api_key=KEY)) as url:
+        app = create_store_app(store, api_key=KEY, tenants=TenantKeyCache(store.tenant_keys, cache_s=0))
+        with serve_app(app) as url:
             yield store, url
 
 
@@ -76,3 +82,44 @@ def test_a_listing_beyond_one_rollout_is_paged_and_the_client_reads_every_page(s
         assert [s.span_id for s in tail] == [s.span_id for s in everything[11:20]]  # two pages, cut at 9
     finally:
         client.close()
+
+
+def test_rollout_listings_are_paged_per_tenant_and_the_client_reads_every_page(served) -> None:  # type: ignore[no-untyped-def]
+    store, url = served
+    ids = {"acme": [], "bolt": []}
+    for i in range(23):  # interleaved: acme 12, bolt 11
+        tenant = "acme" if i % 2 == 0 else "bolt"
+        ids[tenant].append(store.enqueue_rollout(Rollout(tenant=tenant, agent=f"a{i % 3}")).rollout_id)
+    everything = ids["acme"] + ids["bolt"]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    first = httpx.get(f"{url}/api/rollouts", params={"limit": 10**6}, headers=headers)
+    assert first.status_code == 200 and len(first.json()) == PAGE  # a larger limit does not lift the cap
+    assert first.headers[NEXT_AFTER_ROLLOUT] == first.json()[-1]["rollout_id"]
+    unknown = httpx.get(f"{url}/api/rollouts", params={"after": "ro-nope"}, headers=headers)
+    assert unknown.status_code == 404 and "ro-nope" in unknown.json()["detail"]["message"]
+    assert httpx.get(f"{url}/api/rollouts", params={"limit": 0}, headers=headers).status_code == 422
+
+    client = HTTPStore(url, api_key=KEY)
+    try:
+        listed = [r.rollout_id for r in client.list_rollouts()]  # 4 pages
+        assert sorted(listed) == sorted(everything) and listed == [
+            r.rollout_id for r in store.list_rollouts()
+        ]
+        assert [r.rollout_id for r in client.list_rollouts(tenant="bolt")] == ids["bolt"]  # 2 pages
+        assert [r.rollout_id for r in client.list_rollouts(agent="a1")] == [
+            r.rollout_id for r in store.list_rollouts(agent="a1")
+        ]
+        tail = client.list_rollouts(after=listed[4], limit=9)  # across a page boundary, cut at 9
+        assert [r.rollout_id for r in tail] == listed[5:14]
+        assert client.list_rollouts(state=RolloutState.running) == []
+    finally:
+        client.close()
+    tenant_client = HTTPStore(url, api_key=store.tenant_keys.issue("acme"))
+    try:
+        assert [r.rollout_id for r in tenant_client.list_rollouts()] == ids["acme"]  # 2 pages, acme's only
+        with pytest.raises(
+            NotFoundError
+        ):  # bolt's id is no cursor for acme: the same answer as an unknown id
+            tenant_client.list_rollouts(after=ids["bolt"][0])
+    finally:
+        tenant_client.close()
