@@ -62,6 +62,11 @@ class TrainConfig(LoraFields, GRPOConfig):
         extra_tasks_per_step: dynamic sampling (DAPO, Yu et al. 2025): tasks sampled per step beyond
             ``tasks_per_step`` (each a group of ``num_generations`` rollouts); the step trains on
             ``tasks_per_step`` of the groups, those whose rewards differ first (:mod:`.rollouts`). 0 = off.
+        trajectories_per_rollout: rows each rollout fills (``k``, default 1): for agents whose rollout holds
+            ``k`` conversations by design (parallel LangGraph branches, each its own chat), its last ``k``
+            trajectories each train with the rollout's reward; with 1, a rollout that split trains its last
+            trajectory only. ``num_generations`` counts rows: a group is ``num_generations / k`` rollouts
+            (:mod:`.rollouts`).
         explored_samples: ``"exclude"`` (default) or ``"train"``: whether a rollout whose tokens were sampled at a
             temperature other than 1 by an engine returning raw logprobs (a guided call's recomputed logprobs
             always are) trains, as a sample of the temperature-1 policy, or is excluded as unmatched
@@ -100,6 +105,12 @@ class TrainConfig(LoraFields, GRPOConfig):
     extra_tasks_per_step: int = field(
         default=0,
         metadata={"help": "Dynamic sampling: extra tasks sampled per step, groups with signal trained."},
+    )
+    trajectories_per_rollout: int = field(
+        default=1,
+        metadata={
+            "help": "Rows per rollout: its last k trajectories (parallel branches); divides num_generations."
+        },
     )
     explored_samples: str = field(
         default="exclude",
@@ -156,6 +167,12 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"num_generations={self.num_generations} (GRPO needs a group of at least 2)")
         if self.tasks_per_step < 1:
             problems.append(f"tasks_per_step={self.tasks_per_step} (must be >= 1)")
+        k = self.trajectories_per_rollout
+        if k < 1 or self.num_generations % k or self.num_generations // k < 2:
+            problems.append(
+                f"trajectories_per_rollout={k} must be >= 1 and divide num_generations={self.num_generations} "
+                f"into groups of at least 2 rollouts"
+            )
         if self.explored_samples not in ("exclude", "train"):
             problems.append(f"explored_samples={self.explored_samples!r} (use 'exclude' or 'train')")
         if self.extra_tasks_per_step < 0:

@@ -161,6 +161,7 @@ class LightningTrainer:
                 extra_tasks=config.extra_tasks_per_step,
                 seed=config.seed,
                 explored=config.explored_samples == "train",
+                trajectories_per_rollout=config.trajectories_per_rollout,
             )
         self.source = source
         prompts = source.prompts()

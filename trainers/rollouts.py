@@ -15,7 +15,14 @@ by the rules below. Every rule that drops signal is *counted* in :class:`BatchRe
 * tokens a grammar forced in a guided call (:mod:`.samples`) stay in the sample with loss mask 0, counted
   as ``batch/forced_token_share``;
 * a rollout whose calls split into several trajectories (see :mod:`.samples`) trains on its **last**
-  trajectory (the one that produced the final answer); the others are counted as ``extra_trajectories``.
+  trajectory (the one that produced the final answer); the others are counted as ``extra_trajectories``;
+* **several conversations per rollout** (``trajectories_per_rollout = k > 1``): an agent whose rollout holds
+  ``k`` conversations by design — the branches of a LangGraph graph that run concurrently, each its own chat —
+  fills ``k`` rows of its group, its last ``k`` trajectories in order of their first call, each with the
+  rollout's reward (so each branch gets the rollout's advantage); a rollout with fewer fills the rest with masked
+  rows (``fewer_trajectories``). A TRL group is then ``G × k`` rows: ``G`` rollouts, ``k`` rows each, and
+  TRL's group mean and spread are over the ``G × k`` rows, which equal the ``G`` rollouts' when every rollout
+  has ``k`` trajectories (the design case: each rollout's reward counted ``k`` times).
 
 **Dynamic sampling** (DAPO, Yu et al. 2025, §3.2: "over-sample and filter out prompts with the accuracy equal to
 1 and 0"): with ``extra_tasks = k > 0`` a batch also runs ``k`` more groups, on tasks drawn from the rest of the
@@ -92,7 +99,8 @@ class RolloutSource:
     Args:
         store: the trace store the runners also use.
         tasks: task id → task (the training dataset's ``prompt`` column holds task ids).
-        group_size: ``G`` rollouts per task (TRL's ``num_generations``).
+        group_size: rows per task, TRL's ``num_generations``: ``group_size / trajectories_per_rollout``
+            rollouts.
         current_version: returns the policy version serving now (rollouts are pinned to it).
         alias: the model alias pinned in each rollout's resources.
         placeholder_token_id: the id used for masked samples' one-token prompt/completion.
@@ -110,9 +118,10 @@ class RolloutSource:
         explored: train raw-logprob spans sampled at a temperature other than 1 (an explored tool decision)
             as temperature-1 samples instead of excluding them
             (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`).
+        trajectories_per_rollout: rows each rollout fills, its last ``k`` trajectories (module docstring).
 
     Raises:
-        UserError: ``extra_tasks`` is negative.
+        UserError: ``extra_tasks`` is negative, or ``trajectories_per_rollout`` does not divide ``group_size``.
     """
 
     def __init__(
@@ -135,10 +144,17 @@ class RolloutSource:
         extra_tasks: int = 0,
         seed: int = 0,
         explored: bool = False,
+        trajectories_per_rollout: int = 1,
     ) -> None:
         if extra_tasks < 0:
             raise UserError(f"RolloutSource(extra_tasks={extra_tasks}): must be >= 0")
+        if trajectories_per_rollout < 1 or group_size % trajectories_per_rollout:
+            raise UserError(
+                f"RolloutSource(trajectories_per_rollout={trajectories_per_rollout}) must be >= 1 and divide "
+                f"group_size={group_size} (a group is group_size / trajectories_per_rollout rollouts)"
+            )
         self.store, self.tasks, self.group_size = store, tasks, group_size
+        self.rows_per_rollout = trajectories_per_rollout
         self.extra_tasks, self.seed, self.explored = extra_tasks, seed, explored
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.current_version, self.alias = current_version, alias
@@ -157,7 +173,8 @@ class RolloutSource:
 
     # --- TRL entry point ------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
-        """Run one batch. ``prompts`` are task ids, each repeated ``G`` times consecutively (TRL's sampler).
+        """Run one batch. ``prompts`` are task ids, each repeated ``G`` times consecutively (TRL's sampler): one
+        row each, ``G / trajectories_per_rollout`` rollouts per task.
 
         Returns:
             TRL's ``rollout_func`` dict: ``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask``,
@@ -223,7 +240,7 @@ class RolloutSource:
             groups[-1].append(rollout)
         rollouts: list[Rollout] = []
         for start in range(0, len(prompts), self.group_size):
-            size = len(prompts[start : start + self.group_size])
+            size = len(prompts[start : start + self.group_size]) // self.rows_per_rollout
             formed = earlier.get(str(prompts[start]))
             if formed and len(formed[0]) == size:  # resume: the batch formed before the restart trains now
                 rollouts += formed.pop(0)
@@ -279,17 +296,21 @@ class RolloutSource:
     def samples(
         self, rollouts: Sequence[Rollout], report: BatchReport, trained: int | None = None
     ) -> dict[str, list[Any]]:
-        """One sample per rollout by the module's rules, then the ``trained`` samples' groups (all when
-        ``None``; dynamic sampling's choice when fewer, module docstring); fills ``report``."""
+        """``trajectories_per_rollout`` samples per rollout by the module's rules, then the ``trained`` samples'
+        groups (all when ``None``; dynamic sampling's choice when fewer, module docstring); fills ``report``."""
         current = parse_version_number(self.current_version(), default=0)
         rows: list[dict[str, Any]] = []
         for rollout in rollouts:
-            sample, reason = self._sample(rollout, current, report)
+            samples, reason = self._sample(rollout, current, report)
             if reason is not None:
                 report.skipped[reason] += 1
-                sample = self._masked(rollout)
-            rows.append(sample)
-        report.rewards = [r["reward"] for r in rows if r["reward"] is not None]
+                samples = []
+            missing = self.rows_per_rollout - len(samples)
+            if samples and missing:
+                report.skipped["fewer_trajectories"] += missing
+            rows += [self._masked(rollout) for _ in range(missing)] + samples
+        k = self.rows_per_rollout  # a rollout's last row holds its reward whenever it has one
+        report.rewards = [r["reward"] for r in rows[k - 1 :: k] if r["reward"] is not None]
         groups = [rows[i : i + self.group_size] for i in range(0, len(rows), self.group_size)]
         valid = [[r["reward"] for r in g if r["reward"] is not None] for g in groups]
         flat = [len(v) >= 2 and max(v) == min(v) for v in valid]  # all advantages 0
@@ -307,9 +328,11 @@ class RolloutSource:
 
     def _sample(
         self, rollout: Rollout, current: int, report: BatchReport
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The rollout's samples (its last ``trajectories_per_rollout`` trajectories with a sampled token, in
+        order) or the reason it trains on none."""
         if rollout.state != RolloutState.succeeded:
-            return {}, "failed"
+            return [], "failed"
         spans = self.store.list_spans(rollout_id=rollout.rollout_id, kind=SpanKind.llm, valid_only=True)
         try:
             trajectories = build_trajectories(spans, explored=self.explored)
@@ -318,27 +341,30 @@ class RolloutSource:
                 logger.warning(
                     "rollout %s is not trained on (skipped as invalid): %s", rollout.rollout_id, exc
                 )
-            return {}, "invalid"
-        if not trajectories or trajectories[-1].sampled_tokens == 0:
-            return {}, "no_trainable_tokens"
-        traj = trajectories[-1]
-        report.extra_trajectories += len(trajectories) - 1
-        report.split_rollouts += int(len(trajectories) > 1)
-        oldest = min(parse_version_number(v, default=0) for v in traj.versions)
+            return [], "invalid"
+        trained = [t for t in trajectories if t.sampled_tokens][-self.rows_per_rollout :]
+        if not trajectories or trajectories[-1].sampled_tokens == 0 or not trained:
+            return [], "no_trainable_tokens"
+        if self.rows_per_rollout == 1:
+            trained = [trajectories[-1]]
+        report.extra_trajectories += len(trajectories) - len(trained)
+        report.split_rollouts += int(len(trajectories) > len(trained))
+        oldest = min(parse_version_number(v, default=0) for t in trained for v in t.versions)
         if current - oldest > self.max_staleness:
-            return {}, "stale"
-        if unmatched_logprobs(traj, self.step):
-            return {}, "unmatched_logprobs"
+            return [], "stale"
+        if any(unmatched_logprobs(t, self.step) for t in trained):
+            return [], "unmatched_logprobs"
         reward = self.store.final_reward(rollout.rollout_id)
         if reward is None or reward.value is None or not math.isfinite(reward.value):
-            return {}, "missing_reward"
-        report.truncated += int(traj.truncated)
-        report.sampled_tokens += traj.sampled_tokens
-        report.forced_tokens += traj.forced_tokens
+            return [], "missing_reward"
+        for traj in trained:
+            report.truncated += int(traj.truncated)
+            report.sampled_tokens += traj.sampled_tokens
+            report.forced_tokens += traj.forced_tokens
         for name, value in (reward.metadata.get("parts") or {}).items():
             if isinstance(value, int | float) and math.isfinite(value):
                 report.parts.setdefault(str(name), []).append(float(value))
-        return grpo_sample(traj, float(reward.value), rollout.rollout_id), None
+        return [grpo_sample(t, float(reward.value), rollout.rollout_id) for t in trained], None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)

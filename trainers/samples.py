@@ -3,9 +3,11 @@
 Every id here comes from the spans the gateway recorded (the engine's ``prompt_token_ids`` and sampled
 ``completion_token_ids``); nothing is re-tokenised (DESIGN fact 1).
 
-**Merge rule.** The LLM spans of one rollout are walked in ``sequence`` order. A call *continues* the
-current trajectory when its prompt ids start with the trajectory's ids so far (prompt + every completion
-and in-between token) exactly; the extra prompt tokens between the previous completion and this call's
+**Merge rule.** The LLM spans of one rollout are walked in ``sequence`` order. A call *continues* a
+trajectory when its prompt ids start with the trajectory's ids so far (prompt + every completion
+and in-between token) exactly — any trajectory of the rollout, not only the latest, so conversations whose
+calls interleave in time (the parallel branches of a LangGraph graph, each its own chat) each stay one
+trajectory; where several match, the longest (the most specific history) continues; the extra prompt tokens between the previous completion and this call's
 completion (tool results, user turns, template glue) are appended with ``env_mask`` 0 and logprob 0.0,
 then the sampled ids with ``env_mask`` 1 and the engine's logprobs. A call that does not continue it
 (the chat template rewrote history, e.g. stripped earlier reasoning) **starts a new trajectory**; it is
@@ -222,7 +224,8 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
             unmatched (:func:`~agentforge.trainers.logprob_match.stored_logprob_temperature`).
 
     Returns:
-        Trajectories in order; one per run of continuing calls.
+        Trajectories in order of their first call; one per conversation of continuing calls (interleaved
+        conversations each keep theirs).
 
     Raises:
         SampleValidationError: an LLM span lacks engine token ids or logprobs, is flagged not trainable, or
@@ -237,8 +240,8 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
     for span in calls:
         prompt, completion, logprobs = _checked(span)
         version = span.llm.version if span.llm else ""
-        current = out[-1] if out else None
-        if current is not None and prompt[: len(current.ids)] == current.ids:
+        current = continued(out, prompt)
+        if current is not None:
             gap = prompt[len(current.ids) :]
             current.completion_ids += gap
             current.logprobs += [0.0] * len(gap)
@@ -260,6 +263,21 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
         current.truncated |= span.llm is not None and span.llm.finish_reason == "length"
         current.span_ids.append(span.span_id)
     return out
+
+
+def continued(trajectories: Sequence[Trajectory], prompt: Sequence[int]) -> Trajectory | None:
+    """The trajectory a call with ``prompt`` continues: the longest whose ids so far ``prompt`` starts with (the
+    latest of equal length), or ``None``."""
+    best: Trajectory | None = None
+    for traj in trajectories:
+        ids = traj.ids
+        if (
+            len(ids) <= len(prompt)
+            and (best is None or len(ids) >= len(best.ids))
+            and prompt[: len(ids)] == ids
+        ):
+            best = traj
+    return best
 
 
 def trajectory_sample(traj: Trajectory, reward: float | None, rollout_id: str | None) -> dict[str, Any]:

@@ -137,10 +137,10 @@ def test_live_grpo_skips_a_doubled_start_token_rollout_and_says_why(caplog) -> N
     source = RolloutSource(store, {}, 2, lambda: "policy@v0")
     report = BatchReport()
     with caplog.at_level("WARNING", logger="agentforge.trainer"):
-        sample, reason = source._sample(store.get_rollout(bad), 0, report)
-    assert (sample, reason) == ({}, "invalid")
+        samples, reason = source._sample(store.get_rollout(bad), 0, report)
+    assert (samples, reason) == ([], "invalid")
     assert f"rollout {bad} is not trained on" in caplog.text and "add_special_tokens=True" in caplog.text
-    sample, reason = source._sample(store.get_rollout(good), 0, report)
+    (sample,), reason = source._sample(store.get_rollout(good), 0, report)
     assert reason is None and sample["prompt_ids"] == USER
 
 
