@@ -28,7 +28,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,23 +245,46 @@ class MemoryStore:
         Raises:
             StoreError: the owner lock was not free within ``lock_timeout_s`` seconds.
         """
+        return self.search_many([query], k, where)[0]
+
+    def search_many(
+        self, queries: Sequence[str], k: int = 4, where: Mapping[str, Scalar] | None = None
+    ) -> list[list[Memory]]:
+        """:meth:`search` for several queries in one owner section: the collection is opened once and the queries
+        are embedded in one batch (a reader checking many texts pays one Chroma open, not one per query).
+
+        Returns:
+            Per query, in order, up to ``k`` memories nearest first.
+
+        Raises:
+            StoreError: the owner lock was not free within ``lock_timeout_s`` seconds.
+        """
+        if not queries:
+            return []
         with self._owned() as (collection, embedder):
             self._index_pending(collection, embedder)
             n = min(max(1, k), collection.count())
             if n == 0:
-                return []
+                return [[] for _ in queries]
             out = collection.query(
-                query_embeddings=embedder.embed([query]),
+                query_embeddings=embedder.embed(list(queries)),
                 n_results=n,
                 where=dict(where) if where else None,
                 include=["documents", "metadatas", "distances"],
             )
-        docs, metas, dists = out["documents"][0], out["metadatas"][0], out["distances"][0]
         return [
-            Memory(
-                mid, doc or "", {k_: v for k_, v in (meta or {}).items() if k_ != "created_at"}, float(dist)
+            [
+                Memory(
+                    mid,
+                    doc or "",
+                    {k_: v for k_, v in (meta or {}).items() if k_ != "created_at"},
+                    float(dist),
+                )
+                for mid, doc, meta, dist in zip(ids, docs, metas, dists, strict=True)
+            ]
+            for ids, docs, metas, dists in zip(
+                out["ids"], out["documents"], out["metadatas"], out["distances"], strict=True
             )
-            for mid, doc, meta, dist in zip(out["ids"][0], docs, metas, dists, strict=True)
         ]
 
     def count(self) -> int:

@@ -81,9 +81,7 @@ def memory_reader(path: str, stop_file: str, result_file: str) -> None:
         store.search("customer prefers blue items", k=3)
         queries += 1
         time.sleep(0.2)  # leave the owner lock to the writers between queries
-    found = 0
-    for writer in range(4):
-        for i in range(25):
-            top = store.search(memory_text(writer, i), k=1)
-            found += bool(top) and top[0].memory_id == f"w{writer}-{i}"
+    expected = [(f"w{writer}-{i}", memory_text(writer, i)) for writer in range(4) for i in range(25)]
+    tops = store.search_many([text for _, text in expected], k=1)  # one owner section for the 100 checks
+    found = sum(bool(top) and top[0].memory_id == mid for (mid, _), top in zip(expected, tops, strict=True))
     Path(result_file).write_text(json.dumps({"queries": queries, "found": found, "count": store.count()}))

@@ -166,6 +166,9 @@ def test_case3_memories_survive_a_failed_indexing(tmp_path: Path) -> None:
     healthy = MemoryStore(tmp_path)
     assert healthy.count() == 3 and healthy.pending() == 0
     assert healthy.search("memory number 2", k=1)[0].memory_id == ids[2]
+    many = healthy.search_many(["memory number 2", "memory number 0", "memory number 1"], k=2)
+    assert [hits[0].memory_id for hits in many] == [ids[2], ids[0], ids[1]] and all(len(h) == 2 for h in many)
+    assert many[0] == healthy.search("memory number 2", k=2) and healthy.search_many([]) == []
     assert healthy.add("again", memory_id=ids[0]) == ids[0] and healthy.journaled() == 3  # idempotent by id
 
 
