@@ -93,7 +93,7 @@ from agentforge.gate_power import plan_gate
 from agentforge.trainers.lineage import OPTIMIZER_STATE_FILE
 from agentforge.trainers.replay.grpo import StoredGroupSource
 from agentforge.trainers.replay.select import EmptySelectionError, select_traces
-from agentforge.trainers.report import plot_reward_curves
+from agentforge.trainers.report import plot_lineage, plot_reward_curves
 from agentforge.trainers.samples import build_trajectories
 
 console = Console()
@@ -1058,7 +1058,7 @@ def report(
     wall: dict[str, Any],
     captured: dict[str, Any] | None,
 ) -> None:
-    """Print the table; write results.json, reward_curve.png, report.md and promotions.md."""
+    """Print the table; write results.json, reward_curve.png, lineage.png, report.md and promotions.md."""
     save(args, before, results, captured, wall)
     console.print(results_table(before, results, args.desk))
     curves = {
@@ -1084,6 +1084,12 @@ def report(
         title=f"{DESK_NAMES[args.desk].capitalize()}: batch reward per step",
         evals=evals,
         markers=markers,
+    )
+    lineage_png = plot_lineage(
+        {f"seed {r['seed']}": r.get("lineage", []) for r in results},
+        before["parts"]["success"],
+        args.out / "lineage.png",
+        title=f"{DESK_NAMES[args.desk].capitalize()}: held-out success of each candidate beside its parent's",
     )
     b = before["parts"]
     lines = [
@@ -1132,8 +1138,8 @@ def report(
         + " | ".join(f"{mean[p]:.3f}" for p in PARTS)
         + f" | {mean['success'] - b['success']:+.3f} | | |",
         "",
-        f"gold tools on the held-out set: {before['tools_gold']}; reward curve: {png.name}; "
-        f"promotion log: promotions.md",
+        f"gold tools on the held-out set: {before['tools_gold']}; reward curve: {png.name}; each candidate's "
+        f"held-out score beside its parent's: {lineage_png.name}; promotion log: promotions.md",
         "",
         "GRPO batches (training rollouts, T=1), each reward part per step:",
         "",

@@ -1,4 +1,4 @@
-"""Training reports: the reward-curve PNG (matplotlib, headless)."""
+"""Training reports: the reward-curve and lineage PNGs (matplotlib, headless)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agentforge.errors import MissingExtraError
 if TYPE_CHECKING:
     from matplotlib.typing import ColorType
 
-__all__ = ["plot_reward_curves"]
+__all__ = ["plot_lineage", "plot_reward_curves"]
 
 
 def plot_reward_curves(
@@ -89,6 +89,82 @@ def plot_reward_curves(
     ax.grid(alpha=0.3)
     if curves or evals:  # beside the axes, never over the curves
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_lineage(
+    lineages: Mapping[str, Sequence[Mapping[str, object]]],
+    base_score: float,
+    path: str | Path,
+    title: str = "Held-out success per version",
+) -> Path:
+    """Plot each run's lineage: every judged candidate's held-out score beside the version it was judged against.
+
+    The x axis is the judgement (0: the base, then each candidate in the order the gate judged it, labelled with
+    the phase that made it, e.g. ``"2 grpo 1"``). Per run: a solid line through the score of the version serving
+    after each judgement (it moves only on a promotion), a filled circle for a promoted candidate, an open
+    circle with a dotted line from its parent's score for a refused one. The legend sits beside the axes.
+
+    Args:
+        lineages: run label (e.g. ``"seed 0"``) → its judged candidates in order, each a mapping with ``phase``,
+            ``round``, ``outcome`` (``"promoted"`` or ``"refused"``), ``candidate_held_out`` and
+            ``parent_held_out`` (success in [0, 1], or ``None`` when not scored).
+        base_score: the base policy's held-out success (x = 0).
+        path: output PNG path (parent folders are created).
+        title: figure title.
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        MissingExtraError: matplotlib is not installed (``agentforge[train]``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError("matplotlib", "train", "the lineage plot") from exc
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    ticks: dict[int, str] = {0: "0\nbase"}
+    for label, entries in lineages.items():
+        xs, served = [0], [base_score]
+        (line,) = ax.plot([], [], marker="", label=f"{label}: served version")
+        colour = line.get_color()
+        for i, e in enumerate(entries, start=1):
+            rnd = e.get("round")
+            ticks.setdefault(i, f"{i}\n{e.get('phase', '')}" + (f" {rnd}" if rnd else ""))
+            cand, parent = e.get("candidate_held_out"), e.get("parent_held_out")
+            promoted = e.get("outcome") == "promoted"
+            if isinstance(cand, int | float):
+                if promoted:
+                    ax.plot([i], [cand], marker="o", color=colour, linestyle="")
+                else:
+                    start = parent if isinstance(parent, int | float) else served[-1]
+                    ax.plot([i - 1, i], [start, cand], linestyle=":", color=colour, linewidth=1)
+                    ax.plot([i], [cand], marker="o", markerfacecolor="white", color=colour, linestyle="")
+            xs.append(i)
+            served.append(float(cand) if promoted and isinstance(cand, int | float) else served[-1])
+        line.set_data(xs, served)
+        line.set_marker(".")
+    ax.relim()  # the served lines were filled in after plotting
+    ax.autoscale_view()
+    ax.plot([], [], marker="o", linestyle="", color="grey", label="promoted candidate")
+    ax.plot(
+        [], [], marker="o", markerfacecolor="white", linestyle=":", color="grey", label="refused candidate"
+    )
+    ax.set_xticks(sorted(ticks), [ticks[k] for k in sorted(ticks)], fontsize=8)
+    ax.set_xlabel("judgement (the phase that made the candidate)")
+    ax.set_ylabel("held-out success")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

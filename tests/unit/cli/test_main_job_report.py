@@ -120,6 +120,8 @@ def test_report_has_each_seed_each_part_and_each_decision(tmp_path: Path) -> Non
         and "| grpo | 2 | eval | refused | policy@v2 | policy@v1 | 0.750 | 0.700 | 0.800 |" in log
     )
     assert (tmp_path / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "lineage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "lineage.png" in (tmp_path / "report.md").read_text()
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [r["after"]["parts"]["success"] for r in saved["results"]] == [0.8, 0.7] and saved["wall"][
         "minutes"
