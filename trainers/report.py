@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import MissingExtraError
 
@@ -13,6 +13,18 @@ if TYPE_CHECKING:
     from matplotlib.typing import ColorType
 
 __all__ = ["plot_lineage", "plot_reward_curves"]
+
+
+def _pyplot(what: str) -> Any:
+    """``matplotlib.pyplot`` on the headless Agg backend. Raises: ``MissingExtraError`` (no matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError("matplotlib", "train", what) from exc
+    return plt
 
 
 def plot_reward_curves(
@@ -41,13 +53,7 @@ def plot_reward_curves(
     Raises:
         MissingExtraError: matplotlib is not installed (``agentforge[train]``).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("matplotlib", "train", "the reward-curve plot") from exc
+    plt = _pyplot("the reward-curve plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(11, 4.8) if evals or markers else (9, 4))
@@ -122,13 +128,7 @@ def plot_lineage(
     Raises:
         MissingExtraError: matplotlib is not installed (``agentforge[train]``).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("matplotlib", "train", "the lineage plot") from exc
+    plt = _pyplot("the lineage plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(11, 4.8))

@@ -69,6 +69,21 @@ class RecordingPublisher:
         return self.current()
 
 
+def record_scored_batches(trainer: Any) -> list[dict[str, Any]]:
+    """Record what TRL's ``_generate_and_score_completions`` returns (advantages, masks) on ``trainer``
+    (a :class:`~agentforge.trainers.grpo_trainer.LightningTrainer`): the returned list fills as it trains."""
+    seen: list[dict[str, Any]] = []
+    score = trainer.trainer._generate_and_score_completions
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out = score(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    trainer.trainer._generate_and_score_completions = recording
+    return seen
+
+
 def stored_group_trainer(
     out: Path, store: TraceStore, agent: str, group_size: int = 2, **config_kw: Any
 ) -> tuple[Any, RecordingPublisher]:

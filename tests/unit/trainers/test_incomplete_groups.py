@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stored_groups import RecordingPublisher, tiny_train_config
+from stored_groups import RecordingPublisher, record_scored_batches, tiny_train_config
 from tiny_model import PROMPT, tiny_model
 
 from agentforge.testing import memory_store
@@ -77,15 +77,7 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_pat
         tmp_path / "run", num_generations=4, tasks_per_step=2, learning_rate=1e-3, shuffle_dataset=False
     )
     trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
-    seen: list[dict[str, Any]] = []
-    score = trainer.trainer._generate_and_score_completions
-
-    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        out = score(*args, **kwargs)
-        seen.append(out)
-        return out
-
-    trainer.trainer._generate_and_score_completions = recording  # type: ignore[method-assign]
+    seen = record_scored_batches(trainer)
     trainer.train()
 
     (out,) = seen

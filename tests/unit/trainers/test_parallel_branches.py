@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stored_groups import RecordingPublisher, tiny_train_config
+from stored_groups import RecordingPublisher, record_scored_batches, tiny_train_config
 from tiny_model import PROMPT, tiny_model
 
 from agentforge.errors import ConfigError, UserError
@@ -113,15 +113,7 @@ def test_the_trainer_trains_both_branches_with_the_rollouts_advantage(tmp_path: 
     trainer = LightningTrainer(
         tiny_model(), store, [Task(task_id="t")], config, RecordingPublisher(), source=source
     )
-    seen: list[dict[str, Any]] = []
-    score = trainer.trainer._generate_and_score_completions
-
-    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        out = score(*args, **kwargs)
-        seen.append(out)
-        return out
-
-    trainer.trainer._generate_and_score_completions = recording  # type: ignore[method-assign]
+    seen = record_scored_batches(trainer)
     trainer.train()
 
     (out,) = seen
