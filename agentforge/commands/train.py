@@ -107,6 +107,15 @@ def train(
             "0 puts every rollout of a step in one micro-batch.",
         ),
     ] = 8,
+    trajectories_per_rollout: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Training rows per rollout, for agents whose rollout holds several conversations at once (the "
+            "parallel branches of a LangGraph graph, each its own chat): each of its last N trajectories trains "
+            "with the rollout's reward. --group-size then counts rows: a group is group-size / N rollouts.",
+        ),
+    ] = 1,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
@@ -149,6 +158,7 @@ def train(
             rollout_timeout_s=rollout_timeout,
             agent_name=agent if agent_name is None else agent_name,
             max_rows_per_micro_batch=max_rows_per_micro_batch,
+            trajectories_per_rollout=trajectories_per_rollout,
         )
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
@@ -188,8 +198,8 @@ def _config(
     agent_name="",
     **memory,
 ):
-    """The run's :class:`TrainConfig`; ``memory`` takes its memory knobs (``max_rows_per_micro_batch``,
-    ``logprob_chunk_tokens``; default: TrainConfig's)."""
+    """The run's :class:`TrainConfig`; ``memory`` takes its further fields (``max_rows_per_micro_batch``,
+    ``logprob_chunk_tokens``, ``trajectories_per_rollout``; default: TrainConfig's)."""
     import torch
 
     from agentforge.trainers.grpo_config import TrainConfig

@@ -63,3 +63,24 @@ def test_train_splits_a_step_by_the_row_budget_and_says_how_memory_grows(capture
     wide = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"}).output  # option names whole
     help_text = " ".join(wide.replace("│", " ").split())
     assert "--max-rows-per-micro-batch" in help_text and "not with rollouts per step" in help_text
+
+
+def test_train_takes_trajectories_per_rollout_for_parallel_branches(captured) -> None:  # type: ignore[no-untyped-def]
+    _train("--group-size", "4", "--trajectories-per-rollout", "2")
+    assert captured["config"].trajectories_per_rollout == 2 and captured["config"].num_generations == 4
+    _train("--group-size", "4")
+    assert captured["config"].trajectories_per_rollout == 1
+    odd = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "shop_agent.py:agent",
+            "--tasks",
+            "tasks.jsonl",
+            "--group-size",
+            "3",
+            "--trajectories-per-rollout",
+            "2",
+        ],
+    )
+    assert odd.exit_code != 0 and "trajectories_per_rollout=2 must be >= 1 and divide" in odd.output
