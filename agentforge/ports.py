@@ -310,11 +310,13 @@ class BatchReport:
         dropped_groups: groups sampled but not trained on: dynamic sampling (``RolloutSource(extra_tasks=)``)
             sampled more groups than the step trains and left out these, whose rewards were all equal.
         truncated: samples whose last call ended with ``finish_reason == "length"``.
-        extra_trajectories: trajectories beyond one per trained rollout (a conversation that split: only its
-            last trajectory trains); logged as ``batch/extra_trajectories`` and ``batch/split_share``.
+        extra_trajectories: trajectories beyond the ones trained per rollout (one, or ``trajectories_per_rollout``:
+            a conversation that split trains its last piece); logged as ``batch/extra_trajectories`` and
+            ``batch/split_share``.
         split_rollouts: trained rollouts whose calls split into more than one trajectory.
         skipped: count per skip reason (``failed``, ``missing_reward``, ``invalid``, ``stale``,
-            ``no_trainable_tokens``, ``unmatched_logprobs``: stored logprobs the trainer cannot recompute).
+            ``no_trainable_tokens``, ``unmatched_logprobs``: stored logprobs the trainer cannot recompute;
+            ``fewer_trajectories``: masked rows of rollouts with fewer than ``trajectories_per_rollout``).
         rewards: the valid rewards of every sampled rollout (trained or in a dropped group), in batch order.
         sampled_tokens: tokens the policy sampled across trained samples.
         forced_tokens: of those, tokens a grammar forced (guided calls; trained with loss mask 0, see
