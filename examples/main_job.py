@@ -1144,7 +1144,7 @@ def report(
         "GRPO batches (training rollouts, T=1), each reward part per step:",
         "",
     ]
-    for r in results:  # a GRPO round on a capture logs no live batch parts: its capture success is above
+    for r in results:  # a GRPO round on a capture logs no live batch parts: skip its steps here
         history = [h for h in r["history"] if any(f"batch/part/{p}" in h for p in PARTS)]
         rows = [" ".join(f"{p} {h.get(f'batch/part/{p}', float('nan')):.3f}" for p in PARTS) for h in history]
         lines.append(

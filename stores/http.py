@@ -19,10 +19,11 @@ import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
 from tenacity import (
     Retrying,
     retry_if_exception,
@@ -63,6 +64,9 @@ from agentforge.types import (
 __all__ = ["HTTPStore"]
 
 logger = logging.getLogger("agentforge.stores")
+
+#: a record type of the store API (a page of a listing holds these)
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Unavailable(Exception):
@@ -277,14 +281,7 @@ class HTTPStore:
         params = {"state": state, "group_id": group_id, "agent": agent, "since": since, "limit": limit}
         if tenant is not None:
             params["tenant"] = tenant
-        rollouts: list[Rollout] = []
-        cursor = after
-        while True:
-            resp = self._request("GET", "/api/rollouts", params={**params, "after": cursor}, response=True)
-            rollouts += [Rollout.model_validate(d) for d in json.loads(resp.content)]
-            cursor = resp.headers.get(NEXT_AFTER_ROLLOUT)
-            if cursor is None or (limit is not None and len(rollouts) >= limit):
-                return rollouts if limit is None else rollouts[:limit]
+        return self._pages("/api/rollouts", params, ("after", after, NEXT_AFTER_ROLLOUT), Rollout, limit)
 
     def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
         """See :meth:`TraceStore.page_rollouts` (``GET /api/rollouts/page``, the query as parameters)."""
@@ -428,16 +425,28 @@ class HTTPStore:
         }
         if tenant is not None:
             params["tenant"] = tenant
-        spans: list[Span] = []
-        cursor = after_sequence
+        cursor = ("after_sequence", after_sequence, NEXT_AFTER_SEQUENCE)
+        return self._pages("/api/spans", params, cursor, Span, limit)
+
+    def _pages(
+        self,
+        path: str,
+        params: dict[str, Any],
+        cursor: tuple[str, Any, str],
+        model: type[M],
+        limit: int | None,
+    ) -> list[M]:
+        """Every page of the keyset-paged listing ``GET path`` (at most ``limit`` items): ``cursor`` is ``(query
+        parameter, its first value, response header naming the next page's value)``; a page without the header
+        is the last."""
+        name, value, header = cursor
+        items: list[M] = []
         while True:
-            resp = self._request(
-                "GET", "/api/spans", params={**params, "after_sequence": cursor}, response=True
-            )
-            spans += [Span.model_validate(d) for d in json.loads(resp.content)]
-            cursor = resp.headers.get(NEXT_AFTER_SEQUENCE)
-            if cursor is None or (limit is not None and len(spans) >= limit):
-                return spans if limit is None else spans[:limit]
+            resp = self._request("GET", path, params={**params, name: value}, response=True)
+            items += [model.model_validate(d) for d in json.loads(resp.content)]
+            value = resp.headers.get(header)
+            if value is None or (limit is not None and len(items) >= limit):
+                return items if limit is None else items[:limit]
 
     def add_reward(self, reward: Reward) -> Reward:
         """See :meth:`TraceStore.add_reward` (batched with concurrent calls of this client)."""

@@ -342,11 +342,11 @@ class RolloutSource:
                     "rollout %s is not trained on (skipped as invalid): %s", rollout.rollout_id, exc
                 )
             return [], "invalid"
-        trained = [t for t in trajectories if t.sampled_tokens][-self.rows_per_rollout :]
-        if not trajectories or trajectories[-1].sampled_tokens == 0 or not trained:
+        if not trajectories or trajectories[-1].sampled_tokens == 0:
             return [], "no_trainable_tokens"
-        if self.rows_per_rollout == 1:
-            trained = [trajectories[-1]]
+        trained = [t for t in trajectories if t.sampled_tokens][
+            -self.rows_per_rollout :
+        ]  # ends with the last
         report.extra_trajectories += len(trajectories) - len(trained)
         report.split_rollouts += int(len(trajectories) > len(trained))
         oldest = min(parse_version_number(v, default=0) for t in trained for v in t.versions)

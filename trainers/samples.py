@@ -269,14 +269,11 @@ def continued(trajectories: Sequence[Trajectory], prompt: Sequence[int]) -> Traj
     """The trajectory a call with ``prompt`` continues: the longest whose ids so far ``prompt`` starts with (the
     latest of equal length), or ``None``."""
     best: Trajectory | None = None
+    best_len = -1
     for traj in trajectories:
         ids = traj.ids
-        if (
-            len(ids) <= len(prompt)
-            and (best is None or len(ids) >= len(best.ids))
-            and prompt[: len(ids)] == ids
-        ):
-            best = traj
+        if best_len <= len(ids) <= len(prompt) and prompt[: len(ids)] == ids:
+            best, best_len = traj, len(ids)
     return best
 
 
