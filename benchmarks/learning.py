@@ -93,6 +93,21 @@ ARM_KEYS = {
 }
 
 
+def parse_capture_keys(text: str) -> float:
+    """A ``--capture-arms`` arm's optional ``key=value`` part → its ``negative_advantage_scale`` (default 1).
+
+    Raises:
+        ValueError: a key other than ``negative_advantage_scale`` or a value below 0.
+    """
+    scale = 1.0
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key != "negative_advantage_scale" or not float(value) >= 0:
+            raise ValueError(f"capture arm key {item!r}: only negative_advantage_scale=<float >= 0>")
+        scale = float(value)
+    return scale
+
+
 def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
     """``name:learning_rate:warmup_steps[:key=value,...]`` → ``(name, lr, warmup, overrides)``.
 
@@ -275,7 +290,9 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
     * ``name:learning_rate[:epochs]``: offline GRPO (:func:`agentforge.run_offline_grpo`'s source) on the
       capture's groups: one group per task (its ``--warm-samples`` explored samples, ``explored_samples=
       "train"``), only the groups whose rewards differ (the rest have zero advantage), ``--tasks-per-step``
-      groups a step, ``epochs`` passes (default 1), constant learning rate, no warm-up.
+      groups a step, ``epochs`` passes (default 1), constant learning rate, no warm-up;
+    * ``name:learning_rate:epochs:negative_advantage_scale=x``: the same with the negative advantages scaled by
+      ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean).
     """
     from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
     from agentforge.trainers.replay.grpo import StoredGroupSource
@@ -322,10 +339,12 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                     max_per_task=args.warm_per_task,
                 )
                 adapter = Path(run_replay_sft(model, store, sft_flt, config, publisher).adapter_dir)
-                steps, lr, epochs = None, args.warm_learning_rate, args.warm_epochs
+                steps, lr, epochs, scale = None, args.warm_learning_rate, args.warm_epochs, None
             else:
-                lr_text, _, epochs_text = rest.partition(":")
+                lr_text, _, more = rest.partition(":")
+                epochs_text, _, keys_text = more.partition(":")
                 lr, epochs = float(lr_text), float(epochs_text or 1)
+                scale = parse_capture_keys(keys_text)
                 steps = max(1, int(len(signal) * epochs) // args.tasks_per_step)
                 arm_args = argparse.Namespace(
                     **{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0, "steps": steps}
@@ -340,6 +359,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                     rollout_version="served",
                 )
                 config.explored_samples = "train"
+                config.negative_advantage_scale = scale
                 source = StoredGroupSource(signal, args.warm_samples, explored=True)
                 trainer = LightningTrainer(
                     model, store, None, config, publisher, source=source, swap_during_training=False
@@ -360,6 +380,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 "lr": lr,
                 "epochs": epochs,
                 "steps": steps,
+                "negative_advantage_scale": scale,
                 "parent": parent_score,
                 "held_out": held,
                 "gain": held - parent_score,

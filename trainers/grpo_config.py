@@ -77,6 +77,11 @@ class TrainConfig(LoraFields, GRPOConfig):
             never served by default (``publisher.stage``, e.g. :class:`~agentforge.serving.promoter.
             GatedPublisher`): GRPO stays on-policy whatever the promotion gate decides. For trainers that
             sample tasks, not live traffic.
+        negative_advantage_scale: multiplies every negative advantage (default 1: GRPO as published). Below 1
+            the samples worse than their group's mean are pushed down less than the better ones are pushed up:
+            0 keeps only the positive half (a reward-weighted form of rejection-sampling fine-tuning, RAFT:
+            Dong et al. 2023; Xiong et al. 2025, "A Minimalist Approach to LLM Reasoning", arXiv 2504.11343,
+            found the positive samples carry most of GRPO's pass@1 gain). Must be >= 0.
         swap_every: publish and hot-swap the adapter every this many optimizer steps (k).
         max_staleness: samples produced by a version more than this many versions behind the
             current one are dropped (masked and counted), never trained on.
@@ -119,6 +124,10 @@ class TrainConfig(LoraFields, GRPOConfig):
     rollout_version: str = field(
         default="served",
         metadata={"help": "Pin rollouts to the served version or the newest trained (staged) adapter."},
+    )
+    negative_advantage_scale: float = field(
+        default=1.0,
+        metadata={"help": "Multiply negative advantages by this (0 = positive half only, 1 = GRPO)."},
     )
     swap_every: int = field(default=1, metadata={"help": "Hot-swap the adapter every k optimizer steps."})
     max_staleness: int = field(default=1, metadata={"help": "Drop samples more than this many versions old."})
@@ -179,6 +188,8 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"extra_tasks_per_step={self.extra_tasks_per_step} (must be >= 0)")
         if self.rollout_version not in ("served", "trained"):
             problems.append(f"rollout_version={self.rollout_version!r} (must be 'served' or 'trained')")
+        if not self.negative_advantage_scale >= 0:  # NaN too
+            problems.append(f"negative_advantage_scale={self.negative_advantage_scale} (must be >= 0)")
         if self.swap_every < 1:
             problems.append(f"swap_every={self.swap_every} (must be >= 1)")
         if self.max_staleness < 0:

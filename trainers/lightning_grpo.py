@@ -14,6 +14,8 @@ SharedPrefixGRPOTrainer` when prompts are shared):
 * :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` — when the old policy is the trained one
   (``num_iterations == 1``), the engine correction's importance ratio comes from the training forward instead
   of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
+* :class:`NegativeAdvantageScale` — ``TrainConfig.negative_advantage_scale`` scales the negative advantages
+  TRL computed, before the loss sees them.
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
   the lightning trainer can refuse to publish an adapter that received no gradient, and logs the share of
   groups with signal (``batch/signal_group_share``).
@@ -34,7 +36,13 @@ import torch
 
 from agentforge.trainers.trl_private import check_trl_version, log_step_metrics
 
-__all__ = ["SIGNAL_GROUP_SHARE", "EpochSeededSampling", "LearningSignal", "lightning_trainer_class"]
+__all__ = [
+    "SIGNAL_GROUP_SHARE",
+    "EpochSeededSampling",
+    "LearningSignal",
+    "NegativeAdvantageScale",
+    "lightning_trainer_class",
+]
 
 #: Metric: the share of a step's groups whose rewards differ (some advantage is not 0).
 SIGNAL_GROUP_SHARE = "batch/signal_group_share"
@@ -91,6 +99,25 @@ class LearningSignal:
         log_step_metrics(self, {SIGNAL_GROUP_SHARE: float(groups.mean())})
 
 
+class NegativeAdvantageScale:
+    """Mixin for ``trl.GRPOTrainer``: negative advantages are multiplied by ``args.negative_advantage_scale``.
+
+    ``advantages``: shape ``(rows,)``, one per sampled completion, as TRL's ``_generate_and_score_completions``
+    returns them (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024). The scale
+    (``>= 0``; 1 leaves them as they are) applies after the group statistics, so a group's positive samples
+    keep their advantage and its negative ones are pushed down less (0: not at all). A sample's sign never
+    changes, so the groups with signal stay the same.
+    """
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        scale = float(getattr(self.args, "negative_advantage_scale", 1.0))  # type: ignore[attr-defined]
+        advantages = out.get("advantages")
+        if advantages is not None and scale != 1.0:
+            out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
+        return out
+
+
 def _epoch_seeded(base: type) -> type:
     class EpochSeededRepeatSampler(base):
         """TRL's ``RepeatSampler`` whose generator is re-seeded from ``seed + epoch`` by ``set_epoch``."""
@@ -122,7 +149,8 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
             pass per group) instead of ``trl.GRPOTrainer``.
 
     Returns:
-        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`LearningSignal`,
+        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`NegativeAdvantageScale`,
+        :class:`LearningSignal`,
         :class:`~agentforge.trainers.lineage.LineageOptimizer`,
         :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` and
         :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
@@ -140,5 +168,12 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio
 
     # TrainingForwardRatio before SpanTemperatures: its log-prob hook sees the whole (temperature-scaled) pass
-    mixins = (EpochSeededSampling, LearningSignal, LineageOptimizer, TrainingForwardRatio, SpanTemperatures)
+    mixins = (
+        EpochSeededSampling,
+        NegativeAdvantageScale,
+        LearningSignal,
+        LineageOptimizer,
+        TrainingForwardRatio,
+        SpanTemperatures,
+    )
     return type(f"Lightning{base.__name__}", (*mixins, base), {})

@@ -9,6 +9,8 @@ The group statistics exclude every masked member (keep vs exclude, ``trainers/ro
 the mean of 1 and 0 and its spread their standard deviation, so its usable members get advantages ±0.707 and its
 masked ones 0 — a masked member counted as reward 0, or its stored reward counted, would move both; ``t2`` has no
 baseline (one usable member) and every advantage 0. The batch report counts each reason once per member.
+With ``negative_advantage_scale`` 0.25 the loss sees ``t1``'s negative member at a quarter of its advantage and
+the positive one unchanged (``trainers/lightning_grpo.NegativeAdvantageScale``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ def _finish(store: Any, rollout: Any, reward: float | None, version: str, ok: bo
 
 
 @pytest.mark.slow
-def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_path: Path) -> None:
+@pytest.mark.parametrize("negative_scale", [1.0, 0.25])
+def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
+    tmp_path: Path, negative_scale: float
+) -> None:
     import torch
 
     from agentforge.trainers.grpo_trainer import LightningTrainer
@@ -74,7 +79,12 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_pat
     source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
 
     config = tiny_train_config(
-        tmp_path / "run", num_generations=4, tasks_per_step=2, learning_rate=1e-3, shuffle_dataset=False
+        tmp_path / "run",
+        num_generations=4,
+        tasks_per_step=2,
+        learning_rate=1e-3,
+        shuffle_dataset=False,
+        negative_advantage_scale=negative_scale,
     )
     trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
     seen = record_scored_batches(trainer)
@@ -86,7 +96,7 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_pat
     for task, advantage in zip(order, out["advantages"].tolist(), strict=True):
         got[task].append(advantage)
     a = 0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4)  # TRL: (r - mean) / (std + 1e-4), std unbiased
-    assert got["t1"] == pytest.approx([a, -a, 0.0, 0.0], abs=1e-5)
+    assert got["t1"] == pytest.approx([a, -a * negative_scale, 0.0, 0.0], abs=1e-5)
     assert got["t2"] == [0.0, 0.0, 0.0, 0.0]
     (report,) = source.reports
     assert dict(report.skipped) == {"failed": 2, "stale": 2, "missing_reward": 1}
@@ -94,3 +104,11 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(tmp_pat
     assert report.zero_variance_groups == 0  # t2 has one reward, not a flat group
     (row,) = [r for r in trainer.history if "batch/signal_group_share" in r]
     assert row["batch/signal_group_share"] == 0.5 and row["batch/skipped_stale"] == 2.0
+
+
+@pytest.mark.parametrize("scale", [-0.5, float("nan")])
+def test_a_negative_or_nan_scale_is_a_clear_error(tmp_path: Path, scale: float) -> None:
+    from agentforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"negative_advantage_scale=.* \(must be >= 0\)"):
+        tiny_train_config(tmp_path / "run", negative_advantage_scale=scale)
