@@ -13,6 +13,11 @@ then the sampled ids with ``env_mask`` 1 and the engine's logprobs. A call that 
 (the chat template rewrote history, e.g. stripped earlier reasoning) **starts a new trajectory**; it is
 never re-wrapped. Every trajectory of a rollout carries that rollout's reward.
 
+**Masked answers.** When the model wrote personal data, the gateway stores the answer with placeholders and
+ids re-tokenised from it (:mod:`agentforge.privacy.answer`); the completion tokens from
+``attributes["privacy_unsampled_from"]`` on were not sampled by the policy and get ``env_mask`` 0
+(:func:`sampled_mask`).
+
 **Grammar-forced tokens.** A guided call (a forced tool call, a JSON ``response_format``; see
 :mod:`agentforge.gateway.guided`) whose logprobs the gateway recomputed (flag ``guided_logprobs_recomputed``)
 keeps the grammar-masked logprobs in ``span.attributes["guided_logprobs"]`` (:data:`GUIDED_LOGPROBS_ATTRIBUTE`).
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import UserError
+from agentforge.privacy.answer import UNSAMPLED_FROM
 from agentforge.trainers.logprob_match import GUIDED_RECOMPUTED, stored_logprob_temperature
 from agentforge.types import Span, SpanKind
 
@@ -57,6 +63,7 @@ __all__ = [
     "grammar_forced",
     "grpo_sample",
     "masked_sample",
+    "sampled_mask",
     "to_rollout_func_output",
     "trajectory_sample",
     "with_temperatures",
@@ -214,6 +221,24 @@ def grammar_forced(span: Span) -> list[bool]:
         ) from None
 
 
+def sampled_mask(span: Span) -> list[int]:
+    """``env_mask`` of ``span``'s completion tokens, shape ``(C,)``: 1 where the policy sampled the token, 0 from
+    ``attributes["privacy_unsampled_from"]`` on (a masked answer's re-tokenised tail, see the module docstring).
+
+    Raises:
+        SampleValidationError: the attribute is not an integer in ``[0, C]``.
+    """
+    completion = (span.llm.completion_token_ids or []) if span.llm is not None else []
+    start = span.attributes.get(UNSAMPLED_FROM)
+    if start is None:
+        return [1] * len(completion)
+    if type(start) is not int or not 0 <= start <= len(completion):
+        raise SampleValidationError(
+            f"span {span.span_id} has {UNSAMPLED_FROM}={start!r} for {len(completion)} completion tokens"
+        )
+    return [1] * start + [0] * (len(completion) - start)
+
+
 def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list[Trajectory]:
     """Merge a rollout's LLM spans into trajectories by the module's merge rule.
 
@@ -253,7 +278,7 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
             out.append(current)
         current.completion_ids += completion
         current.logprobs += logprobs
-        current.env_mask += [1] * len(completion)
+        current.env_mask += sampled_mask(span)
         current.forced += grammar_forced(span)
         temperature, unmatched = stored_logprob_temperature(span, explored=explored)
         current.temperatures += [temperature] * len(completion)

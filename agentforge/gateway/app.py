@@ -56,7 +56,7 @@ from agentforge.gateway.call import (
 from agentforge.gateway.capture import llm_call_from_response
 from agentforge.gateway.fastpath import DEFAULT_MAX_REQUEST_BYTES, GatewayApp, LLMRoute
 from agentforge.gateway.pins import PinCache
-from agentforge.gateway.prefix_wire import engine_headers
+from agentforge.gateway.prefix_wire import UpstreamTokens, engine_headers
 from agentforge.gateway.probation import VersionRefused
 from agentforge.gateway.record import SpanRecorder
 from agentforge.gateway.responses import responses_route
@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
     from agentforge.ports import TenantDirectory, TraceStore
+    from agentforge.privacy.answer import EngineTokens
 
 __all__ = ["create_gateway", "CallContext"]
 
@@ -138,6 +139,11 @@ class _Gateway(SpanRecorder):
         if self._client is None:
             self._client = upstream_client(self._transport, self._timeout_s)
         return self._client
+
+    def engine_tokens(self, ctx: CallContext) -> EngineTokens | None:
+        """The served engine's ``/detokenize`` and ``/tokenize`` (engines that render on ``/tokenize`` only)."""
+        upstream = ctx.upstream
+        return UpstreamTokens(self.client, upstream) if upstream is not None and upstream.token_in else None
 
     # --- handlers -------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
@@ -184,7 +190,7 @@ class _Gateway(SpanRecorder):
                 ctx.version, upstream = self.router.acquire(target)
             else:
                 ctx.version, upstream = await self._tenant_acquire(request, ctx, target)
-            ctx.logprobs_mode = upstream.logprobs_mode
+            ctx.logprobs_mode, ctx.upstream = upstream.logprobs_mode, upstream
         except TenantRefused as exc:
             body = error_body(str(exc), "permission_error", "tenant_refused")
             return await self.fail(ctx, 403, body, "tenant_refused")
@@ -214,7 +220,7 @@ class _Gateway(SpanRecorder):
             except VersionRefused as refused:  # held for a canary that failed: ask the version before it
                 release()
                 ctx.version, upstream = self.router.acquire(refused.fallback)
-                released = False
+                ctx.upstream, released = upstream, False
                 continue
             except BaseException:
                 release()

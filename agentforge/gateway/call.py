@@ -15,7 +15,7 @@ from agentforge.gateway.wire import Endpoint, error_body
 from agentforge.types import now
 
 if TYPE_CHECKING:
-    from agentforge.gateway.router import ModelRouter
+    from agentforge.gateway.router import ModelRouter, Upstream
     from agentforge.privacy.flight import CallPrivacy
 
 __all__ = [
@@ -49,6 +49,7 @@ class CallContext:
         tenant: the tenant the call acts for (recorded on the span; ``None``: none).
         privacy: what the gateway's privacy policy did to this call (``None``: nothing; ``body`` is then
             the client's own).
+        upstream: the engine serving the call (``None`` until resolved).
         dialect: the API the client spoke when not the chat route's own (``"anthropic"``: the Messages API,
             translated to this chat call by :mod:`agentforge.gateway.anthropic`); recorded on the span.
     """
@@ -65,6 +66,7 @@ class CallContext:
         self.logprobs_mode: str | None = None
         self.privacy: CallPrivacy | None = None
         self.dialect: str | None = None
+        self.upstream: Upstream | None = None
 
     @property
     def model(self) -> str:

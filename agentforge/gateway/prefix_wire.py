@@ -9,16 +9,21 @@ embedded backend do (:func:`agentforge.toolcalls.parse_tool_calls`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from agentforge.gateway.wire import ClientAsk, encode_json, shape_chunk
+from agentforge.gateway.upstream import UpstreamTimeout, UpstreamUnreachable
+from agentforge.gateway.wire import ClientAsk, decode_json, encode_json, shape_chunk
 from agentforge.toolcalls import parse_tool_calls
 
 if TYPE_CHECKING:
     from agentforge.gateway.router import Upstream
+    from agentforge.gateway.upstream import UpstreamClient
 
-__all__ = ["chat_answer", "chat_events", "engine_headers"]
+__all__ = ["UpstreamTokens", "chat_answer", "chat_events", "engine_headers"]
+
+logger = logging.getLogger("agentforge.gateway")
 
 
 def engine_headers(upstream: Upstream) -> dict[str, str]:
@@ -27,6 +32,45 @@ def engine_headers(upstream: Upstream) -> dict[str, str]:
     if upstream.api_key:
         headers["authorization"] = f"Bearer {upstream.api_key}"
     return headers
+
+
+class UpstreamTokens:
+    """An engine's tokenizer routes (vLLM's ``/detokenize`` and ``/tokenize``, served by the embedded backend too):
+    the :class:`~agentforge.privacy.answer.EngineTokens` the privacy policy re-tokenises a masked answer with.
+
+    Args:
+        client: the gateway's pooled upstream client.
+        upstream: the engine that served the call.
+    """
+
+    def __init__(self, client: UpstreamClient, upstream: Upstream) -> None:
+        self.client, self.upstream = client, upstream
+
+    async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        url = self.upstream.base_url.rstrip("/").removesuffix("/v1") + route
+        try:
+            response = await self.client.post(url, encode_json(body), engine_headers(self.upstream), False)
+        except (UpstreamTimeout, UpstreamUnreachable) as exc:
+            logger.warning("the engine's %s failed: %s", route, exc)
+            return None
+        data = decode_json(response.content or b"") if response.status_code < 400 else None
+        if not isinstance(data, dict):
+            logger.warning("the engine's %s answered HTTP %d", route, response.status_code)
+            return None
+        return data
+
+    async def detokenize(self, ids: list[int]) -> str | None:
+        """The text of ``ids`` as the engine decodes them, or ``None``."""
+        data = await self._post("/detokenize", {"model": self.upstream.model, "tokens": ids})
+        text = data.get("prompt") if data else None
+        return text if isinstance(text, str) else None
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        """The ids of ``text`` (no special tokens added), or ``None``."""
+        body = {"model": self.upstream.model, "prompt": text, "add_special_tokens": False}
+        data = await self._post("/tokenize", body)
+        ids = data.get("tokens") if data else None
+        return ids if isinstance(ids, list) and all(type(t) is int for t in ids) else None
 
 
 def _chat_logprobs(logprobs: Any) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from agentforge.types import LLMCall, Span, SpanKind, now
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
+    from agentforge.privacy.answer import EngineTokens
     from agentforge.privacy.flight import PrivacyGuard
 
 __all__ = ["SpanRecorder"]
@@ -63,7 +64,14 @@ class SpanRecorder:
         **attributes: Any,
     ) -> None:
         """Write the call's span and wait until it is committed; store failures are logged, not raised.
-        The write itself always finishes (``asyncio.shield``), even when the waiting caller is cancelled."""
+        The write itself always finishes (``asyncio.shield``), even when the waiting caller is cancelled.
+        In ``mask`` mode personal data the model wrote is masked first, in what is stored and in what later
+        continuations show the engine (:mod:`agentforge.privacy.answer`)."""
+        if self.privacy is not None and (llm.response_text or llm.tool_calls):
+            llm, ctx.privacy, wrote = await self.privacy.amask_answer(
+                ctx.rollout_id, ctx.privacy, llm, self.engine_tokens(ctx)
+            )
+            attributes = {**attributes, **wrote}
         self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
         if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
             guard = self.privacy
@@ -92,6 +100,11 @@ class SpanRecorder:
                 "the client at <gateway>/rollouts/<rollout_id>/v1 or send the X-Rollout-Id header to attribute it",
             )
         await self._write(span)
+
+    def engine_tokens(self, ctx: CallContext) -> EngineTokens | None:
+        """The tokenizer routes of the engine that served ``ctx`` (``None``: none known; the gateway's own
+        override asks the engine)."""
+        return None
 
     def _orphan(self, span: Span) -> None:
         span.attributes["orphan"] = True

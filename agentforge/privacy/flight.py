@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from agentforge.privacy.answer import EngineTokens, answer_ids, answer_texts, mask_answer_text
 from agentforge.privacy.config import PLACEHOLDER_RE, PrivacyConfig, PrivacyMode
 from agentforge.privacy.detect import Detector, digit_count
 from agentforge.privacy.mapping import Mapping, split_open_tail
@@ -363,6 +364,64 @@ class PrivacyGuard:
 
         _walk_texts(body, endpoint, cost)
         return total
+
+    async def amask_answer(
+        self,
+        rollout_id: str | None,
+        privacy: CallPrivacy | None,
+        llm: LLMCall,
+        tokens: EngineTokens | None,
+    ) -> tuple[LLMCall, CallPrivacy | None, dict[str, Any]]:
+        """In ``mask`` mode: the answered call with the personal data the model wrote masked, as it is stored and
+        as a continuation shows it to the engine (:mod:`agentforge.privacy.answer`).
+
+        The answer's text and tool-call arguments are scanned (in a worker thread when the scan is estimated
+        over :attr:`INLINE_SCAN_US`); a value found joins the rollout's mapping, so the client's echo of the
+        answer masks to the same placeholder.
+
+        Args:
+            rollout_id: the call's rollout (``None``: a mapping of the call's own).
+            privacy: what the request's masking did (``None``: it found nothing).
+            llm: the call as the engine answered it.
+            tokens: the serving engine's tokenizer routes, or ``None``.
+
+        Returns:
+            ``(call, privacy, span attributes)``: unchanged when nothing was found or the mode is not ``mask``;
+            otherwise the masked call, the call's :class:`CallPrivacy` (made here when the request had none;
+            its counts include the answer's) and the attributes :func:`~agentforge.privacy.answer.answer_ids`
+            gave.
+        """
+        if self.detector is None or self.config.mode is not PrivacyMode.mask:
+            return llm, privacy, {}
+        texts = [t for t in answer_texts(llm) if t]
+        if not texts:
+            return llm, privacy, {}
+        known = privacy.mapping if privacy is not None else None
+        if known is None and rollout_id is not None:
+            known = self._rollouts.get(rollout_id)
+        estimate = sum(0.12 * len(t) + 20.0 * digit_count(t) for t in texts)
+        if estimate > self.INLINE_SCAN_US:
+            found = await anyio.to_thread.run_sync(self._answer_has_data, known, texts, limiter=self._threads)
+        else:
+            found = self._answer_has_data(known, texts)
+        if not found:
+            return llm, privacy, {}
+        if privacy is None:
+            privacy = CallPrivacy(
+                self.config.mode, self._mapping(rollout_id), Counter(), self.config.exportable
+            )
+        mapping = privacy.mapping
+        with mapping.lock:
+            masked, counts = mask_answer_text(mapping, llm)
+        privacy.counts.update(counts)
+        masked, attributes = await answer_ids(masked, llm, mapping, tokens)
+        return masked, privacy, attributes
+
+    def _answer_has_data(self, known: Mapping | None, texts: list[str]) -> bool:
+        assert self.detector is not None
+        if known is not None and known.by_value and any(known.known_in(t) for t in texts):
+            return True
+        return any(self.detector.find(t) for t in texts)
 
     async def aseal(self, privacy: CallPrivacy, llm: LLMCall) -> tuple[LLMCall, dict[str, Any]]:
         """:meth:`CallPrivacy.seal` off the event loop where it scans (``redact`` mode scans the answer)."""

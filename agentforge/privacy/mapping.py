@@ -97,6 +97,10 @@ class Mapping:
             self._cached_chars += len(text) + len(masked)
         return masked, counts
 
+    def known_in(self, text: str) -> bool:
+        """Whether ``text`` holds a value this rollout already masked (substring search)."""
+        return any(value in text for value in list(self.by_value))
+
     def _known_findings(self, text: str) -> list[Finding]:
         """Occurrences of values this rollout already masked (substring search: no regex to rebuild as the
         rollout's values grow); longer values first, so ``resolve`` order in :meth:`mask` keeps them."""

@@ -1,9 +1,10 @@
 """``EmbeddedServer``: an in-process transformers + peft backend for machines without vLLM.
 
 It serves the OpenAI routes the gateway uses — ``/v1/chat/completions`` (plain and streamed),
-``/v1/completions`` (text or token-id prompts), ``/v1/models``, and vLLM's ``/tokenize`` (a chat rendered to
-ids, for the gateway's token-in continuations) — from a FastAPI app on a loopback port in a background thread, with
-any number of LoRA adapters loaded side by side (peft multi-adapter). Responses carry
+``/v1/completions`` (text or token-id prompts), ``/v1/models``, vLLM's ``/tokenize`` (a chat rendered to ids, for
+the gateway's token-in continuations) and ``/detokenize`` (ids to text, for masking what the model wrote) —
+from a FastAPI app on a loopback port in a background thread, with any number of LoRA adapters loaded side by
+side (peft multi-adapter). Responses carry
 ``prompt_token_ids``, ``choices[0].token_ids`` and ``logprobs`` in vLLM's format, by default with vLLM's default
 ``logprobs_mode`` (log-softmax of the raw logits, before temperature; ``logprobs_mode=`` picks), so the gateway treats both
 backends alike. One request generates at a time (a lock); it is meant for tests, demos and small CPUs,
@@ -446,6 +447,15 @@ class EmbeddedServer:
             except render_errors as exc:
                 raise _RequestError(400, f"cannot render: {type(exc).__name__}: {exc}") from None
             return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
+
+        @app.post("/detokenize", dependencies=keyed)
+        def detokenize(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+            """vLLM's ``/detokenize``: ``tokens`` (ids) → ``prompt`` (their text, special tokens kept)."""
+            ids = body.get("tokens")
+            vocab = len(self._tokenizer)
+            if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab for t in ids):
+                raise _RequestError(400, f"'tokens' must be a list of token ids in [0, {vocab})")
+            return {"prompt": self._tokenizer.decode(ids)}
 
         return app
 
