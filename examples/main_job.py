@@ -160,6 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "round 1 adapter, one seed: 1e-4 +0.053 held-out, 5e-4 -0.093; benchmarks/learning.py --capture-arms)",
     )
     p.add_argument(
+        "--negative-advantage-scale",
+        type=float,
+        default=1.0,
+        help="GRPO: multiply the negative advantages by this (TrainConfig.negative_advantage_scale; 0 = only the "
+        "samples better than their group's mean are pushed, 1 = GRPO as published)",
+    )
+    p.add_argument(
         "--act-temperature",
         type=float,
         default=0.0,
@@ -616,6 +623,7 @@ def round_config(
         wait_timeout_s=1200,
         init_adapter=init,
         explored_samples="train" if args.act_temperature else "exclude",
+        negative_advantage_scale=args.negative_advantage_scale,
     )
 
 

@@ -116,6 +116,14 @@ def train(
             "with the rollout's reward. --group-size then counts rows: a group is group-size / N rollouts.",
         ),
     ] = 1,
+    negative_advantage_scale: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Multiply every negative advantage by this: 1 is GRPO as published, 0 pushes only the rollouts "
+            "better than their group's mean (RAFT-like); in between, worse rollouts are pushed down less.",
+        ),
+    ] = 1.0,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
@@ -159,6 +167,7 @@ def train(
             agent_name=agent if agent_name is None else agent_name,
             max_rows_per_micro_batch=max_rows_per_micro_batch,
             trajectories_per_rollout=trajectories_per_rollout,
+            negative_advantage_scale=negative_advantage_scale,
         )
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
@@ -199,7 +208,7 @@ def _config(
     **memory,
 ):
     """The run's :class:`TrainConfig`; ``memory`` takes its further fields (``max_rows_per_micro_batch``,
-    ``logprob_chunk_tokens``, ``trajectories_per_rollout``; default: TrainConfig's)."""
+    ``logprob_chunk_tokens``, ``trajectories_per_rollout``, ``negative_advantage_scale``; default: TrainConfig's)."""
     import torch
 
     from agentforge.trainers.grpo_config import TrainConfig

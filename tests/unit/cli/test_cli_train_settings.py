@@ -84,3 +84,14 @@ def test_train_takes_trajectories_per_rollout_for_parallel_branches(captured) ->
         ],
     )
     assert odd.exit_code != 0 and "trajectories_per_rollout=2 must be >= 1 and divide" in odd.output
+
+
+def test_train_takes_the_negative_advantage_scale_and_refuses_a_negative_one(captured) -> None:  # type: ignore[no-untyped-def]
+    _train()
+    assert captured["config"].negative_advantage_scale == 1.0  # GRPO as published
+    _train("--negative-advantage-scale", "0.25")
+    assert captured["config"].negative_advantage_scale == 0.25
+    result = CliRunner().invoke(
+        app, ["train", "shop_agent.py:agent", "--tasks", "tasks.jsonl", "--negative-advantage-scale", "-1"]
+    )
+    assert result.exit_code == 2 and "--negative-advantage-scale" in result.output
