@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from agentforge.privacy.mapping import Mapping
@@ -98,14 +99,18 @@ def _common_head(a: list[int], b: list[int]) -> int:
 
 
 async def answer_ids(
-    masked: LLMCall, sampled: LLMCall, mapping: Mapping, tokens: EngineTokens | None
+    masked: LLMCall,
+    sampled: LLMCall,
+    mask: Callable[[str], Awaitable[tuple[str, Counter[str]]]],
+    tokens: EngineTokens | None,
 ) -> tuple[LLMCall, dict[str, int | str]]:
     """The stored ids of an answer in which the model wrote personal data (see the module docstring).
 
     Args:
         masked: the call with its text masked (:func:`mask_answer_text`).
         sampled: the call as the engine answered it (the sampled ids, ``(C,)``, and their logprobs).
-        mapping: the rollout's placeholders (already holding the values the answer's text carried).
+        mask: masks a text with the rollout's mapping (which already holds the values the answer's text carried;
+            the caller decides where the scan runs).
         tokens: the engine that served the call, or ``None`` (no engine can re-tokenise).
 
     Returns:
@@ -119,8 +124,7 @@ async def answer_ids(
     if tokens is not None:
         raw = await tokens.detokenize(list(ids))
         if raw is not None:
-            with mapping.lock:
-                text, found = mapping.mask(raw)
+            text, found = await mask(raw)
             if (
                 found
             ):  # the values are in the sampled text as the engine decodes it: re-tokenise the masked one

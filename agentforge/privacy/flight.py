@@ -411,10 +411,22 @@ class PrivacyGuard:
                 self.config.mode, self._mapping(rollout_id), Counter(), self.config.exportable
             )
         mapping = privacy.mapping
-        with mapping.lock:
-            masked, counts = mask_answer_text(mapping, llm)
+
+        def locked(fn: Callable[[], Any]) -> Any:
+            with mapping.lock:
+                return fn()
+
+        async def run(fn: Callable[[], Any], cost_us: float) -> Any:  # a big scan goes to a worker thread
+            if cost_us > self.INLINE_SCAN_US:
+                return await anyio.to_thread.run_sync(locked, fn, limiter=self._threads)
+            return locked(fn)
+
+        async def mask_text(text: str) -> tuple[str, Counter[str]]:
+            return await run(lambda: mapping.mask(text), 0.12 * len(text) + 20.0 * digit_count(text))
+
+        masked, counts = await run(lambda: mask_answer_text(mapping, llm), estimate)
         privacy.counts.update(counts)
-        masked, attributes = await answer_ids(masked, llm, mapping, tokens)
+        masked, attributes = await answer_ids(masked, llm, mask_text, tokens)
         return masked, privacy, attributes
 
     def _answer_has_data(self, known: Mapping | None, texts: list[str]) -> bool:
