@@ -9,6 +9,7 @@ whose :meth:`~CallPrivacy.restore_body` / :meth:`~CallPrivacy.restore_sse` rewri
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import Counter, OrderedDict
@@ -94,6 +95,34 @@ def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], s
         if isinstance(body.get("suffix"), str):
             out["suffix"] = fn(body["suffix"], False)
     return out
+
+
+def _mask_split_values(
+    mapping: Mapping, body: dict[str, Any], counts: Counter[str], issued: set[str]
+) -> dict[str, Any]:
+    """``body`` (masked chat) with values split across two of the person's messages masked too: each user
+    message's text and the next user message's (other roles may come between), :meth:`Mapping.split_value`."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return body
+    users = [
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
+    if len(users) < 2:
+        return body
+    out = list(messages)
+    for i, j in itertools.pairwise(users):
+        found = mapping.split_value(out[i]["content"], out[j]["content"])
+        if found is None:
+            continue
+        ph, keep, skip = found
+        out[i] = {**out[i], "content": out[i]["content"][:keep] + ph}
+        out[j] = {**out[j], "content": ph + out[j]["content"][skip:]}
+        counts[ph[1:].rsplit("_", 1)[0]] += 1
+        issued.add(ph)
+    return {**body, "messages": out}
 
 
 def _part_with(part: Any, fn: Callable[[str, bool], str]) -> Any:
@@ -473,6 +502,8 @@ class PrivacyGuard:
             return body, CallPrivacy(self.config.mode, mapping, counts, self.config.exportable)
         with mapping.lock:  # a rollout's concurrent calls (parallel tool branches) share its placeholders
             masked = _walk_texts(body, endpoint, mask)
+            if endpoint == "chat":
+                masked = _mask_split_values(mapping, masked, counts, issued)
         if not counts and not mapping.by_value:
             return body, None
         return masked, CallPrivacy(

@@ -22,6 +22,12 @@ _CACHED_TEXT_CHARS = 64 * 1024
 _CACHE_CHARS = 1024 * 1024
 
 
+#: characters scanned on each side of the boundary between two messages for a value split across them
+SPLIT_WINDOW = 64
+#: boundaries remembered per rollout (a chat resends its history every turn)
+_SPLIT_CACHE = 256
+
+
 def json_escaped(value: str) -> str:
     """``value`` as it reads inside a JSON string (tool-call arguments)."""
     return json.dumps(value, ensure_ascii=False)[1:-1]
@@ -46,6 +52,7 @@ class Mapping:
         self._texts: dict[str, tuple[str, Counter[str]]] = {}
         self._cached_chars = 0
         self.lock = threading.Lock()  #: held by whoever masks with this mapping (calls run in worker threads)
+        self._splits: dict[tuple[str, str], tuple[str, int, int] | None] = {}
 
     def placeholder(self, category: str, value: str) -> str:
         """The placeholder of ``value`` (a new one, numbered next in ``category``, if unseen)."""
@@ -96,6 +103,35 @@ class Mapping:
             self._texts[text] = (masked, Counter(counts))
             self._cached_chars += len(text) + len(masked)
         return masked, counts
+
+    def split_value(self, first: str, second: str) -> tuple[str, int, int] | None:
+        """A value a person split across two messages (``4111 1111`` then ``1111 1111``; a street address cut
+        after its street name): the last :data:`SPLIT_WINDOW` characters of ``first`` and the first ones of
+        ``second`` are scanned joined by a space, and only a finding that crosses the space counts. (Joined
+        directly, any two words would make one, so a value cut inside a word, ``bob.smith@`` then
+        ``example.org``, is not found.)
+
+        Args:
+            first, second: the two (already masked) message texts.
+
+        Returns:
+            ``(placeholder, keep, skip)``: ``first[:keep] + placeholder`` and ``placeholder + second[skip:]`` are
+            the masked texts; ``None`` when no value crosses the boundary. Remembered per pair of texts.
+        """
+        key = (first[-SPLIT_WINDOW:], second[:SPLIT_WINDOW])
+        if key in self._splits:
+            return self._splits[key]
+        tail, head = key
+        cut = len(tail)
+        found: tuple[str, int, int] | None = None
+        crossing = [f for f in self.detector.find(f"{tail} {head}") if f.start < cut and f.end > cut + 1]
+        if crossing:
+            f = crossing[0]
+            found = (self.placeholder(f.category, f.value), len(first) - (cut - f.start), f.end - cut - 1)
+        while len(self._splits) >= _SPLIT_CACHE:
+            self._splits.pop(next(iter(self._splits)))
+        self._splits[key] = found
+        return found
 
     def known_in(self, text: str) -> bool:
         """Whether ``text`` holds a value this rollout already masked (substring search)."""

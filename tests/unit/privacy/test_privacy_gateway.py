@@ -281,3 +281,23 @@ def test_other_dialects_are_masked_in_flight_too(served) -> None:
     assert [s.attributes["dialect"] for s in spans] == ["anthropic"] * 2 + ["responses"] * 2
     stored = "".join(s.model_dump_json() for s in spans)
     assert all(value not in stored for value in (VISA, ACCOUNT, "AKIAIOSFODNN7EXAMPLE"))
+
+
+def test_a_card_split_across_two_user_messages_is_masked_in_both(served) -> None:
+    """Issue 36, detector bypasses: "values split across two messages" (an assistant turn between them)."""
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    messages = [
+        {"role": "user", "content": "My card is 4111 1111"},
+        {"role": "assistant", "content": "Go on."},
+        {"role": "user", "content": "1111 1111, thanks. I want 2"},
+        {"role": "user", "content": "3 boxes"},  # two numbers that make no value together stay as they are
+    ]
+    upstream.add(ScriptedTurn("Charged <CARD_1>."))
+    answer = _post(server, rid, messages).json()["choices"][0]["message"]
+    assert answer["content"] == "Charged 4111 1111 1111 1111."
+    sent = [m["content"] for m in upstream.requests[-1].body["messages"]]
+    assert sent == ["My card is <CARD_1>", "Go on.", "<CARD_1>, thanks. I want 2", "3 boxes"]
+    (span,) = server.store.list_spans(rollout_id=rid)
+    assert "4111" not in span.model_dump_json() and "1111 1111" not in span.model_dump_json()
+    assert span.attributes["privacy"]["redactions"] == {"CARD": 1}
