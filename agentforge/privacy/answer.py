@@ -125,9 +125,8 @@ async def answer_ids(
         raw = await tokens.detokenize(list(ids))
         if raw is not None:
             text, found = await mask(raw)
-            if (
-                found
-            ):  # the values are in the sampled text as the engine decodes it: re-tokenise the masked one
+            # the values are in the sampled text as the engine decodes it: re-tokenise the masked one
+            if found:
                 rewritten = await tokens.tokenize(text)
     if not rewritten:
         withheld = {"completion_token_ids": None, "logprobs": None, "trainable": False}

@@ -33,6 +33,12 @@ _DETECTORS: dict[str, Detector] = {}
 _DETECTORS_LOCK = threading.Lock()
 
 
+def _scan_cost_us(text: str) -> float:
+    """The detector's estimated cost of scanning ``text``, µs: about 0.12 µs a character plus 20 µs a digit
+    (``phonenumbers`` tries every window of a digit run; ``benchmarks/privacy_detection.py``)."""
+    return 0.12 * len(text) + 20.0 * digit_count(text)
+
+
 def _placeholders(text: str) -> set[str]:
     return {m.group(0) for m in PLACEHOLDER_RE.finditer(text)} if "<" in text else set()
 
@@ -388,7 +394,7 @@ class PrivacyGuard:
         def cost(text: str, _is_json: bool) -> str:
             nonlocal total
             if mapping is None or not mapping.is_cached(text):
-                total += 0.12 * len(text) + 20.0 * digit_count(text)
+                total += _scan_cost_us(text)
             return text
 
         _walk_texts(body, endpoint, cost)
@@ -428,7 +434,7 @@ class PrivacyGuard:
         known = privacy.mapping if privacy is not None else None
         if known is None and rollout_id is not None:
             known = self._rollouts.get(rollout_id)
-        estimate = sum(0.12 * len(t) + 20.0 * digit_count(t) for t in texts)
+        estimate = sum(_scan_cost_us(t) for t in texts)
         if estimate > self.INLINE_SCAN_US:
             found = await anyio.to_thread.run_sync(self._answer_has_data, known, texts, limiter=self._threads)
         else:
@@ -451,7 +457,7 @@ class PrivacyGuard:
             return locked(fn)
 
         async def mask_text(text: str) -> tuple[str, Counter[str]]:
-            return await run(lambda: mapping.mask(text), 0.12 * len(text) + 20.0 * digit_count(text))
+            return await run(lambda: mapping.mask(text), _scan_cost_us(text))
 
         masked, counts = await run(lambda: mask_answer_text(mapping, llm), estimate)
         privacy.counts.update(counts)
