@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import http.client
 import json
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "What time is it?"}]}
 
@@ -127,3 +133,14 @@ def sse_chunk(
     """A vLLM-shaped streamed chat chunk for :class:`RawEngine`."""
     choice = {"index": 0, "delta": delta, "token_ids": token_ids, "finish_reason": finish_reason}
     return {"id": "x", "object": "chat.completion.chunk", "model": "base", "choices": [choice]}
+
+
+@contextlib.contextmanager
+def stacks_on_timeout() -> Iterator[None]:
+    """On an ``httpx.TimeoutException`` inside the block, print every thread's stack to stderr (pytest shows it
+    with the failure), so a request that hangs on a busy CI host says what the server's threads were doing."""
+    try:
+        yield
+    except httpx.TimeoutException:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise

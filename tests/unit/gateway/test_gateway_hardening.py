@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from gateway_helpers import CHAT
+from gateway_helpers import CHAT, stacks_on_timeout
 
 from agentforge.errors import UserError
 from agentforge.gateway.app import create_gateway
@@ -149,16 +149,15 @@ def test_the_gateways_store_routes_refuse_a_body_over_the_store_limit(monkeypatc
     monkeypatch.setattr("agentforge.bodylimit.API_MAX_BODY_BYTES", 64 * 1024)
     upstream, store = ScriptedUpstream(["x"], cycle=True), memory_store()
     app = create_gateway(store, upstream.router(), transport=upstream.transport())
-    with AppServer(app) as server:
+    with AppServer(app) as server, stacks_on_timeout():  # 60 s: a busy CI host once took > 10 s here
         span = {"kind": "custom", "name": "big", "attributes": {"x": "a" * 100_000}}
-        r = httpx.post(f"{server.url}/api/spans", json=span, timeout=10)
+        r = httpx.post(f"{server.url}/api/spans", json=span, timeout=60)
         assert r.status_code == 413 and "65536 bytes" in r.json()["detail"]["message"], r.text
-        ok = httpx.post(
-            f"{server.url}/api/spans", json={**span, "name": "small", "attributes": {}}, timeout=10
-        )
+        small = {**span, "name": "small", "attributes": {}}
+        ok = httpx.post(f"{server.url}/api/spans", json=small, timeout=60)
         assert ok.status_code == 200, ok.text
         chat = {**CHAT, "messages": [{"role": "user", "content": "b" * 100_000}]}  # under the 4 MiB LLM limit
-        assert httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=10).status_code == 200
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
     assert [s.name for s in store.list_spans() if s.kind.value == "custom"] == ["small"]
 
 
