@@ -93,19 +93,20 @@ ARM_KEYS = {
 }
 
 
-def parse_capture_keys(text: str) -> float:
-    """A ``--capture-arms`` arm's optional ``key=value`` part → its ``negative_advantage_scale`` (default 1).
+def parse_capture_keys(text: str) -> dict[str, float]:
+    """A ``--capture-arms`` arm's optional ``key=value,...`` part → ``{"negative_advantage_scale",
+    "success_bonus"}`` (defaults 1 and 0: GRPO as published).
 
     Raises:
-        ValueError: a key other than ``negative_advantage_scale`` or a value below 0.
+        ValueError: another key, or a value below 0 (or NaN).
     """
-    scale = 1.0
+    keys = {"negative_advantage_scale": 1.0, "success_bonus": 0.0}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        if key != "negative_advantage_scale" or not float(value) >= 0:
-            raise ValueError(f"capture arm key {item!r}: only negative_advantage_scale=<float >= 0>")
-        scale = float(value)
-    return scale
+        if key not in keys or not float(value) >= 0:
+            raise ValueError(f"capture arm key {item!r}: only {' or '.join(keys)} = <float >= 0>")
+        keys[key] = float(value)
+    return keys
 
 
 def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
@@ -292,7 +293,9 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
       "train"``), only the groups whose rewards differ (the rest have zero advantage), ``--tasks-per-step``
       groups a step, ``epochs`` passes (default 1), constant learning rate, no warm-up;
     * ``name:learning_rate:epochs:negative_advantage_scale=x``: the same with the negative advantages scaled by
-      ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean).
+      ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean);
+    * ``...:success_bonus=b``: every success's advantage + ``b`` (``TrainConfig.success_bonus``), and the groups
+      in which every sample succeeded train too (GRPO gives them no advantage; the bonus makes them SFT rows).
     """
     from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
     from agentforge.trainers.replay.grpo import StoredGroupSource
@@ -319,6 +322,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             force_every=mj.capture_force_every(args),
         )
         signal, tasks_seen = mj.capture_groups(store, pool, parent, since)
+        solved, _ = mj.capture_groups(store, pool, parent, since, all_success=True)
         print(
             f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
             f"{captured['parts']['success']:.3f}, {len(signal)} of {tasks_seen} tasks with reward spread",
@@ -339,13 +343,14 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                     max_per_task=args.warm_per_task,
                 )
                 adapter = Path(run_replay_sft(model, store, sft_flt, config, publisher).adapter_dir)
-                steps, lr, epochs, scale = None, args.warm_learning_rate, args.warm_epochs, None
+                steps, lr, epochs, keys = None, args.warm_learning_rate, args.warm_epochs, {}
             else:
                 lr_text, _, more = rest.partition(":")
                 epochs_text, _, keys_text = more.partition(":")
                 lr, epochs = float(lr_text), float(epochs_text or 1)
-                scale = parse_capture_keys(keys_text)
-                steps = max(1, int(len(signal) * epochs) // args.tasks_per_step)
+                keys = parse_capture_keys(keys_text)
+                groups = {**signal, **solved} if keys["success_bonus"] > 0 else signal
+                steps = max(1, int(len(groups) * epochs) // args.tasks_per_step)
                 arm_args = argparse.Namespace(
                     **{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0, "steps": steps}
                 )
@@ -359,8 +364,9 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                     rollout_version="served",
                 )
                 config.explored_samples = "train"
-                config.negative_advantage_scale = scale
-                source = StoredGroupSource(signal, args.warm_samples, explored=True)
+                config.negative_advantage_scale = keys["negative_advantage_scale"]
+                config.success_bonus = keys["success_bonus"]
+                source = StoredGroupSource(groups, args.warm_samples, explored=True)
                 trainer = LightningTrainer(
                     model, store, None, config, publisher, source=source, swap_during_training=False
                 )
@@ -380,7 +386,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 "lr": lr,
                 "epochs": epochs,
                 "steps": steps,
-                "negative_advantage_scale": scale,
+                **keys,
                 "parent": parent_score,
                 "held_out": held,
                 "gain": held - parent_score,

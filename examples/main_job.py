@@ -683,11 +683,12 @@ def task_slice(train: list[Task], width: int, k: int) -> list[Task]:
 
 
 def capture_groups(
-    store: TraceStore, tasks: list[Task], version: str, since: float
+    store: TraceStore, tasks: list[Task], version: str, since: float, *, all_success: bool = False
 ) -> tuple[dict[str, list[Any]], int]:
     """The GRPO groups of a capture: ``version``'s rollouts of ``tasks`` since ``since`` (epoch seconds), one group
-    per task id, only the groups whose rewards differ (the rest carry zero advantage). Returns ``(groups, number
-    of tasks with any selected rollout)``."""
+    per task id, only the groups whose rewards differ (the rest carry zero advantage) — or, with
+    ``all_success``, only those whose every reward is 1 (what ``TrainConfig.success_bonus`` trains on). Returns
+    ``(groups, number of tasks with any selected rollout)``."""
     flt = TraceFilter(
         task_ids=tuple(t.task_id for t in tasks),
         resources={"policy": version},
@@ -697,8 +698,10 @@ def capture_groups(
     by_task: dict[str, list[Any]] = {}
     for rec in select_traces(store, flt, allow_empty=True).records:
         by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
-    groups = {k: v for k, v in by_task.items() if len({r.reward for r in v if r.reward is not None}) > 1}
-    return groups, len(by_task)
+    rewards = {k: {r.reward for r in v if r.reward is not None} for k, v in by_task.items()}
+    if all_success:
+        return {k: v for k, v in by_task.items() if rewards[k] == {1.0}}, len(by_task)
+    return {k: v for k, v in by_task.items() if len(rewards[k]) > 1}, len(by_task)
 
 
 def capture_grpo_round(

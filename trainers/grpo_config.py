@@ -8,6 +8,7 @@ optimizer steps, and samples older than ``max_staleness`` versions are dropped.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from agentforge.errors import ConfigError, MissingExtraError
@@ -82,6 +83,13 @@ class TrainConfig(LoraFields, GRPOConfig):
             0 keeps only the positive half (a reward-weighted form of rejection-sampling fine-tuning, RAFT:
             Dong et al. 2023; Xiong et al. 2025, "A Minimalist Approach to LLM Reasoning", arXiv 2504.11343,
             found the positive samples carry most of GRPO's pass@1 gain). Must be >= 0.
+        success_bonus: added to the advantage of every sample whose reward is at least ``success_reward``
+            (default 0: GRPO as published). A supervised term inside the RL update: with the importance ratio
+            at 1 the policy gradient of ``A + b`` is GRPO's plus ``b`` × the log-likelihood gradient of the
+            successes (rejection-sampling SFT), so groups in which every sample succeeded, which GRPO gives
+            no gradient, anchor what the policy already does (PPO-ptx, Ouyang et al. 2022; CHORD, Zhang et al.
+            2025, arXiv 2508.11408). Must be >= 0.
+        success_reward: the reward at or above which a sample counts as a success for ``success_bonus``.
         swap_every: publish and hot-swap the adapter every this many optimizer steps (k).
         max_staleness: samples produced by a version more than this many versions behind the
             current one are dropped (masked and counted), never trained on.
@@ -128,6 +136,13 @@ class TrainConfig(LoraFields, GRPOConfig):
     negative_advantage_scale: float = field(
         default=1.0,
         metadata={"help": "Multiply negative advantages by this (0 = positive half only, 1 = GRPO)."},
+    )
+    success_bonus: float = field(
+        default=0.0,
+        metadata={"help": "Add this to the advantage of every sample rewarded >= success_reward (0 = GRPO)."},
+    )
+    success_reward: float = field(
+        default=1.0, metadata={"help": "The reward at or above which a sample counts for success_bonus."}
     )
     swap_every: int = field(default=1, metadata={"help": "Hot-swap the adapter every k optimizer steps."})
     max_staleness: int = field(default=1, metadata={"help": "Drop samples more than this many versions old."})
@@ -190,6 +205,10 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"rollout_version={self.rollout_version!r} (must be 'served' or 'trained')")
         if not self.negative_advantage_scale >= 0:  # NaN too
             problems.append(f"negative_advantage_scale={self.negative_advantage_scale} (must be >= 0)")
+        if not self.success_bonus >= 0:  # NaN too
+            problems.append(f"success_bonus={self.success_bonus} (must be >= 0)")
+        if not math.isfinite(self.success_reward):
+            problems.append(f"success_reward={self.success_reward} (must be a finite number)")
         if self.swap_every < 1:
             problems.append(f"swap_every={self.swap_every} (must be >= 1)")
         if self.max_staleness < 0:

@@ -15,7 +15,7 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   (``num_iterations == 1``), the engine correction's importance ratio comes from the training forward instead
   of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
 * :class:`NegativeAdvantageScale` — ``TrainConfig.negative_advantage_scale`` scales the negative advantages
-  TRL computed, before the loss sees them.
+  TRL computed, and ``TrainConfig.success_bonus`` is added to the successes', before the loss sees them.
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
   the lightning trainer can refuse to publish an adapter that received no gradient, and logs the share of
   groups with signal (``batch/signal_group_share``).
@@ -100,22 +100,51 @@ class LearningSignal:
 
 
 class NegativeAdvantageScale:
-    """Mixin for ``trl.GRPOTrainer``: negative advantages are multiplied by ``args.negative_advantage_scale``.
+    """Mixin for ``trl.GRPOTrainer``: negative advantages are multiplied by ``args.negative_advantage_scale``,
+    and successes get ``args.success_bonus`` added.
 
     ``advantages``: shape ``(rows,)``, one per sampled completion, as TRL's ``_generate_and_score_completions``
     returns them (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024). The scale
     (``>= 0``; 1 leaves them as they are) applies after the group statistics, so a group's positive samples
     keep their advantage and its negative ones are pushed down less (0: not at all). A sample's sign never
     changes, so the groups with signal stay the same.
+
+    Then every sample whose reward is ``>= args.success_reward`` gets ``args.success_bonus`` added (a group
+    whose samples all succeeded, zero advantage in GRPO, trains as rejection-sampling SFT does; see
+    ``TrainConfig.success_bonus``). The rewards are the ones TRL's ``_calculate_rewards`` returned for the
+    batch (shape ``(rows over all processes, reward functions)``, summed over the functions with their
+    weights); an unscorable sample (every function ``None``, NaN) gets no bonus.
     """
 
+    _batch_rewards: torch.Tensor | None = None
+
+    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rewards = super()._calculate_rewards(*args, **kwargs)  # type: ignore[misc]
+        self._batch_rewards = rewards
+        return rewards
+
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        self._batch_rewards = None
         out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
         scale = float(getattr(self.args, "negative_advantage_scale", 1.0))  # type: ignore[attr-defined]
+        bonus = float(getattr(self.args, "success_bonus", 0.0))  # type: ignore[attr-defined]
         advantages = out.get("advantages")
         if advantages is not None and scale != 1.0:
-            out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
+            advantages = out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
+        if advantages is not None and bonus > 0 and self._batch_rewards is not None:
+            out["advantages"] = advantages + bonus * self._local_successes(advantages).to(advantages.dtype)
         return out
+
+    def _local_successes(self, advantages: torch.Tensor) -> torch.Tensor:
+        """This process's rows (as TRL slices them) whose weighted reward is ``>= args.success_reward``."""
+        assert self._batch_rewards is not None
+        per_func = self._batch_rewards.to(advantages.device)
+        weights = self.reward_weights.to(per_func.device).unsqueeze(0)  # type: ignore[attr-defined]
+        unscorable = torch.isnan(per_func).all(dim=1)
+        rewards = (per_func * weights).nansum(dim=1)
+        success = (rewards >= float(self.args.success_reward)) & ~unscorable  # type: ignore[attr-defined]
+        rank, rows = self.accelerator.process_index, advantages.shape[0]  # type: ignore[attr-defined]
+        return success[rank * rows : (rank + 1) * rows]
 
 
 def _epoch_seeded(base: type) -> type:

@@ -10,7 +10,9 @@ the mean of 1 and 0 and its spread their standard deviation, so its usable membe
 masked ones 0 — a masked member counted as reward 0, or its stored reward counted, would move both; ``t2`` has no
 baseline (one usable member) and every advantage 0. The batch report counts each reason once per member.
 With ``negative_advantage_scale`` 0.25 the loss sees ``t1``'s negative member at a quarter of its advantage and
-the positive one unchanged (``trainers/lightning_grpo.NegativeAdvantageScale``).
+the positive one unchanged (``trainers/lightning_grpo.NegativeAdvantageScale``). With ``success_bonus`` 0.5
+every usable member rewarded 1 gets 0.5 added — ``t2``'s lone success too, which GRPO gives no advantage — and
+no masked member does; the share of groups with signal is GRPO's (0.5).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def _finish(store: Any, rollout: Any, reward: float | None, version: str, ok: bo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("negative_scale", [1.0, 0.25])
+@pytest.mark.parametrize(("negative_scale", "bonus"), [(1.0, 0.0), (0.25, 0.0), (1.0, 0.5)])
 def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
-    tmp_path: Path, negative_scale: float
+    tmp_path: Path, negative_scale: float, bonus: float
 ) -> None:
     import torch
 
@@ -85,6 +87,7 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
         learning_rate=1e-3,
         shuffle_dataset=False,
         negative_advantage_scale=negative_scale,
+        success_bonus=bonus,
     )
     trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
     seen = record_scored_batches(trainer)
@@ -96,8 +99,8 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
     for task, advantage in zip(order, out["advantages"].tolist(), strict=True):
         got[task].append(advantage)
     a = 0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4)  # TRL: (r - mean) / (std + 1e-4), std unbiased
-    assert got["t1"] == pytest.approx([a, -a * negative_scale, 0.0, 0.0], abs=1e-5)
-    assert got["t2"] == [0.0, 0.0, 0.0, 0.0]
+    assert got["t1"] == pytest.approx([a + bonus, -a * negative_scale, 0.0, 0.0], abs=1e-5)
+    assert got["t2"] == pytest.approx([bonus, 0.0, 0.0, 0.0], abs=1e-6)
     (report,) = source.reports
     assert dict(report.skipped) == {"failed": 2, "stale": 2, "missing_reward": 1}
     assert sorted(report.rewards) == [0.0, 1.0, 1.0]  # the usable members' rewards only
@@ -106,9 +109,10 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
     assert row["batch/signal_group_share"] == 0.5 and row["batch/skipped_stale"] == 2.0
 
 
+@pytest.mark.parametrize("key", ["negative_advantage_scale", "success_bonus"])
 @pytest.mark.parametrize("scale", [-0.5, float("nan")])
-def test_a_negative_or_nan_scale_is_a_clear_error(tmp_path: Path, scale: float) -> None:
+def test_a_negative_or_nan_scale_is_a_clear_error(tmp_path: Path, key: str, scale: float) -> None:
     from agentforge.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"negative_advantage_scale=.* \(must be >= 0\)"):
-        tiny_train_config(tmp_path / "run", negative_advantage_scale=scale)
+    with pytest.raises(ConfigError, match=rf"{key}=.* \(must be >= 0\)"):
+        tiny_train_config(tmp_path / "run", **{key: scale})
