@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["ScriptedUpstream"]
 
 _ROLE_IDS = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+_END_OF_TURN = 6  # what the fake template of ``/tokenize`` puts after each message
 
 
 def _content_text(message: dict[str, Any]) -> str:
@@ -38,6 +39,9 @@ class ScriptedUpstream:
         max_model_len: when set, a prompt with more fake ids than this gets vLLM's 400 context error.
         cycle: repeat the script forever (for load tests and benchmarks); requests are then counted in
             :attr:`served` but not kept in :attr:`requests`.
+
+    Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, the LoRA admin routes and
+    ``/tokenize`` (a fake chat template: each message is its role id, its text's fake ids and an end of turn).
 
     Attributes:
         requests: every chat/completions request received, in order (empty with ``cycle``).
@@ -108,6 +112,7 @@ class ScriptedUpstream:
         app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
         app.add_api_route("/v1/completions", self._completions, methods=["POST"])
         app.add_api_route("/v1/models", self._models, methods=["GET"])
+        app.add_api_route("/tokenize", self._tokenize, methods=["POST"])
         for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             app.add_api_route(path, self._admin, methods=["POST"])
         return app
@@ -120,6 +125,22 @@ class ScriptedUpstream:
             ScriptedRequest(request.url.path, await request.json(), dict(request.headers))
         )
         return {"status": "ok"}
+
+    async def _tokenize(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` over a fake chat template: each message renders as its role id, its text's fake
+        ids and an end-of-turn id, then the assistant role id with ``add_generation_prompt`` — enough for the
+        gateway's token-in continuation (``Upstream.token_in``) to build a follow-up call's ids."""
+        body = json.loads(await request.body())
+        if "messages" in body:
+            tokens = []
+            for message in body["messages"]:
+                tokens += [_ROLE_IDS.get(message.get("role"), 5), *fake_token_ids(_content_text(message))]
+                tokens.append(_END_OF_TURN)
+            if body.get("add_generation_prompt", True):
+                tokens.append(_ROLE_IDS["assistant"])
+        else:
+            tokens = self._prompt_ids(body, "completions")
+        return {"count": len(tokens), "max_model_len": self.max_model_len or 2048, "tokens": tokens}
 
     async def _chat(self, request: Request) -> Response:
         return await self._answer(request, "chat")

@@ -1,8 +1,9 @@
 """Abandoned calls (issue 36, a contract from public bug reports elsewhere): a client that leaves — mid-stream,
 before the first token, or a non-streamed call it stops waiting for — gets the engine request aborted (the
 scripted engine records its own abort, as vLLM aborts a request whose client left), and the span keeps the
-tokens already sampled (with their logprobs), usage asked or not. The token-in continuation path needs an engine
-that renders chat templates and is not covered here."""
+tokens already sampled (with their logprobs), usage asked or not. On the token-in continuation path (a rollout's
+follow-up call, sent to the engine's ``/v1/completions`` as ids, non-streamed whatever the client asked) the
+scripted engine renders its fake chat template on ``/tokenize``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
 from agentforge.testing import ScriptedTurn, ScriptedUpstream, memory_store
 from agentforge.types import Rollout, Span
@@ -116,3 +118,32 @@ def test_a_client_gone_before_the_call_began_cancels_it_at_once() -> None:
 
     cancelled, left, hook = asyncio.run(run())
     assert cancelled and left and hook is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_leaving_a_token_in_continuation_aborts_the_engine_request(stream: bool) -> None:
+    """Turn 2 of a conversation continues turn 1 token-in; its client gives up while the engine is still
+    generating: the engine request is aborted and the span is the continuation's, flagged as the client's."""
+    store = memory_store()
+    engine = ScriptedUpstream(["Which city?", ScriptedTurn(WORDS, delay_s=5.0)])
+    with engine.serve() as served:
+        router = ModelRouter()
+        router.register("policy@v1", Upstream(f"{served.url}/v1", "base", token_in=True))
+        router.set_alias("policy", "policy@v1")
+        with GatewayServer(store, router) as gateway:
+            rollout_id = store.enqueue_rollout(Rollout()).rollout_id
+            url = f"{gateway.rollout_base_url(rollout_id)}/chat/completions"
+            first = httpx.post(url, json={"model": "policy", "messages": MESSAGES}, timeout=30)
+            assert first.status_code == 200, first.text
+            said = first.json()["choices"][0]["message"]
+            follow = [*MESSAGES, {"role": "assistant", "content": said["content"]}]
+            follow.append({"role": "user", "content": "Paris."})
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url, json={"model": "policy", "messages": follow, "stream": stream}, timeout=0.5)
+            _wait_abort(engine, 1)
+            span = _span(store, rollout_id, 2)
+    assert engine.aborted == [(2, 0)]
+    assert engine.requests[-1].path == "/v1/completions", span.llm.flags  # the continuation went token-in
+    assert span.llm is not None and "token_in_continuation" in span.llm.flags, span.llm
+    assert "client_disconnected" in span.llm.flags and not span.llm.trainable
+    assert span.attributes.get("client_disconnected") is True and not span.llm.completion_token_ids
