@@ -32,7 +32,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import AsyncContentStream, JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
+from agentforge.gateway.dialect_io import chat_call, error_message, translate_response, translate_stream
 from agentforge.gateway.wire import Endpoint, decode_json, encode_json
 
 __all__ = [
@@ -421,9 +421,10 @@ class MessagesStream:
 
     def events(self, chunks: AsyncContentStream) -> AsyncGenerator[bytes, None]:
         """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
-        return translate_stream(chunks, self._chunk)
+        return translate_stream(chunks, self.on_chunk)
 
-    def _chunk(self, chunk: dict[str, Any] | None) -> bytes:
+    def on_chunk(self, chunk: dict[str, Any] | None) -> bytes:
+        """The Messages events for one chat event (``None``: the chat stream's ``[DONE]``)."""
         if chunk is None:  # [DONE]
             return self._finish_message()
         if "error" in chunk:
@@ -545,10 +546,8 @@ def messages_route(
         answer = await handle(chat_call(request, encode_json(chat), "anthropic"), "chat")
         if answer.status_code >= 400:
             return messages_error(answer.status_code, _error_message(answer))
-        if isinstance(
-            answer, StreamingResponse
-        ):  # the relay's own response, its events translated on the way
-            answer.body_iterator = MessagesStream(body).events(answer.body_iterator)
+        if isinstance(answer, StreamingResponse):  # the relay's events, translated on the way
+            translate_response(answer, MessagesStream(body).on_chunk)
             return answer
         data = decode_json(bytes(answer.body))
         return JSONResponse(messages_response(data, body))

@@ -7,13 +7,13 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal
 
 from starlette.requests import Request
-from starlette.responses import AsyncContentStream
+from starlette.responses import AsyncContentStream, StreamingResponse
 from starlette.types import Message
 
 from agentforge.gateway.call import DIALECT_KEY
 from agentforge.gateway.wire import decode_json
 
-__all__ = ["chat_call", "error_message", "translate_stream"]
+__all__ = ["DialectStream", "chat_call", "error_message", "translate_response", "translate_stream"]
 
 
 def chat_call(request: Request, chat_body: bytes, dialect: str) -> Request:
@@ -73,3 +73,22 @@ async def translate_stream(
         close = getattr(chunks, "aclose", None)
         if close is not None:
             await close()
+
+
+class DialectStream(StreamingResponse):
+    """A chat stream a dialect route may translate at its source: the gateway's relay
+    (:class:`~agentforge.gateway.stream.StreamRelay`) hands each event to the translator as the object it would
+    have encoded for a chat client, so the dialect's events cost no encode and decode of the chat event."""
+
+    def translate_at_source(self, on_chunk: Callable[[dict[str, Any] | None], bytes]) -> bool:
+        """Have ``on_chunk`` make the client's bytes from each chat event (``None`` for ``[DONE]``); ``False``
+        when this stream cannot (its events are rewritten after the relay, e.g. privacy's restore)."""
+        return False
+
+
+def translate_response(answer: StreamingResponse, on_chunk: Callable[[dict[str, Any] | None], bytes]) -> None:
+    """Make the chat stream ``answer`` the dialect's: at its source where it is a :class:`DialectStream` that
+    can, else by reading its SSE bytes back (:func:`translate_stream`)."""
+    if isinstance(answer, DialectStream) and answer.translate_at_source(on_chunk):
+        return
+    answer.body_iterator = translate_stream(answer.body_iterator, on_chunk)

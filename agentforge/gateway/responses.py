@@ -34,13 +34,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import AsyncContentStream, JSONResponse, Response, StreamingResponse
 
-from agentforge.gateway.dialect_io import chat_call, error_message, translate_stream
+from agentforge.gateway.dialect_io import chat_call, error_message, translate_response, translate_stream
 from agentforge.gateway.wire import Endpoint, decode_json, encode_json, error_body
 
 __all__ = [
@@ -445,14 +445,15 @@ class ResponsesStream:
 
     def events(self, chunks: AsyncContentStream) -> AsyncGenerator[bytes, None]:
         """Translate the chat SSE byte stream ``chunks`` (closed when done or closed early)."""
-        return translate_stream(chunks, self._chunk)
+        return translate_stream(chunks, self.on_chunk)
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         data = {"type": kind, **data, "sequence_number": self._seq}
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + encode_json(data) + b"\n\n"
 
-    def _chunk(self, chunk: dict[str, Any] | None) -> bytes:
+    def on_chunk(self, chunk: dict[str, Any] | None) -> bytes:
+        """The Responses events for one chat event (``None``: the chat stream's ``[DONE]``)."""
         if chunk is None:  # [DONE]
             return self._complete()
         out = [] if self._response is not None else [self._start(chunk)]
@@ -621,22 +622,16 @@ def responses_route(
             return answer  # OpenAI's error shape already
         response_id = _new_id("resp")
         keep = body.get("store", True) is not False
-        if isinstance(answer, StreamingResponse):
+        if isinstance(answer, StreamingResponse):  # the relay's events, translated on the way
             stream = ResponsesStream(body, response_id)
-            inner = stream.events(answer.body_iterator)
 
-            async def events() -> AsyncIterator[bytes]:
-                try:
-                    async for piece in inner:
-                        yield piece
-                    if keep and stream.assistant is not None:
-                        memory.remember(response_id, [*history, stream.assistant])
-                finally:
-                    await (
-                        inner.aclose()
-                    )  # closed early (the client left): the relay under it ends and records
+            def on_chunk(chunk: dict[str, Any] | None) -> bytes:
+                out = stream.on_chunk(chunk)
+                if chunk is None and keep and stream.assistant is not None:  # the stream completed
+                    memory.remember(response_id, [*history, stream.assistant])
+                return out
 
-            answer.body_iterator = events()
+            translate_response(answer, on_chunk)
             return answer
         response, assistant = response_object(decode_json(bytes(answer.body)), body, response_id)
         if keep:

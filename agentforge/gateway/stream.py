@@ -24,6 +24,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentforge.gateway.capture import StreamCapture, llm_call_from_response
+from agentforge.gateway.dialect_io import DialectStream
 from agentforge.gateway.tooldeltas import ToolCallDeltas
 from agentforge.gateway.upstream import UpstreamResponse, UpstreamStreamError
 from agentforge.gateway.wire import (
@@ -126,10 +127,6 @@ async def _drain(response: UpstreamResponse, limit: int = 64) -> None:
         return
 
 
-def _event(data: dict[str, Any]) -> bytes:
-    return b"data: " + encode_json(data) + b"\n\n"
-
-
 class StreamRelay:
     """Owns one upstream stream: relays it, captures it, records the span and releases the version.
 
@@ -153,6 +150,9 @@ class StreamRelay:
         self.capture = StreamCapture(ctx.endpoint)
         self.tools = ToolCallDeltas()  # chat only: tool-call deltas in the shape clients accumulate
         self._reader = SSEReader()
+        #: a dialect route's translator (:func:`~agentforge.gateway.dialect_io.translate_response`): each chat
+        #: event the client would get, as its decoded object (``None`` for ``[DONE]``) → the dialect's bytes
+        self.translate: Callable[[dict[str, Any] | None], bytes] | None = None
         self._recorded = False
         self._closed = False
         self._ended = False  # [DONE] handed out
@@ -191,14 +191,14 @@ class StreamRelay:
                 finished, error = self._relay_all(self._reader.end(), out, False)
                 if not finished and error is None:  # closed without [DONE]: the client must not take it whole
                     error = "upstream stream ended before [DONE]"
-                    out.append(_event(error_body(error, "upstream_error", "upstream_stream_error")))
+                    out.append(self._event(error_body(error, "upstream_error", "upstream_stream_error")))
         except UpstreamStreamError as exc:  # the detail may name the engine's address: the log keeps it
             logger.warning("upstream stream for %s broke: %s", self.ctx.version, exc)
             error = f"upstream stream broke ({type(exc.__cause__ or exc).__name__})"
-            out.append(_event(error_body(error, "upstream_error", "upstream_stream_error")))
+            out.append(self._event(error_body(error, "upstream_error", "upstream_stream_error")))
         self._ended = True
         await self.finish(error)
-        out.append(_DONE)
+        out.append(_DONE if self.translate is None else self.translate(None))
         return b"".join(out), True
 
     def _relay_all(self, payloads: list[bytes], out: list[bytes], short: bool) -> tuple[bool, str | None]:
@@ -206,7 +206,7 @@ class StreamRelay:
         the payloads' block holds no long digit run (:func:`~agentforge.gateway.wire.short_numbers`), so
         orjson reads each payload exactly (the exact decoder takes what it refuses)."""
         feed_token, ask, version = self.capture.feed_token, self.ask, self.ctx.version
-        loads = ORJSON_LOADS if short else None
+        loads, translate = ORJSON_LOADS if short else None, self.translate
         for data in payloads:
             if data[:1] != b"{" and data.strip() == b"[DONE]":
                 return True, None
@@ -227,25 +227,33 @@ class StreamRelay:
                 return False, self._not_json(data, out)
             if type(chunk) is dict and (choice := feed_token(chunk)) is not None:
                 shape_token_chunk(chunk, choice, ask, version)  # a token's chunk: nothing to repair
-                out.append(b"data: " + encode_json(chunk, finite=finite) + b"\n\n")
+                if translate is None:
+                    out.append(b"data: " + encode_json(chunk, finite=finite) + b"\n\n")
+                else:
+                    out.append(translate(chunk))
                 continue
             error = self._relay(chunk, finite, out)
             if error is not None:
                 return False, error
         return False, None
 
-    @staticmethod
-    def _not_json(data: bytes, out: list[bytes]) -> str:
+    def _event(self, chunk: dict[str, Any], finite: bool = True) -> bytes:
+        """One event for the client: the chat event, or what the dialect's translator makes of it."""
+        if self.translate is not None:
+            return self.translate(chunk)
+        return b"data: " + encode_json(chunk, finite=finite) + b"\n\n"
+
+    def _not_json(self, data: bytes, out: list[bytes]) -> str:
         """The error event for an upstream event that is not JSON (appended to ``out``); returns its message."""
         error = f"upstream sent a stream event that is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
-        out.append(_event(error_body(error, "upstream_error", "bad_upstream_response")))
+        out.append(self._event(error_body(error, "upstream_error", "bad_upstream_response")))
         return error
 
     def _relay(self, chunk: Any, finite: bool, out: list[bytes]) -> str | None:
         """Capture one decoded upstream event (any shape) and append what the client gets to ``out``;
         returns the error that ends the stream (the engine's error event), else ``None``."""
         if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-            out.append(_event(chunk))
+            out.append(self._event(chunk))
             return str(chunk["error"].get("message") or chunk["error"])
         if not isinstance(chunk, dict):
             return None
@@ -255,7 +263,7 @@ class StreamRelay:
             normalise_empty_arguments(chunk, self.capture.empty_argument_indexes())
         shaped = shape_chunk(chunk, self.ask, self.ctx.version)
         if shaped is not None:
-            out.append(b"data: " + encode_json(shaped, finite=finite) + b"\n\n")
+            out.append(self._event(shaped, finite))
         return None
 
     async def finish(self, error: str | None, flag: str = "upstream_error", **attributes: Any) -> None:
@@ -304,7 +312,7 @@ class StreamRelay:
         )
 
 
-class _RelayResponse(StreamingResponse):
+class _RelayResponse(DialectStream):
     """The relay's SSE response, sent without ``StreamingResponse``'s task group and disconnect listener; its
     head is sent with the stream's first events (the engine's first read), not before them.
 
@@ -325,6 +333,13 @@ class _RelayResponse(StreamingResponse):
         self.status_code = 200
         self.background = None
         self.raw_headers = list(_SSE_HEADERS)
+
+    def translate_at_source(self, on_chunk: Callable[[dict[str, Any] | None], bytes]) -> bool:
+        """The relay's events go to ``on_chunk`` (a dialect route's translator) unless the stream is wrapped."""
+        if self.body_iterator is not self._events:
+            return False
+        self.relay.translate = on_chunk
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
