@@ -84,6 +84,15 @@ def _owner_values(row: RolloutRow, keys: Sequence[str]) -> set[str]:
     return values
 
 
+def _existing_rollouts(s: Session, values: Sequence[str]) -> list[str]:
+    """The ids in ``values`` that name a stored rollout (a missing id is reported as nothing deleted)."""
+    found: set[str] = set()
+    for at in range(0, len(values), _CHUNK):
+        chunk = values[at : at + _CHUNK]
+        found.update(s.exec(select(RolloutRow.rollout_id).where(col(RolloutRow.rollout_id).in_(chunk))).all())
+    return [v for v in values if v in found]
+
+
 def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]:
     """The rollouts whose ``session_id`` / ``user_id`` column is one of ``values`` (indexed)."""
     column = getattr(RolloutRow, SUBJECT_KEYS[kind])
@@ -101,7 +110,8 @@ def _named_in_metadata(s: Session, kind: str, values: Sequence[str]) -> list[str
         rows = s.exec(
             select(RolloutRow).where(
                 or_(
-                    col(RolloutRow.metadata_json).contains(needle), col(RolloutRow.task_json).contains(needle)
+                    col(RolloutRow.metadata_json).contains(needle, autoescape=True),
+                    col(RolloutRow.task_json).contains(needle, autoescape=True),
                 )
             )
         ).all()
@@ -185,7 +195,9 @@ def forget(
     def run(s: Session) -> tuple[list[str], dict[str, int], list[str]]:
         ids = list(
             dict.fromkeys(
-                rollouts + _subject_rollouts(s, "session", sessions) + _subject_rollouts(s, "user", users)
+                _existing_rollouts(s, rollouts)
+                + _subject_rollouts(s, "session", sessions)
+                + _subject_rollouts(s, "user", users)
             )
         )
         hinted = _named_in_metadata(s, "session", sessions) + _named_in_metadata(s, "user", users)
