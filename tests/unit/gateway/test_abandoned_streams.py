@@ -45,7 +45,7 @@ def test_a_client_leaving_a_stream_aborts_the_engine_request_and_keeps_the_sampl
     where: str, usage: bool
 ) -> None:
     store = memory_store()
-    slow = ScriptedTurn(WORDS, chunk_delay_s=0.2, delay_s=2.0 if where == "before the first token" else 0.0)
+    slow = ScriptedTurn(WORDS, chunk_delay_s=0.2, delay_s=5.0 if where == "before the first token" else 0.0)
     engine = ScriptedUpstream([slow])
     with (
         engine.serve() as served,
