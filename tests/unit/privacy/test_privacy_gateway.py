@@ -301,3 +301,31 @@ def test_a_card_split_across_two_user_messages_is_masked_in_both(served) -> None
     (span,) = server.store.list_spans(rollout_id=rid)
     assert "4111" not in span.model_dump_json() and "1111 1111" not in span.model_dump_json()
     assert span.attributes["privacy"]["redactions"] == {"CARD": 1}
+
+
+def _dialect_events(text: str) -> list[dict]:
+    """The ``data:`` objects of a dialect's SSE stream (``event:`` lines name their type again)."""
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_a_dialect_stream_gets_the_values_back_split_placeholders_too(served, dialect: str) -> None:
+    """A streamed Responses / Messages call whose answer holds a placeholder (split over three deltas): the
+    client's dialect events carry the real value (privacy's restore runs on the chat stream, then the dialect's
+    translation reads it back: the byte-level path of ``dialect_io.translate_response``)."""
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    upstream.add(ScriptedTurn("Done <CARD_1>.", pieces=["Done <CA", "RD_1", ">."], token_ids=[7, 8, 9]))
+    base = server.rollout_base_url(rid)
+    if dialect == "responses":
+        body = {"model": "policy", "input": USER["content"], "stream": True}
+        events = _dialect_events(httpx.post(f"{base}/responses", json=body, timeout=30).text)
+        text = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
+    else:
+        body = {"model": "policy", "max_tokens": 32, "messages": [USER], "stream": True}
+        events = _dialect_events(httpx.post(f"{base}/messages", json=body, timeout=30).text)
+        text = "".join(e["delta"].get("text", "") for e in events if e.get("type") == "content_block_delta")
+    assert text == f"Done {VISA}.", events
+    assert (
+        "<CARD_1>" in upstream.requests[-1].body["messages"][0]["content"]
+    )  # the engine saw the placeholder
