@@ -321,8 +321,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             args.warm_min_p,
             force_every=mj.capture_force_every(args),
         )
-        signal, tasks_seen = mj.capture_groups(store, pool, parent, since)
-        solved, _ = mj.capture_groups(store, pool, parent, since, all_success=True)
+        signal, solved, tasks_seen = mj.capture_groups(store, pool, parent, since)
         print(
             f"seed {seed}: parent {parent} held-out {parent_score:.3f}; capture success "
             f"{captured['parts']['success']:.3f}, {len(signal)} of {tasks_seen} tasks with reward spread",

@@ -683,12 +683,12 @@ def task_slice(train: list[Task], width: int, k: int) -> list[Task]:
 
 
 def capture_groups(
-    store: TraceStore, tasks: list[Task], version: str, since: float, *, all_success: bool = False
-) -> tuple[dict[str, list[Any]], int]:
+    store: TraceStore, tasks: list[Task], version: str, since: float
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]], int]:
     """The GRPO groups of a capture: ``version``'s rollouts of ``tasks`` since ``since`` (epoch seconds), one group
-    per task id, only the groups whose rewards differ (the rest carry zero advantage) — or, with
-    ``all_success``, only those whose every reward is 1 (what ``TrainConfig.success_bonus`` trains on). Returns
-    ``(groups, number of tasks with any selected rollout)``."""
+    per task id. Returns ``(groups whose rewards differ, groups whose every reward is 1, number of tasks with any
+    selected rollout)``: GRPO trains the first (the rest carry zero advantage); ``TrainConfig.success_bonus``
+    trains the second too."""
     flt = TraceFilter(
         task_ids=tuple(t.task_id for t in tasks),
         resources={"policy": version},
@@ -699,9 +699,9 @@ def capture_groups(
     for rec in select_traces(store, flt, allow_empty=True).records:
         by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
     rewards = {k: {r.reward for r in v if r.reward is not None} for k, v in by_task.items()}
-    if all_success:
-        return {k: v for k, v in by_task.items() if rewards[k] == {1.0}}, len(by_task)
-    return {k: v for k, v in by_task.items() if len(rewards[k]) > 1}, len(by_task)
+    spread = {k: v for k, v in by_task.items() if len(rewards[k]) > 1}
+    solved = {k: v for k, v in by_task.items() if rewards[k] == {1.0}}
+    return spread, solved, len(by_task)
 
 
 def capture_grpo_round(
@@ -734,7 +734,7 @@ def capture_grpo_round(
         args.warm_min_p,
         force_every=capture_force_every(args),
     )
-    groups, tasks_seen = capture_groups(store, pool, served, since)
+    groups, _, tasks_seen = capture_groups(store, pool, served, since)
     steps = len(groups) // args.tasks_per_step
     console.print(
         f"seed {seed} GRPO round {rnd}: {served} captured {captured['n']} turns, success "

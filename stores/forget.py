@@ -84,22 +84,23 @@ def _owner_values(row: RolloutRow, keys: Sequence[str]) -> set[str]:
     return values
 
 
-def _existing_rollouts(s: Session, values: Sequence[str]) -> list[str]:
-    """The ids in ``values`` that name a stored rollout (a missing id is reported as nothing deleted)."""
-    found: set[str] = set()
-    for at in range(0, len(values), _CHUNK):
-        chunk = values[at : at + _CHUNK]
-        found.update(s.exec(select(RolloutRow.rollout_id).where(col(RolloutRow.rollout_id).in_(chunk))).all())
-    return [v for v in values if v in found]
-
-
-def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]:
-    """The rollouts whose ``session_id`` / ``user_id`` column is one of ``values`` (indexed)."""
-    column = getattr(RolloutRow, SUBJECT_KEYS[kind])
+def _rollouts_where(s: Session, column: Any, values: Sequence[str]) -> list[str]:
+    """The ids of the rollouts whose ``column`` is one of ``values`` (indexed; ``IN`` lists of :data:`_CHUNK`)."""
     found: list[str] = []
     for at in range(0, len(values), _CHUNK):
         found += s.exec(select(RolloutRow.rollout_id).where(column.in_(values[at : at + _CHUNK]))).all()
     return found
+
+
+def _existing_rollouts(s: Session, values: Sequence[str]) -> list[str]:
+    """The ids in ``values`` that name a stored rollout, in their order (a missing id deletes nothing)."""
+    found = set(_rollouts_where(s, col(RolloutRow.rollout_id), values))
+    return [v for v in values if v in found]
+
+
+def _subject_rollouts(s: Session, kind: str, values: Sequence[str]) -> list[str]:
+    """The rollouts whose ``session_id`` / ``user_id`` column is one of ``values``."""
+    return _rollouts_where(s, getattr(RolloutRow, SUBJECT_KEYS[kind]), values)
 
 
 def _named_in_metadata(s: Session, kind: str, values: Sequence[str]) -> list[str]:

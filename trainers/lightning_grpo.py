@@ -14,7 +14,7 @@ SharedPrefixGRPOTrainer` when prompts are shared):
 * :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` — when the old policy is the trained one
   (``num_iterations == 1``), the engine correction's importance ratio comes from the training forward instead
   of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
-* :class:`NegativeAdvantageScale` — ``TrainConfig.negative_advantage_scale`` scales the negative advantages
+* :class:`AdvantageShaping` — ``TrainConfig.negative_advantage_scale`` scales the negative advantages
   TRL computed, and ``TrainConfig.success_bonus`` is added to the successes', before the loss sees them.
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
   the lightning trainer can refuse to publish an adapter that received no gradient, and logs the share of
@@ -38,9 +38,9 @@ from agentforge.trainers.trl_private import check_trl_version, log_step_metrics
 
 __all__ = [
     "SIGNAL_GROUP_SHARE",
+    "AdvantageShaping",
     "EpochSeededSampling",
     "LearningSignal",
-    "NegativeAdvantageScale",
     "lightning_trainer_class",
 ]
 
@@ -99,7 +99,7 @@ class LearningSignal:
         log_step_metrics(self, {SIGNAL_GROUP_SHARE: float(groups.mean())})
 
 
-class NegativeAdvantageScale:
+class AdvantageShaping:
     """Mixin for ``trl.GRPOTrainer``: negative advantages are multiplied by ``args.negative_advantage_scale``,
     and successes get ``args.success_bonus`` added.
 
@@ -133,6 +133,7 @@ class NegativeAdvantageScale:
             advantages = out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
         if advantages is not None and bonus > 0 and self._batch_rewards is not None:
             out["advantages"] = advantages + bonus * self._local_successes(advantages).to(advantages.dtype)
+        self._batch_rewards = None  # the batch's only: not held across steps
         return out
 
     def _local_successes(self, advantages: torch.Tensor) -> torch.Tensor:
@@ -178,7 +179,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
             pass per group) instead of ``trl.GRPOTrainer``.
 
     Returns:
-        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`NegativeAdvantageScale`,
+        A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`AdvantageShaping`,
         :class:`LearningSignal`,
         :class:`~agentforge.trainers.lineage.LineageOptimizer`,
         :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` and
@@ -199,7 +200,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     # TrainingForwardRatio before SpanTemperatures: its log-prob hook sees the whole (temperature-scaled) pass
     mixins = (
         EpochSeededSampling,
-        NegativeAdvantageScale,
+        AdvantageShaping,
         LearningSignal,
         LineageOptimizer,
         TrainingForwardRatio,

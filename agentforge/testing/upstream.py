@@ -132,10 +132,7 @@ class ScriptedUpstream:
         gateway's token-in continuation (``Upstream.token_in``) to build a follow-up call's ids."""
         body = json.loads(await request.body())
         if "messages" in body:
-            tokens = []
-            for message in body["messages"]:
-                tokens += [_ROLE_IDS.get(message.get("role"), 5), *fake_token_ids(_content_text(message))]
-                tokens.append(_END_OF_TURN)
+            tokens = self._prompt_ids(body, "chat", (_END_OF_TURN,))
             if body.get("add_generation_prompt", True):
                 tokens.append(_ROLE_IDS["assistant"])
         else:
@@ -154,7 +151,11 @@ class ScriptedUpstream:
             {"error": {"message": message, "type": type_, "param": param, "code": status}}, status
         )
 
-    def _prompt_ids(self, body: dict[str, Any], endpoint: str) -> list[int]:
+    def _prompt_ids(
+        self, body: dict[str, Any], endpoint: str, end_of_turn: tuple[int, ...] = ()
+    ) -> list[int]:
+        """The fake ids of a request's prompt: a completions prompt's (token ids echoed), or each chat message's
+        role id and text ids, followed by ``end_of_turn`` (``/tokenize``'s template closes every turn)."""
         if endpoint == "completions":
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
@@ -164,6 +165,7 @@ class ScriptedUpstream:
         for message in body.get("messages") or []:
             ids.append(_ROLE_IDS.get(message.get("role"), 5))
             ids.extend(fake_token_ids(_content_text(message)))
+            ids.extend(end_of_turn)
         return ids
 
     async def _answer(self, request: Request, endpoint: str) -> Response:

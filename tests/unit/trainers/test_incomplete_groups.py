@@ -10,7 +10,7 @@ the mean of 1 and 0 and its spread their standard deviation, so its usable membe
 masked ones 0 — a masked member counted as reward 0, or its stored reward counted, would move both; ``t2`` has no
 baseline (one usable member) and every advantage 0. The batch report counts each reason once per member.
 With ``negative_advantage_scale`` 0.25 the loss sees ``t1``'s negative member at a quarter of its advantage and
-the positive one unchanged (``trainers/lightning_grpo.NegativeAdvantageScale``). With ``success_bonus`` 0.5
+the positive one unchanged (``trainers/lightning_grpo.AdvantageShaping``). With ``success_bonus`` 0.5
 every usable member rewarded 1 gets 0.5 added — ``t2``'s lone success too, which GRPO gives no advantage — and
 no masked member does; the share of groups with signal is GRPO's (0.5).
 """
