@@ -51,6 +51,14 @@ def calls_idle_apart(
     return answers
 
 
+def give_up_after(read_s: float) -> httpx.Timeout:
+    """A client that gives up on the *answer* after ``read_s`` seconds but waits up to 60 s to connect and send.
+
+    Tests that make a client leave mid-call must fail only on the read: a busy CI host may take longer than the read
+    budget just to accept 60 connections (a bare ``timeout=0.5`` then raises ``ConnectTimeout`` instead)."""
+    return httpx.Timeout(60.0, read=read_s)
+
+
 def parse_sse(text: str) -> list[dict[str, Any]]:
     """Decode a complete SSE body, asserting it is well formed and ends with ``data: [DONE]``."""
     assert text.endswith("\n\n"), text[-200:]

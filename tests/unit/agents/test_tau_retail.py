@@ -439,10 +439,19 @@ def test_rollouts_are_isolated_and_hash_matches_the_benchmark_definition(env):
     )
 
 
-def test_new_db_and_hash_are_cheap(env):
-    start = time.perf_counter()
+def test_new_db_and_hash_are_cheap(env, monkeypatch):
+    """A view copies nothing until it writes, and its hash re-serialises only the records it changed (counted,
+    not timed: a timed bound flakes on a busy host; the module docstring gives the measured costs)."""
+    from agentforge.agents.customer_service.tau_retail import db as db_module
+
+    copies, dumps = [], []
+    real_deepcopy, real_dumps = db_module.copy.deepcopy, db_module.json.dumps
+    monkeypatch.setattr(
+        db_module.copy, "deepcopy", lambda obj, *a: copies.append(1) or real_deepcopy(obj, *a)
+    )
+    monkeypatch.setattr(db_module.json, "dumps", lambda obj, **kw: dumps.append(1) or real_dumps(obj, **kw))
     dbs = [env.new_db() for _ in range(1000)]
-    assert time.perf_counter() - start < 0.05  # O(1) per rollout, vs ~0.1 s for a deepcopy
+    assert copies == [] and len({d.db_hash() for d in dbs}) == 1 and dumps == []  # O(1) a rollout
     oid = _order_with_status(env, "pending")
     dbs[0].call_tool(
         "modify_pending_order_address",
@@ -456,10 +465,13 @@ def test_new_db_and_hash_are_cheap(env):
             "zip": "f",
         },
     )
-    start = time.perf_counter()
-    for _ in range(10):
-        dbs[0].db_hash()
-    assert (time.perf_counter() - start) / 10 < 0.03
+    copies.clear(), dumps.clear()
+    changed = dbs[0].db_hash()
+    rows = sum(len(env.data._entries[name]) for name in db_module.TABLES)
+    assert (
+        dbs[0].changed() and len(dumps) <= 8 < rows
+    )  # the table names and the changed records, not every record
+    assert changed == canonical_hash(dbs[0].to_dict()) != dbs[1].db_hash()
 
 
 def test_calculate_is_safe_arithmetic():

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from gateway_helpers import give_up_after
 
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
@@ -57,7 +58,7 @@ def test_a_client_leaving_a_stream_aborts_the_engine_request_and_keeps_the_sampl
         if usage:
             body["stream_options"] = {"include_usage": True}
         if where == "before the first token":  # the client gives up while the engine has sampled nothing
-            with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=0.5) as client:
+            with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=give_up_after(0.5)) as client:
                 client.post(url, json=body)
         else:
             with httpx.Client(timeout=30) as client, client.stream("POST", url, json=body) as answer:
@@ -90,7 +91,7 @@ def test_a_non_streamed_call_the_client_stops_waiting_for_aborts_the_engine_requ
         rollout_id = store.enqueue_rollout(Rollout()).rollout_id
         url = f"{gateway.rollout_base_url(rollout_id)}/chat/completions"
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url, json={"model": "policy", "messages": MESSAGES}, timeout=0.5)
+            httpx.post(url, json={"model": "policy", "messages": MESSAGES}, timeout=give_up_after(0.5))
         _wait_abort(engine, 1)
         span = _span(store, rollout_id, 1)
     assert engine.aborted == [(1, 0)]
@@ -139,7 +140,11 @@ def test_a_client_leaving_a_token_in_continuation_aborts_the_engine_request(stre
             follow = [*MESSAGES, {"role": "assistant", "content": said["content"]}]
             follow.append({"role": "user", "content": "Paris."})
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(url, json={"model": "policy", "messages": follow, "stream": stream}, timeout=0.5)
+                httpx.post(
+                    url,
+                    json={"model": "policy", "messages": follow, "stream": stream},
+                    timeout=give_up_after(0.5),
+                )
             _wait_abort(engine, 1)
             span = _span(store, rollout_id, 2)
     assert engine.aborted == [(2, 0)]
