@@ -19,6 +19,7 @@ __all__ = [
     "RunError",
     "StoreError",
     "ServingError",
+    "EngineUnreachableError",
     "UpstreamError",
     "RolloutTimeout",
 ]
@@ -76,6 +77,11 @@ class StoreError(RunError):
 
 class ServingError(RunError):
     """The policy server could not start, load, unload or answer."""
+
+
+class EngineUnreachableError(ServingError):
+    """An engine admin call got no answer at all (connection refused or reset, timed out): the engine is down or
+    going down, not refusing the request; a store follower retries such a swap after the engine is back."""
 
 
 class UpstreamError(RunError):

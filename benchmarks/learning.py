@@ -95,18 +95,39 @@ ARM_KEYS = {
 
 def parse_capture_keys(text: str) -> dict[str, float]:
     """A ``--capture-arms`` arm's optional ``key=value,...`` part → ``{"negative_advantage_scale",
-    "success_bonus"}`` (defaults 1 and 0: GRPO as published).
+    "success_bonus", "group_size"}`` (defaults 1, 0 and 0: GRPO as published, on every captured sample of a task).
 
     Raises:
-        ValueError: another key, or a value below 0 (or NaN).
+        ValueError: another key, a value below 0 (or NaN), or a ``group_size`` that is not a whole number ≥ 2.
     """
-    keys = {"negative_advantage_scale": 1.0, "success_bonus": 0.0}
+    keys = {"negative_advantage_scale": 1.0, "success_bonus": 0.0, "group_size": 0.0}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in keys or not float(value) >= 0:
             raise ValueError(f"capture arm key {item!r}: only {' or '.join(keys)} = <float >= 0>")
         keys[key] = float(value)
+    if keys["group_size"] and (keys["group_size"] < 2 or not keys["group_size"].is_integer()):
+        raise ValueError(f"capture arm group_size={keys['group_size']:g}: a whole number >= 2")
     return keys
+
+
+def first_samples(
+    groups: dict[str, list[Any]], size: int
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """Each capture group cut to its first ``size`` samples (in the order they were queued, which is the capture's
+    sample index: :func:`main_job.capture` seeds sample k of a task alike on every run, so the first 8 of a
+    16-sample capture are the 8-sample capture). Returns ``(groups whose rewards still differ, groups whose every
+    reward is 1)``, as :func:`main_job.capture_groups` splits them."""
+    spread: dict[str, list[Any]] = {}
+    solved: dict[str, list[Any]] = {}
+    for task_id, records in groups.items():
+        head = sorted(records, key=lambda r: r.rollout.created_at)[:size]
+        rewards = {r.reward for r in head if r.reward is not None}
+        if len(rewards) > 1:
+            spread[task_id] = head
+        elif rewards == {1.0}:
+            solved[task_id] = head
+    return spread, solved
 
 
 def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
@@ -295,7 +316,9 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
     * ``name:learning_rate:epochs:negative_advantage_scale=x``: the same with the negative advantages scaled by
       ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean);
     * ``...:success_bonus=b``: every success's advantage + ``b`` (``TrainConfig.success_bonus``), and the groups
-      in which every sample succeeded train too (GRPO gives them no advantage; the bonus makes them SFT rows).
+      in which every sample succeeded train too (GRPO gives them no advantage; the bonus makes them SFT rows);
+    * ``...:group_size=k``: each group cut to the capture's first ``k`` samples (:func:`first_samples`), so
+      one ``--warm-samples 16`` capture compares G = 16 with G = 8 on the same draws.
     """
     from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
     from agentforge.trainers.replay.grpo import StoredGroupSource
@@ -343,15 +366,20 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 )
                 adapter = Path(run_replay_sft(model, store, sft_flt, config, publisher).adapter_dir)
                 steps, lr, epochs, keys = None, args.warm_learning_rate, args.warm_epochs, {}
+                size = None
             else:
                 lr_text, _, more = rest.partition(":")
                 epochs_text, _, keys_text = more.partition(":")
                 lr, epochs = float(lr_text), float(epochs_text or 1)
                 keys = parse_capture_keys(keys_text)
-                groups = {**signal, **solved} if keys["success_bonus"] > 0 else signal
+                size = int(keys["group_size"]) or args.warm_samples
+                arm_signal, arm_solved = signal, solved
+                if size < args.warm_samples:
+                    arm_signal, arm_solved = first_samples({**signal, **solved}, size)
+                groups = {**arm_signal, **arm_solved} if keys["success_bonus"] > 0 else arm_signal
                 steps = max(1, int(len(groups) * epochs) // args.tasks_per_step)
                 arm_args = argparse.Namespace(
-                    **{**vars(args), "group_size": args.warm_samples, "extra_tasks": 0, "steps": steps}
+                    **{**vars(args), "group_size": size, "extra_tasks": 0, "steps": steps}
                 )
                 config = mj.round_config(
                     arm_args,
@@ -365,7 +393,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 config.explored_samples = "train"
                 config.negative_advantage_scale = keys["negative_advantage_scale"]
                 config.success_bonus = keys["success_bonus"]
-                source = StoredGroupSource(groups, args.warm_samples, explored=True)
+                source = StoredGroupSource(groups, size, explored=True)
                 trainer = LightningTrainer(
                     model, store, None, config, publisher, source=source, swap_during_training=False
                 )
@@ -398,7 +426,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
             rows.append(row)
             print(
                 f"{name:>12} seed {seed}: held-out {held:.3f} (parent {parent_score:.3f}, {row['gain']:+.3f})  "
-                f"differs on {row['discordance']:.3f}  top/gold {row['collapse']:.2f}  steps {steps}  "
+                f"differs on {row['discordance']:.3f}  top/gold {row['collapse']:.2f}  steps {steps}  G {size or '-'}  "
                 f"{row['seconds']}s",
                 flush=True,
             )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Self
 
-from agentforge.errors import AgentForgeError, ConfigError, NotFoundError, UserError
+from agentforge.errors import AgentForgeError, ConfigError, EngineUnreachableError, NotFoundError, UserError
 from agentforge.serving.polling import PollingThread
 from agentforge.types import ResourceVersion
 
@@ -94,7 +94,13 @@ class StoreFollower(PollingThread):
             else:
                 served = self.swapper.swap(active.payload["path"], version=active.ref)
         except (AgentForgeError, KeyError, OSError) as exc:
-            down = self.engine_down() or (pid != getattr(self.swapper.server, "pid", None) and "restarted")
+            down = (
+                self.engine_down()
+                or (pid != getattr(self.swapper.server, "pid", None) and "restarted")
+                # no answer at all: the engine died while this thread had not yet seen it exit (its
+                # supervisor may be restarting it already); a live engine's refusal is a ServingError
+                or (isinstance(exc, EngineUnreachableError) and "unreachable")
+            )
             if down and self._cut_short(active, down, exc):
                 return None
             self.failed.add(active.version)

@@ -36,7 +36,16 @@ import threading
 import time
 from pathlib import Path
 
-from agentforge.errors import AgentForgeError, ConfigError, NotFoundError, ServingError, UserError
+import httpx
+
+from agentforge.errors import (
+    AgentForgeError,
+    ConfigError,
+    EngineUnreachableError,
+    NotFoundError,
+    ServingError,
+    UserError,
+)
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.serving.adapters import AdapterWeights, adapter_weights_later, check_adapter
 from agentforge.serving.base import PolicyServer
@@ -244,7 +253,9 @@ class HotSwapper:
                 self._retire(name)
                 if isinstance(exc, AgentForgeError):
                     raise
-                raise ServingError(
+                # no answer at all (refused, reset, timed out): the engine is down, not judging the version
+                unreachable = isinstance(exc, httpx.TransportError)
+                raise (EngineUnreachableError if unreachable else ServingError)(
                     f"canary for {name} failed: {exc!r}; the old version keeps serving"
                 ) from exc
             self.router.end_probation(name, passed=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from agentforge.errors import NotFoundError, ServingError, UserError
+from agentforge.errors import EngineUnreachableError, NotFoundError, ServingError, UserError
 from agentforge.serving.adapters import check_adapter
 
 __all__ = ["VLLMAdapterRoutes"]
@@ -97,6 +97,8 @@ class VLLMAdapterRoutes:
             return self._client().post(
                 f"{self.base_url}{route}", json=body, headers=self._admin(), timeout=timeout_s
             )
+        except httpx.TransportError as exc:  # no answer: connection refused or reset, or a timeout
+            raise EngineUnreachableError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise ServingError(f"vLLM at {self.base_url} failed on {route}: {exc!r}") from exc
 

@@ -40,11 +40,11 @@ def letter_agent(task, ctx):
     """Asks for a word starting with ``task.input["letter"]``, in the API ``task.input["dialect"]`` names (chat by
     default; ``responses`` or ``anthropic``: the gateway's other dialects, through their official SDKs)."""
     ask = f"Say a word that starts with {task.input['letter']}."
-    dialect = task.input.get("dialect", "chat")
+    dialect, model = task.input.get("dialect", "chat"), task.input.get("model", "policy")
     if dialect == "responses":
         text = (
             ctx.openai_client()
-            .responses.create(model="policy", input=ask, max_output_tokens=4, temperature=1.0)
+            .responses.create(model=model, input=ask, max_output_tokens=4, temperature=1.0)
             .output_text
         )
     elif dialect == "anthropic":
@@ -57,7 +57,7 @@ def letter_agent(task, ctx):
             max_retries=0,
         )
         answer = client.messages.create(
-            model="policy",
+            model=model,
             max_tokens=4,
             messages=[{"role": "user", "content": ask}],
             extra_body={"temperature": 1.0},
@@ -65,7 +65,7 @@ def letter_agent(task, ctx):
         text = "".join(b.text for b in answer.content if b.type == "text")
     else:
         out = ctx.openai_client().chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": ask}], max_tokens=4, temperature=1.0
+            model=model, messages=[{"role": "user", "content": ask}], max_tokens=4, temperature=1.0
         )
         text = out.choices[0].message.content or ""
     text = text.strip().lower()

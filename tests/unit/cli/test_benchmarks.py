@@ -288,3 +288,33 @@ def test_lean_capture_proxy_stores_nothing_for_an_engine_error(
             with pytest.raises(httpx.RemoteProtocolError):
                 httpx.post(url, json={**bench.BODY, "stream": stream}, timeout=30).read()
     assert lean_mod.stored_rows(db) == 0
+
+
+def test_learning_capture_arm_keys_and_first_samples_of_each_group() -> None:
+    """``--capture-arms ...:group_size=k`` cuts each captured group to its first ``k`` samples (queue order) and
+    re-splits them: a group whose spread lay only in its later samples no longer trains; bad keys are refused."""
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "benchmarks" / "learning.py")
+    assert spec is not None and spec.loader is not None
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+
+    def group(*rewards: float | None) -> list[SimpleNamespace]:  # queued in reverse: the cut must sort
+        made = [
+            SimpleNamespace(rollout=SimpleNamespace(created_at=k), reward=r) for k, r in enumerate(rewards)
+        ]
+        return made[::-1]
+
+    groups = {"late-spread": group(0, 0, 1, 0), "early": group(1, 0, 0, 0), "solved": group(1, 1, 0, 1)}
+    spread, solved = learning.first_samples(groups, 2)
+    assert sorted(spread) == ["early"] and sorted(solved) == ["solved"]
+    assert [r.rollout.created_at for r in spread["early"]] == [0, 1]
+    assert learning.parse_capture_keys("group_size=8,success_bonus=1") == {
+        "negative_advantage_scale": 1.0,
+        "success_bonus": 1.0,
+        "group_size": 8.0,
+    }
+    for bad in ("group_size=1", "group_size=2.5", "temperature=1", "success_bonus=-1"):
+        with pytest.raises(ValueError):
+            learning.parse_capture_keys(bad)
