@@ -140,6 +140,10 @@ class _Gateway(SpanRecorder):
             self._client = upstream_client(self._transport, self._timeout_s)
         return self._client
 
+    def cache_salt(self, ctx: CallContext) -> str | None:
+        """The engine prefix-cache salt of the call's tenant (:meth:`GatewayTenants.cache_salt`), or ``None``."""
+        return self.tenants.cache_salt(ctx.tenant) if self.tenants is not None else None
+
     def engine_tokens(self, ctx: CallContext) -> EngineTokens | None:
         """The served engine's ``/detokenize`` and ``/tokenize`` (engines that render on ``/tokenize`` only)."""
         upstream = ctx.upstream
@@ -298,7 +302,7 @@ class _Gateway(SpanRecorder):
             if continued is not None:
                 return continued
         stream = bool(ctx.body.get("stream"))
-        content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream))
+        content = encode_json(upstream_body(ctx.body, ctx.endpoint, upstream, self.cache_salt(ctx)))
         response = await self.send(ctx, upstream, ctx.endpoint, content, stream)
         if isinstance(response, JSONResponse):
             release()

@@ -90,13 +90,17 @@ def _strict(tool: Any) -> bool:
     return tool.get("strict") is True or (isinstance(function, dict) and function.get("strict") is True)
 
 
-async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCall) -> list[float] | None:
+async def policy_logprobs(
+    client: UpstreamClient, upstream: Upstream, llm: LLMCall, cache_salt: str | None = None
+) -> list[float] | None:
     """The engine's unconstrained log-probabilities of ``llm``'s sampled tokens, or ``None`` (logged).
 
     Args:
         client: the gateway's pooled engine client.
         upstream: the engine and model (LoRA name) that served the call.
         llm: the recorded call (its engine prompt and completion ids).
+        cache_salt: the prefix-cache salt the call was served under (its tenant's), so the prefill reads the
+            prompt the call left in the cache.
 
     Returns:
         One natural-log probability per completion token, from ``prompt_logprobs`` of
@@ -114,6 +118,7 @@ async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCa
         # the call just answered left its prompt in the engine's prefix cache: with agentforge's vLLM plugin
         # (plugins/vllm_cpu_lora) the engine reads it and prefills only the completion; others ignore the key
         "vllm_xargs": {PROMPT_CACHE_ARG: len(prompt) - 1},
+        **({"cache_salt": cache_salt} if cache_salt is not None else {}),
     }
     try:
         response = await client.post(
@@ -128,7 +133,9 @@ async def policy_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCa
         return None
 
 
-async def recompute_logprobs(client: UpstreamClient, upstream: Upstream, llm: LLMCall) -> dict[str, Any]:
+async def recompute_logprobs(
+    client: UpstreamClient, upstream: Upstream, llm: LLMCall, cache_salt: str | None = None
+) -> dict[str, Any]:
     """Replace a trainable guided call's masked logprobs by the policy's own (module docstring).
 
     Args:
@@ -136,6 +143,7 @@ async def recompute_logprobs(client: UpstreamClient, upstream: Upstream, llm: LL
         upstream: the engine and model (LoRA name) that served the call.
         llm: the call about to be recorded; its ``logprobs`` and ``flags`` are amended in place (a call that
             is not trainable is left as it is).
+        cache_salt: see :func:`policy_logprobs`.
 
     Returns:
         The span attributes to record with it: ``{GUIDED_LOGPROBS: masked}`` (the engine's masked logprobs,
@@ -143,7 +151,7 @@ async def recompute_logprobs(client: UpstreamClient, upstream: Upstream, llm: LL
     """
     if not llm.trainable:
         return {}
-    values = await policy_logprobs(client, upstream, llm)
+    values = await policy_logprobs(client, upstream, llm, cache_salt)
     if values is None:
         llm.flags.append(GUIDED_NOT_RECOMPUTED)
         return {}

@@ -48,6 +48,10 @@ class CallHost(Protocol):
         """Write the call's span and wait until it is committed."""
         ...
 
+    def cache_salt(self, ctx: CallContext) -> str | None:
+        """The engine prefix-cache salt of the call's tenant (``None``: no tenant, the shared cache)."""
+        ...
+
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
         """The LLMCall of a call that produced no answer."""
         ...

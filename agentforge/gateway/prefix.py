@@ -433,5 +433,9 @@ class Continuations:
         if isinstance(data, Response):
             return data
         return await answer_client(
-            gateway, ctx, data, [], lambda llm: recompute_logprobs(gateway.client, upstream, llm)
+            gateway,
+            ctx,
+            data,
+            [],
+            lambda llm: recompute_logprobs(gateway.client, upstream, llm, gateway.cache_salt(ctx)),
         )

@@ -59,7 +59,9 @@ async def engine_call(
     Raises:
         asyncio.CancelledError: the client left (the call is recorded ``client_disconnected`` first).
     """
-    content = encode_json(upstream_body({**payload, "stream": False}, endpoint, upstream))
+    content = encode_json(
+        upstream_body({**payload, "stream": False}, endpoint, upstream, gateway.cache_salt(ctx))
+    )
     response = await gateway.send(ctx, upstream, endpoint, content, False, flags=(flag,))
     if isinstance(response, JSONResponse):  # the engine timed out or was unreachable: recorded
         release()

@@ -16,13 +16,20 @@ Then, for a call of tenant ``acme`` (:meth:`GatewayTenants.acquire`):
   waits for that load;
 * a model, or a rollout pin, naming another tenant's lineage (``policy@bolt/v3``) is a 404 ``model_not_found``
   exactly like a model that does not exist; a rollout of another tenant is a 404 too;
-* the span records the tenant (``Span.tenant``).
+* the span records the tenant (``Span.tenant``);
+* the engine's prefix cache is namespaced per tenant: every call of a tenant carries vLLM's ``cache_salt``
+  (:meth:`GatewayTenants.cache_salt`: an HMAC of the tenant under a secret drawn once per gateway process), so one
+  tenant cannot learn from cache-hit timing what another tenant's prompts began with (vLLM's ``cache_salt``
+  documentation; the attack: "Prompt Inference Attack on Distributed LLM Inference Frameworks", 2025).
 
 Without tenant keys and without the header nothing here runs: the gateway's path is unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -80,6 +87,19 @@ class GatewayTenants:
 
     def __init__(self, router: ModelRouter, models: TenantModels | None, trust_header: bool = True) -> None:
         self.router, self.models, self.trust_header = router, models, trust_header
+        self._salt_key = secrets.token_bytes(32)
+        self._salts: dict[str, str] = {}
+
+    def cache_salt(self, tenant: str | None) -> str | None:
+        """The prefix-cache salt of ``tenant``'s calls (64 hex characters, unpredictable without this process's
+        secret, the same for every call of the tenant so its own prompts still share the cache), or ``None``
+        for a call with no tenant (the shared cache)."""
+        if tenant is None:
+            return None
+        salt = self._salts.get(tenant)
+        if salt is None:
+            salt = self._salts[tenant] = hmac.new(self._salt_key, tenant.encode(), hashlib.sha256).hexdigest()
+        return salt
 
     def tenant(self, request: Request) -> str | None:
         """The tenant a call acts for, or ``None``.

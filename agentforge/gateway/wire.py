@@ -99,24 +99,30 @@ def client_ask(body: dict[str, Any], endpoint: Endpoint) -> ClientAsk:
     )
 
 
-def upstream_body(body: dict[str, Any], endpoint: Endpoint, upstream: Upstream) -> dict[str, Any]:
+def upstream_body(
+    body: dict[str, Any], endpoint: Endpoint, upstream: Upstream, cache_salt: str | None = None
+) -> dict[str, Any]:
     """The body sent to the engine: the client's, with the engine's model name and capture options.
 
     Args:
         body: the client's JSON body (not modified).
         endpoint: which OpenAI endpoint is called.
         upstream: the engine serving the resolved version.
+        cache_salt: vLLM's prefix-cache namespace for the call's tenant (``None``: the shared cache); sent to
+            engines with ``token_ids=True`` only (hosted APIs do not take it).
 
     Returns:
         A new dict. For engines with ``token_ids=True``: ``return_token_ids: true``, ``logprobs: true``
-        (chat) or at least ``0`` (completions: the sampled token's logprob only) and, when streaming,
-        ``stream_options.include_usage: true``.
+        (chat) or at least ``0`` (completions: the sampled token's logprob only), ``cache_salt`` when given
+        and, when streaming, ``stream_options.include_usage: true``.
     """
     out = dict(body)
     out["model"] = upstream.model
     if not upstream.token_ids:
         return out
     out["return_token_ids"] = True
+    if cache_salt is not None:
+        out["cache_salt"] = cache_salt
     if endpoint == "chat":
         out["logprobs"] = True
     elif out.get("logprobs") is None:

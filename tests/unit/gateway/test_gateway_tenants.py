@@ -169,3 +169,40 @@ async def test_a_tenant_adapter_that_cannot_load_is_a_503_naming_no_other_tenant
     assert "bolt" not in answer.text
     (span,) = store.list_spans()
     assert span.status == "error" and span.tenant == "acme"
+
+
+async def test_each_tenants_calls_reach_the_engine_under_its_own_prefix_cache_salt(store: SQLStore) -> None:
+    """Issue 36: the engine's prefix cache is namespaced per tenant (vLLM's ``cache_salt``): a tenant's calls share
+    one salt, another tenant's differ, calls with no tenant carry none, and a salt is unpredictable (an HMAC under
+    a secret of the gateway process, not the tenant's name). A client cannot set it itself (an engine-level field)."""
+    engine = ScriptedUpstream(["x"] * 5)  # not cycling: it records every request
+    router = ModelRouter()
+    router.register("policy@v1", engine.upstream("http://shared/v1"))
+    router.set_alias("policy", "policy@v1")
+    directory = TenantKeyCache(store.tenant_keys, cache_s=0)
+    app = create_gateway(
+        store,
+        router,
+        GATEWAY_KEY,
+        transport=_ByHost({"shared": engine}),
+        tenants=directory,
+        tenant_header=True,
+    )
+    key_a, key_b = (store.tenant_keys.issue(t) for t in ("acme", "bolt"))
+    async with _client(app, key_a) as a, _client(app, key_b) as b, _client(app, GATEWAY_KEY) as shared:
+        for client in (a, a, b, shared):
+            assert (await _ask(client)).status_code == 200
+        own = await a.post(
+            "/v1/chat/completions",
+            json={"model": "policy", "messages": [{"role": "user", "content": "hi"}], "cache_salt": "bolt's"},
+        )
+        assert own.status_code == 400 and own.json()["error"]["param"] == "cache_salt"
+    salts = [r.body.get("cache_salt") for r in engine.requests]
+    assert len(salts) == 4 and salts[0] == salts[1] and salts[3] is None
+    assert salts[0] != salts[2] and all(len(s) == 64 and "acme" not in s for s in salts[:3])
+    other = create_gateway(
+        store, router, GATEWAY_KEY, transport=_ByHost({"shared": engine}), tenants=directory
+    )
+    async with _client(other, key_a) as a_again:
+        assert (await _ask(a_again)).status_code == 200
+    assert engine.requests[-1].body["cache_salt"] not in salts  # another gateway process, another secret
