@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from trainer_process import letter_agent
+from trainer_process import letter_agent, letter_train_config
 
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter
@@ -19,7 +19,6 @@ from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.publisher import HotSwapPublisher
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stores.sql import SQLStore
-from agentforge.trainers.grpo_config import TrainConfig
 from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.types import SpanKind, Task
 
@@ -41,20 +40,10 @@ def test_dialect_rollouts_train_a_step_and_the_swapped_vllm_version_serves_them(
     ]
     # the subject is the dialects' path through trainer and engine, not the reward: two groups of four short
     # answers may all score alike (no signal, nothing published), so this step publishes either way
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
+    config = letter_train_config(
+        tmp_path / "run",
         alias=unique_alias,
-        num_generations=4,
-        tasks_per_step=2,
-        learning_rate=5e-4,
-        lora_r=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
         seed=0,
-        max_completion_length=8,
         max_steps=1,
         swap_every=1,
         publish_without_signal=True,

@@ -36,6 +36,27 @@ from agentforge.trainers.grpo_trainer import LightningTrainer
 from agentforge.types import Task
 
 
+def letter_train_config(output_dir: Path | str, **changes) -> TrainConfig:
+    """The letter tasks' GRPO config on the default 135M model (G = 4, 2 tasks a step, lr 5e-4, LoRA r 8, float32
+    on the CPU, 8-token answers, generous rollout waits) in ``output_dir``; ``changes`` override."""
+    fields = dict(
+        output_dir=str(output_dir),
+        num_generations=4,
+        tasks_per_step=2,
+        learning_rate=5e-4,
+        lora_r=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        max_completion_length=8,
+        rollout_timeout_s=120,
+        wait_timeout_s=300,
+    )
+    return TrainConfig(**{**fields, **changes})
+
+
 def letter_agent(task, ctx):
     """Asks for a word starting with ``task.input["letter"]``, in the API ``task.input["dialect"]`` names (chat by
     default; ``responses`` or ``anthropic``: the gateway's other dialects, through their official SDKs)."""

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from adapters import assert_only_lora_moved
-from trainer_process import letter_agent
+from trainer_process import letter_agent, letter_train_config
 
 from agentforge.config import default_model_dir
 from agentforge.gate import EvalGate, list_decisions
@@ -53,24 +53,8 @@ def stack(tmp_path_factory):
 
 
 def _config(tmp, name: str, **changes) -> TrainConfig:
-    """The module's GRPO config (G = 4, 2 tasks a step, lr 5e-4, LoRA r 8, float32 on CPU, 8-token answers) in
-    ``tmp / name``, with ``changes``."""
-    return TrainConfig(
-        output_dir=str(tmp / name),
-        num_generations=4,
-        tasks_per_step=2,
-        learning_rate=5e-4,
-        lora_r=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        max_completion_length=8,
-        rollout_timeout_s=120,
-        wait_timeout_s=300,
-        **changes,
-    )
+    """The module's GRPO config (:func:`trainer_process.letter_train_config`) in ``tmp / name``, with ``changes``."""
+    return letter_train_config(tmp / name, **changes)
 
 
 def test_grpo_steps_change_lora_not_base_and_advance_served_version(stack) -> None:
