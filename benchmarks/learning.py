@@ -111,25 +111,6 @@ def parse_capture_keys(text: str) -> dict[str, float]:
     return keys
 
 
-def first_samples(
-    groups: dict[str, list[Any]], size: int
-) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-    """Each capture group cut to its first ``size`` samples (in the order they were queued, which is the capture's
-    sample index: :func:`main_job.capture` seeds sample k of a task alike on every run, so the first 8 of a
-    16-sample capture are the 8-sample capture). Returns ``(groups whose rewards still differ, groups whose every
-    reward is 1)``, as :func:`main_job.capture_groups` splits them."""
-    spread: dict[str, list[Any]] = {}
-    solved: dict[str, list[Any]] = {}
-    for task_id, records in groups.items():
-        head = sorted(records, key=lambda r: r.rollout.created_at)[:size]
-        rewards = {r.reward for r in head if r.reward is not None}
-        if len(rewards) > 1:
-            spread[task_id] = head
-        elif rewards == {1.0}:
-            solved[task_id] = head
-    return spread, solved
-
-
 def parse_arm(text: str) -> tuple[str, float, int, dict[str, Any]]:
     """``name:learning_rate:warmup_steps[:key=value,...]`` → ``(name, lr, warmup, overrides)``.
 
@@ -317,7 +298,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
       ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean);
     * ``...:success_bonus=b``: every success's advantage + ``b`` (``TrainConfig.success_bonus``), and the groups
       in which every sample succeeded train too (GRPO gives them no advantage; the bonus makes them SFT rows);
-    * ``...:group_size=k``: each group cut to the capture's first ``k`` samples (:func:`first_samples`), so
+    * ``...:group_size=k``: each group cut to the capture's first ``k`` samples (:func:`main_job.split_by_reward`), so
       one ``--warm-samples 16`` capture compares G = 16 with G = 8 on the same draws.
     """
     from agentforge import GatedPublisher, LightningTrainer, TraceFilter, run_replay_sft
@@ -375,7 +356,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 size = int(keys["group_size"]) or args.warm_samples
                 arm_signal, arm_solved = signal, solved
                 if size < args.warm_samples:
-                    arm_signal, arm_solved = first_samples({**signal, **solved}, size)
+                    arm_signal, arm_solved = mj.split_by_reward({**signal, **solved}, first=size)
                 groups = {**arm_signal, **arm_solved} if keys["success_bonus"] > 0 else arm_signal
                 steps = max(1, int(len(groups) * epochs) // args.tasks_per_step)
                 arm_args = argparse.Namespace(

@@ -698,10 +698,27 @@ def capture_groups(
     by_task: dict[str, list[Any]] = {}
     for rec in select_traces(store, flt, allow_empty=True).records:
         by_task.setdefault(rec.rollout.task.task_id, []).append(rec)
-    rewards = {k: {r.reward for r in v if r.reward is not None} for k, v in by_task.items()}
-    spread = {k: v for k, v in by_task.items() if len(rewards[k]) > 1}
-    solved = {k: v for k, v in by_task.items() if rewards[k] == {1.0}}
+    spread, solved = split_by_reward(by_task)
     return spread, solved, len(by_task)
+
+
+def split_by_reward(
+    groups: dict[str, list[Any]], first: int | None = None
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """``(groups whose rewards differ, groups whose every reward is 1)`` of a capture's groups (task id → its
+    records). With ``first``, each group is first cut to its ``first`` earliest-queued samples: :func:`capture`
+    seeds sample k of a task alike on every run, so the first 8 of a 16-sample capture are the 8-sample capture."""
+    spread: dict[str, list[Any]] = {}
+    solved: dict[str, list[Any]] = {}
+    for task_id, records in groups.items():
+        if first is not None:
+            records = sorted(records, key=lambda r: r.rollout.created_at)[:first]
+        rewards = {r.reward for r in records if r.reward is not None}
+        if len(rewards) > 1:
+            spread[task_id] = records
+        elif rewards == {1.0}:
+            solved[task_id] = records
+    return spread, solved
 
 
 def capture_grpo_round(

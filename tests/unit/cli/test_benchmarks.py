@@ -291,8 +291,9 @@ def test_lean_capture_proxy_stores_nothing_for_an_engine_error(
 
 
 def test_learning_capture_arm_keys_and_first_samples_of_each_group() -> None:
-    """``--capture-arms ...:group_size=k`` cuts each captured group to its first ``k`` samples (queue order) and
-    re-splits them: a group whose spread lay only in its later samples no longer trains; bad keys are refused."""
+    """``--capture-arms ...:group_size=k`` cuts each captured group to its first ``k`` samples (queue order,
+    ``main_job.split_by_reward``) and re-splits them: a group whose spread lay only in its later samples no
+    longer trains; bad keys are refused."""
     from types import SimpleNamespace
 
     spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "benchmarks" / "learning.py")
@@ -307,7 +308,7 @@ def test_learning_capture_arm_keys_and_first_samples_of_each_group() -> None:
         return made[::-1]
 
     groups = {"late-spread": group(0, 0, 1, 0), "early": group(1, 0, 0, 0), "solved": group(1, 1, 0, 1)}
-    spread, solved = learning.first_samples(groups, 2)
+    spread, solved = learning._main_job().split_by_reward(groups, first=2)
     assert sorted(spread) == ["early"] and sorted(solved) == ["solved"]
     assert [r.rollout.created_at for r in spread["early"]] == [0, 1]
     assert learning.parse_capture_keys("group_size=8,success_bonus=1") == {
