@@ -199,7 +199,7 @@ def test_a_stuck_collector_never_blocks_a_write_and_every_lost_span_is_counted()
     started = time.perf_counter()
     for i in range(20):
         store.add_span(Span(name=f"s{i}"))
-    assert time.perf_counter() - started < 5  # each write waits for its commit only
+    assert time.perf_counter() - started < 15  # each write waits for its commit only, not the 30 s hang
     assert export.metrics() == {
         "exported": 0,
         "dropped_queue_full": 16,
