@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +16,7 @@ from agentforge.commands.common import (
     MaxModelLen,
     StoreApiKey,
     print_engine,
+    stop_on_signals,
 )
 
 app = typer.Typer(
@@ -251,6 +251,7 @@ def serve(
                 on_restart=print_engine,
                 on_stopped=models.engine_lost if models is not None else None,
             ).start()
+        gateway.wait_privacy_ready()  # built while the engine started; the URL is printed when calls mask
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -263,7 +264,7 @@ def serve(
     if dashboard:
         console.print(f"[bold]dashboard[/] {gateway.url}/dashboard/")
     typer.echo(gateway.url)
-    stop, why = _stop_on_signals()
+    stop, why = stop_on_signals()
     try:
         while not stop.wait(1.0):
             pass
@@ -280,33 +281,6 @@ def serve(
         store.close()
         stopped += [f"gateway {gateway.url}", f"{backend} engine", "store"]
         console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): {', '.join(stopped)}", soft_wrap=True)
-
-
-def _stop_on_signals() -> tuple[threading.Event, list[str]]:
-    """Make SIGINT (Ctrl-C, ``kill -INT``) and SIGTERM (``kill``, a container stop) a clean stop of ``serve``
-    (exit status 0) instead of death by signal (143), whatever the parent left them as.
-
-    A shell starts a background job (``agentforge serve &`` in a script) with SIGINT *ignored*, and Python
-    keeps an inherited ignore: without its own handler ``serve`` would never stop on ``kill -INT``. Like
-    uvicorn, serve installs both handlers itself (and unblocks both, in case the parent blocked them).
-
-    Returns:
-        ``(event, why)``: either signal sets the event and appends ``"interrupt"`` (SIGINT) or ``"SIGTERM"``
-        to ``why``.
-    """
-    import signal
-
-    stop = threading.Event()
-    why: list[str] = []
-
-    def _on_signal(signum: int, frame: object) -> None:
-        why.append("interrupt" if signum == signal.SIGINT else signal.Signals(signum).name)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    return stop, why
 
 
 def _check_store_answers(store: Any, alias: str) -> None:

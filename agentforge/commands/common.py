@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 __all__ = [
+    "stop_on_signals",
     "console",
     "fail",
     "parse_pins",
@@ -286,3 +288,30 @@ def user_code_importable() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+
+
+def stop_on_signals() -> tuple[threading.Event, list[str]]:
+    """Make SIGINT (Ctrl-C, ``kill -INT``) and SIGTERM (``kill``, a container stop) a clean stop of a foreground server (``serve``, ``dashboard``)
+    (exit status 0) instead of death by signal (143), whatever the parent left them as.
+
+    A shell starts a background job (``agentforge serve &`` in a script) with SIGINT *ignored*, and Python
+    keeps an inherited ignore: without its own handler the server would never stop on ``kill -INT``. Like
+    uvicorn, the server installs both handlers itself (and unblocks both, in case the parent blocked them).
+
+    Returns:
+        ``(event, why)``: either signal sets the event and appends ``"interrupt"`` (SIGINT) or ``"SIGTERM"``
+        to ``why``.
+    """
+    import signal
+
+    stop = threading.Event()
+    why: list[str] = []
+
+    def _on_signal(signum: int, frame: object) -> None:
+        why.append("interrupt" if signum == signal.SIGINT else signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    return stop, why

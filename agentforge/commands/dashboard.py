@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from agentforge.commands.common import StoreApiKey, console, reported
+from agentforge.commands.common import StoreApiKey, console, reported, stop_on_signals
 
 __all__ = ["dashboard"]
 
@@ -48,11 +48,9 @@ def dashboard(
     Prints its URL on stdout. Example: `agentforge dashboard --store-url sqlite:///runs/traces.db`, then open
     http://127.0.0.1:8050 in a browser.
     """
-    import uvicorn
-
     from agentforge.commands.common import open_store_url
-    from agentforge.config import HTTP_KEEP_ALIVE_S
     from agentforge.dashboard.app import create_dashboard_app
+    from agentforge.gateway.server import AppServer
     from agentforge.loopback import check_bind
 
     with reported():
@@ -60,17 +58,18 @@ def dashboard(
         store = open_store_url(store_url, must_exist=True, api_key=store_api_key or api_key)
         store.list_resources("policy")  # a store server that is down or refuses the key fails here
         app = create_dashboard_app(store, api_key, tokenizer=tokenizer, poll_s=poll_s)
+        # AppServer, not a bare uvicorn.run: a request must arrive within HTTP_REQUEST_READ_S (slow clients cut)
+        server = AppServer(app, host, port).start()
+    stop, why = stop_on_signals()
     shown = f"[{host}]" if ":" in host else host
-    console.print(f"[bold green]dashboard[/] http://{shown}:{port}  (store {store!r}; Ctrl-C stops it)")
-    typer.echo(f"http://{shown}:{port}")
+    console.print(f"[bold green]dashboard[/] {server.url}  (store {store!r}; Ctrl-C stops it)")
+    typer.echo(server.url)
     try:
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            proxy_headers=False,
-            timeout_keep_alive=HTTP_KEEP_ALIVE_S,
-        )
+        while not stop.wait(1.0):
+            pass
     finally:
+        server.stop()
         store.close()
+        console.print(
+            f"[bold]stopped[/] ({why[0] if why else 'exit'}): dashboard http://{shown}:{server.port}"
+        )

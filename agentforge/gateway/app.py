@@ -119,8 +119,13 @@ class _Gateway(SpanRecorder):
         privacy: PrivacyConfig | None = None,
     ) -> None:
         super().__init__(store)
-        on = privacy is not None and privacy.mode is not PrivacyMode.off
-        self.privacy = PrivacyGuard(privacy) if on and privacy is not None else None
+        policy = PrivacyConfig() if privacy is None else privacy  # privacy is on wherever a gateway is built
+        if policy.mode is PrivacyMode.off:
+            logger.warning(
+                "privacy off: requests reach the engine and the store as sent, personal data included "
+                "(docs/privacy.md; the default is mask)"
+            )
+        self.privacy = PrivacyGuard(policy) if policy.mode is not PrivacyMode.off else None
         self.router = router
         self._transport, self._timeout_s = transport, timeout_s
         self._client: UpstreamClient | None = upstream_client(transport, timeout_s)  # pool opens on use
@@ -409,8 +414,10 @@ def create_gateway(
             caller of a gateway without a key).
         mounts: apps to serve under path prefixes on the same port (``{"/dashboard": app}``); each checks
             ``api_key`` itself (the gateway's key check lets their paths through, its loopback rule does not).
-        privacy: the privacy policy (:mod:`agentforge.privacy`); ``None`` or mode ``off``: requests are
-            forwarded and stored as sent. Building it loads the detectors (seconds, once per process).
+        privacy: the privacy policy (:mod:`agentforge.privacy`); ``None``: the default policy, mask in flight
+            (``PrivacyConfig()``). Mode ``off`` forwards and stores requests as sent, and says so in the log.
+            The detectors are built in a background thread (seconds, once per process and policy); calls that
+            arrive before then wait for them off the event loop.
 
     Without ``api_key`` the app serves only requests that arrived on a loopback interface, whichever
     ASGI server runs it (:class:`~agentforge.loopback.LoopbackGuard`).

@@ -188,7 +188,7 @@ class AppServer:
         port: TCP port (0: any free port; read :attr:`port` after :meth:`start`).
         startup_timeout_s: seconds to wait for the server to accept connections.
         read_timeout_s: seconds a request may take to arrive, from its first byte to its last (slow clients
-            are disconnected; :data:`~agentforge.config.HTTP_REQUEST_READ_S`).
+            are disconnected; ``None``: :data:`~agentforge.config.HTTP_REQUEST_READ_S`, read at :meth:`start`).
     """
 
     def __init__(
@@ -197,7 +197,7 @@ class AppServer:
         host: str = "127.0.0.1",
         port: int = 0,
         startup_timeout_s: float = 10.0,
-        read_timeout_s: float = HTTP_REQUEST_READ_S,
+        read_timeout_s: float | None = None,
     ) -> None:
         self.app, self.host, self.port = app, host, port
         self._startup_timeout_s, self.read_timeout_s = startup_timeout_s, read_timeout_s
@@ -229,7 +229,7 @@ class AppServer:
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,
-            http=_http_protocol(self.read_timeout_s),
+            http=_http_protocol(HTTP_REQUEST_READ_S if self.read_timeout_s is None else self.read_timeout_s),
             timeout_keep_alive=HTTP_KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
@@ -306,6 +306,17 @@ class GatewayServer(AppServer):
     def rollout_base_url(self, rollout_id: str) -> str:
         """Base URL that attributes every call to ``rollout_id``: ``http://host:port/rollouts/<id>/v1``."""
         return rollout_base_url(self.url, rollout_id)
+
+    def wait_privacy_ready(self) -> None:
+        """Block until the privacy policy's detectors are built (they build in a background thread; calls that
+        arrive first wait for them). At once when privacy is off.
+
+        Raises:
+            MissingExtraError: a detection library failed to import.
+        """
+        privacy = self.app.state.gateway.privacy
+        if privacy is not None:
+            privacy.detector  # noqa: B018 - the property waits for the build
 
 
 def serve_gateway(

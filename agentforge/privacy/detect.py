@@ -28,8 +28,11 @@ Values on the allow-list are never reported.
 
 from __future__ import annotations
 
+import importlib.abc
 import math
 import re
+import sys
+import threading
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -151,6 +154,42 @@ def _need(module: str) -> Any:
         raise MissingExtraError(exc.name or module, None, "privacy detection") from exc
 
 
+#: Packages Presidio's NLP engines import when they are installed, which pattern recognizers never use.
+_UNUSED_BY_PATTERNS = frozenset({"torch", "transformers"})
+
+
+class _SkipUnused(importlib.abc.MetaPathFinder):
+    """Makes ``import torch`` / ``import transformers`` fail *in one thread only* while it imports Presidio.
+
+    ``presidio_analyzer/__init__`` imports its NLP engines, and those import transformers and (through thinc)
+    torch where installed: 4-5 of the 6 s its import takes on 2 cores, and some 300 MB of a gateway's memory,
+    for code the pattern recognizers never run. Presidio and thinc import both inside ``try: ... except
+    ImportError`` (Presidio's Hugging Face engine is then unavailable in the process; agentforge never uses
+    it). Other threads import as usual; a package already imported is taken from ``sys.modules`` as usual.
+    """
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if threading.get_ident() == self.thread and name.partition(".")[0] in _UNUSED_BY_PATTERNS:
+            raise ImportError(f"{name} is not imported for pattern recognizers", name=name)
+        return None
+
+
+def _import_presidio() -> tuple[Any, Any]:
+    """``(presidio_analyzer, presidio_analyzer.predefined_recognizers)``, imported without the NLP engines'
+    optional torch and transformers (:class:`_SkipUnused`) unless they are imported already."""
+    if "presidio_analyzer.predefined_recognizers" in sys.modules:
+        return _need("presidio_analyzer"), _need("presidio_analyzer.predefined_recognizers")
+    skip = _SkipUnused()
+    sys.meta_path.insert(0, skip)
+    try:
+        return _need("presidio_analyzer"), _need("presidio_analyzer.predefined_recognizers")
+    finally:
+        sys.meta_path.remove(skip)
+
+
 class Detector:
     """The configured detectors over one policy (build once per process: Presidio's import takes seconds).
 
@@ -164,8 +203,7 @@ class Detector:
     def __init__(self, config: PrivacyConfig) -> None:
         self.config = config
         wanted = set(config.categories)
-        presidio = _need("presidio_analyzer")
-        rec = _need("presidio_analyzer.predefined_recognizers")
+        presidio, rec = _import_presidio()
         self._pattern_recognizers: list[tuple[str, Any]] = []
         if "CARD" in wanted:
             self._pattern_recognizers.append(("CARD", rec.CreditCardRecognizer()))

@@ -9,15 +9,18 @@ whose :meth:`~CallPrivacy.restore_body` / :meth:`~CallPrivacy.restore_sse` rewri
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
 
+from agentforge.errors import MissingExtraError
 from agentforge.privacy.answer import EngineTokens, answer_ids, answer_texts, mask_answer_text
 from agentforge.privacy.config import PLACEHOLDER_RE, PrivacyConfig, PrivacyMode
 from agentforge.privacy.detect import Detector, digit_count
@@ -29,7 +32,7 @@ __all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG"]
 #: the flag (and ``not_trainable_reason``) of a span whose ids were withheld in ``redact`` mode
 REDACTED_FLAG = "privacy_redacted"
 
-_DETECTORS: dict[str, Detector] = {}
+_DETECTORS: dict[str, Future[Detector]] = {}
 _DETECTORS_LOCK = threading.Lock()
 
 
@@ -43,13 +46,37 @@ def _placeholders(text: str) -> set[str]:
     return {m.group(0) for m in PLACEHOLDER_RE.finditer(text)} if "<" in text else set()
 
 
-def _detector(config: PrivacyConfig) -> Detector:
-    with _DETECTORS_LOCK:  # one per policy per process: Presidio's import and set-up take seconds
+def _detector(config: PrivacyConfig) -> Future[Detector]:
+    """The policy's detector, built once per process in a background thread (Presidio's import takes 6-25 s:
+    its package imports spaCy and, where installed, transformers and torch), so a gateway starts at once and
+    its first masked call waits for the build, off the event loop.
+
+    Raises:
+        MissingExtraError: a detection library is not installed (checked here, before the thread starts).
+    """
+    with _DETECTORS_LOCK:
         key = config.model_dump_json(exclude={"mode", "max_rollouts"})
         found = _DETECTORS.get(key)
         if found is None:
-            found = _DETECTORS[key] = Detector(config)
+            for module in _DETECTION_MODULES:
+                if importlib.util.find_spec(module) is None:
+                    raise MissingExtraError(module, None, "privacy detection")
+            found = _DETECTORS[key] = Future()
+            threading.Thread(
+                target=_build, args=(found, config), name="privacy-detector", daemon=True
+            ).start()
         return found
+
+
+#: the libraries :class:`~agentforge.privacy.detect.Detector` imports
+_DETECTION_MODULES = ("presidio_analyzer", "phonenumbers", "detect_secrets")
+
+
+def _build(future: Future[Detector], config: PrivacyConfig) -> None:
+    try:
+        future.set_result(Detector(config))
+    except BaseException as exc:  # noqa: BLE001 - handed to every caller that waits on the detector
+        future.set_exception(exc)
 
 
 #: the free-text fields of a content part (its other fields are types, URLs and encoded media)
@@ -348,7 +375,13 @@ class PrivacyGuard:
     """The gateway's privacy policy at work: one in-memory mapping per rollout (least recently used go).
 
     Args:
-        config: the policy; its detectors are built here (seconds, once per process and policy).
+        config: the policy; its detectors are built in a background thread (seconds, once per process and
+            policy): the first call that needs them waits for the build in a worker thread, never on the event
+            loop.
+
+    Raises:
+        MissingExtraError: a detection library is missing (``presidio-analyzer``, ``phonenumbers``,
+            ``detect-secrets``).
     """
 
     #: scans that may run at once in worker threads (one request's scan is single-threaded Python; more threads
@@ -359,10 +392,24 @@ class PrivacyGuard:
 
     def __init__(self, config: PrivacyConfig) -> None:
         self.config = config
-        self.detector = _detector(config) if config.mode is not PrivacyMode.off else None
+        self._building = _detector(config) if config.mode is not PrivacyMode.off else None
         self._rollouts: OrderedDict[str, Mapping] = OrderedDict()
         self._rollouts_lock = threading.Lock()
         self._threads = anyio.CapacityLimiter(self.SCAN_THREADS)
+
+    @property
+    def detector(self) -> Detector | None:
+        """The policy's detector (``None`` when privacy is off); waits for its build if it is still running.
+
+        Raises:
+            MissingExtraError: the build failed for a missing library (every call then fails the same way).
+        """
+        return self._building.result() if self._building is not None else None
+
+    async def ready(self) -> None:
+        """Wait, in a worker thread, until the detector is built (at once when privacy is off or it is built)."""
+        if self._building is not None and not self._building.done():
+            await anyio.to_thread.run_sync(self._building.result)
 
     async def abegin(
         self, rollout_id: str | None, endpoint: str, body: dict[str, Any]
@@ -375,8 +422,9 @@ class PrivacyGuard:
         nothing; when the rest is estimated at most :attr:`INLINE_SCAN_US` it runs here (a thread hop costs
         more CPU than such a scan), else in a worker thread, at most :attr:`SCAN_THREADS` at once.
         """
-        if self.detector is None:
+        if self._building is None:
             return body, None
+        await self.ready()
         if (
             self.config.mode is PrivacyMode.mask
             and self._scan_estimate_us(rollout_id, endpoint, body) > self.INLINE_SCAN_US
@@ -426,8 +474,9 @@ class PrivacyGuard:
             its counts include the answer's) and the attributes :func:`~agentforge.privacy.answer.answer_ids`
             gave.
         """
-        if self.detector is None or self.config.mode is not PrivacyMode.mask:
+        if self._building is None or self.config.mode is not PrivacyMode.mask:
             return llm, privacy, {}
+        await self.ready()
         texts = [t for t in answer_texts(llm) if t]
         if not texts:
             return llm, privacy, {}

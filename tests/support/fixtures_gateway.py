@@ -17,6 +17,16 @@ from agentforge.testing import ScriptedTurn, ScriptedUpstream, memory_store
 GatewayFactory = Callable[..., tuple[FastAPI, ScriptedUpstream]]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def privacy_detectors_built() -> None:
+    """Every gateway masks by default and builds its detectors in a background thread (seconds, once per
+    process); they are built before the first test, so no test's client timeout pays for the build."""
+    from agentforge.privacy import PrivacyConfig
+    from agentforge.privacy.flight import PrivacyGuard
+
+    PrivacyGuard(PrivacyConfig()).detector  # noqa: B018 - the property waits for the build
+
+
 @pytest.fixture
 def gw_store() -> Iterator[SQLStore]:
     """A fresh in-memory trace store for one gateway test."""

@@ -169,7 +169,7 @@ def _detector_of(server: GatewayServer):
     from agentforge.privacy.flight import _DETECTORS
 
     assert len(_DETECTORS) >= 1
-    return next(d for d in _DETECTORS.values() if d.config.patterns == POLICY.patterns)
+    return next(d.result() for d in _DETECTORS.values() if d.result().config.patterns == POLICY.patterns)
 
 
 def test_the_scanned_text_cache_is_bounded_by_size() -> None:
@@ -178,7 +178,7 @@ def test_the_scanned_text_cache_is_bounded_by_size() -> None:
     from agentforge.privacy.flight import _detector
     from agentforge.privacy.mapping import Mapping
 
-    mapping = Mapping(_detector(PrivacyConfig()))
+    mapping = Mapping(_detector(PrivacyConfig()).result())
     for i in range(10):
         mapping.mask(f"call {i} " + "ab " * 100_000)  # 300 K characters: scanned, never cached
     for i in range(200):
@@ -329,3 +329,85 @@ def test_a_dialect_stream_gets_the_values_back_split_placeholders_too(served, di
     assert (
         "<CARD_1>" in upstream.requests[-1].body["messages"][0]["content"]
     )  # the engine saw the placeholder
+
+
+def test_a_gateway_built_without_a_policy_masks_and_off_is_said_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 36: privacy is on wherever a gateway is built (``create_gateway``, ``GatewayServer``, ``LocalStack``),
+    not only under ``agentforge serve``; turning it off takes an explicit ``mode="off"``, which is logged."""
+    import logging
+
+    for config, sent in ((None, "<CARD_1>"), (PrivacyConfig(mode=PrivacyMode.off), VISA)):
+        store, upstream = memory_store(), ScriptedUpstream([ScriptedTurn("ok")])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="agentforge.gateway"):
+            kwargs = {} if config is None else {"privacy": config}
+            with GatewayServer(store, upstream.router(), transport=upstream.transport(), **kwargs) as server:
+                rid = store.enqueue_rollout(Rollout()).rollout_id
+                assert _post(server, rid, [{"role": "user", "content": f"card {VISA}"}]).status_code == 200
+        assert upstream.requests[-1].body["messages"][0]["content"] == f"card {sent}"
+        (span,) = store.list_spans(rollout_id=rid)
+        assert (VISA in span.model_dump_json()) is (config is not None)
+        warned = [r.getMessage() for r in caplog.records if "privacy off" in r.getMessage()]
+        assert len(warned) == (0 if config is None else 1)
+        store.close()
+
+
+def test_the_gateway_serves_while_its_detectors_are_built_and_the_first_call_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The detectors' build (Presidio's import: 6-25 s on 2 cores) runs in a background thread: a gateway is up
+    and answers ``/health`` at once; a call that arrives first waits for the build off the event loop and is
+    masked like every other."""
+    import threading
+
+    from agentforge.privacy import flight
+
+    started, release = threading.Event(), threading.Event()
+    real = flight.Detector
+
+    def slow(config: PrivacyConfig):  # the build, held until the test lets it finish
+        started.set()
+        assert release.wait(60), "the test never released the build"
+        return real(config)
+
+    monkeypatch.setattr(flight, "Detector", slow)
+    policy = PrivacyConfig(patterns={"SLOWBUILD": r"SLOW-\d{4}"})  # a policy of its own: not yet built
+    store, upstream = memory_store(), ScriptedUpstream([ScriptedTurn("ok")])
+    with GatewayServer(store, upstream.router(), transport=upstream.transport(), privacy=policy) as server:
+        assert started.wait(30)
+        rid = store.enqueue_rollout(Rollout()).rollout_id
+        result: dict[str, httpx.Response] = {}
+        call = threading.Thread(
+            target=lambda: result.setdefault(
+                "r", _post(server, rid, [{"role": "user", "content": "SLOW-1234"}])
+            )
+        )
+        call.start()
+        try:
+            for _ in range(3):
+                assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            assert "r" not in result and upstream.requests == []  # the call waits for the detectors
+        finally:
+            release.set()
+            call.join(60)
+        assert result["r"].status_code == 200
+        assert upstream.requests[-1].body["messages"][0]["content"] == "<SLOWBUILD_1>"
+    store.close()
+
+
+def test_a_missing_detection_library_is_named_when_the_gateway_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from agentforge.errors import MissingExtraError
+    from agentforge.privacy import flight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "phonenumbers" else real(name, *a)
+    )
+    with pytest.raises(MissingExtraError, match="phonenumbers"):
+        flight.PrivacyGuard(PrivacyConfig(patterns={"NEVERBUILT": r"NB-\d{4}"}))

@@ -1,7 +1,7 @@
 """Bounded listings (issue 36, Low: "listings are unbounded"): ``GET /api/spans`` beyond one rollout answers at
 most ``SPAN_PAGE`` spans, the next page's start in the ``X-Next-After-Sequence`` header; ``GET /api/rollouts``
 at most ``ROLLOUT_PAGE`` rollouts, the next page's ``after`` in ``X-Next-After-Rollout``. ``HTTPStore`` reads
-every page, so the Python API still lists everything; a rollout's own span listing is unchanged; a tenant's
+every page, so the Python API still lists everything; one rollout's spans are paged the same way; a tenant's
 pages hold only its rollouts, and another tenant's rollout id is no cursor."""
 
 from __future__ import annotations
@@ -64,15 +64,22 @@ def test_a_listing_beyond_one_rollout_is_paged_and_the_client_reads_every_page(s
     last = httpx.get(f"{url}/api/spans", params={"after_sequence": everything[-3].sequence}, headers=headers)
     assert len(last.json()) == 2 and NEXT_AFTER_SEQUENCE not in last.headers
     own = httpx.get(f"{url}/api/spans", params={"rollout_id": rollout.rollout_id}, headers=headers)
-    assert len(own.json()) == 5 and NEXT_AFTER_SEQUENCE not in own.headers  # one rollout: unchanged
+    assert len(own.json()) == 5 and NEXT_AFTER_SEQUENCE not in own.headers  # one page
+    chatty = store.enqueue_rollout(Rollout())
+    for i in range(PAGE + 2):  # one rollout's agent may write any number of spans: paged too
+        store.add_span(Span(rollout_id=chatty.rollout_id, kind=SpanKind.custom, name=f"c{i}"))
+    page = httpx.get(f"{url}/api/spans", params={"rollout_id": chatty.rollout_id}, headers=headers)
+    assert len(page.json()) == PAGE and NEXT_AFTER_SEQUENCE in page.headers
     assert httpx.get(f"{url}/api/spans", params={"limit": 0}, headers=headers).status_code == 422
 
     client = HTTPStore(url, api_key=KEY)
     try:
-        assert [s.span_id for s in client.list_spans()] == [s.span_id for s in everything]  # 4 pages
+        assert [s.span_id for s in client.list_spans()] == [s.span_id for s in store.list_spans()]  # 5 pages
+        assert [s.name for s in client.list_spans(chatty.rollout_id)] == [f"c{i}" for i in range(PAGE + 2)]
         valid = client.list_spans(valid_only=True)
         assert [s.span_id for s in valid] == [s.span_id for s in store.list_spans(valid_only=True)]
-        assert len(valid) == 19  # the failed attempt's 3 spans are left out, across the page boundary
+        # the failed attempt's 3 spans are left out, across the page boundary
+        assert len(valid) == 19 + PAGE + 2
         assert [s.name for s in client.list_spans(orphans=True, limit=3)] == [
             "orphan-0",
             "orphan-1",
