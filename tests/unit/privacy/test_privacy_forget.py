@@ -5,6 +5,7 @@ exports refuse spans that must stay, retention keeps aggregates."""
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,69 @@ def test_forget_a_user_everywhere_and_only_them(store_url: str, tmp_path: Path) 
         data = _files(store_url)
         assert b"Alice Lane" not in data and b"alice_17" not in data
         assert b"12 Bob Street kw3" in data
+
+
+def _as_postgres(url: str, sql: str) -> str:
+    """Run ``sql`` as the cluster's superuser through ``su postgres`` (the local cluster of
+    ``scripts/start_postgres.sh``); skips the test where that is not possible (not root, not local)."""
+    import os
+    import shutil
+    import subprocess
+
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if os.geteuid() != 0 or parsed.host not in ("127.0.0.1", "localhost") or shutil.which("su") is None:
+        pytest.skip(
+            "reading PostgreSQL's table files needs root and the local cluster of scripts/start_postgres.sh"
+        )
+    command = f'psql -p {parsed.port or 5432} -d {parsed.database} -tAc "{sql}"'
+    done = subprocess.run(
+        ["su", "postgres", "-s", "/bin/bash", "-c", command], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _table_files(url: str) -> bytes:
+    """The bytes of every file of the store's tables, their TOAST tables and their indexes, after a checkpoint
+    (the shared buffers written out)."""
+    _as_postgres(url, "CHECKPOINT")
+    root = Path(_as_postgres(url, "SHOW data_directory"))
+    relations = _as_postgres(
+        url,
+        "SELECT pg_relation_filepath(c.oid) FROM pg_class c WHERE c.relname LIKE 'af\\_%' "
+        "OR c.oid IN (SELECT reltoastrelid FROM pg_class WHERE relname LIKE 'af\\_%') "
+        "OR c.oid IN (SELECT indexrelid FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid "
+        "WHERE t.relname LIKE 'af\\_%' OR t.oid IN (SELECT reltoastrelid FROM pg_class WHERE relname LIKE 'af\\_%'))",
+    ).split()
+    assert any("/" in r for r in relations), relations
+    data = b""
+    for relation in relations:
+        for path in root.glob(f"{relation}*"):  # the main fork, its segments, free-space and visibility maps
+            data += path.read_bytes()
+    return data
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("full", [True, False])
+def test_forget_on_postgresql_leaves_no_text_in_the_table_files(pg_url: str, full: bool) -> None:
+    """Issue 36, Medium: on PostgreSQL the default ``forget`` (``VACUUM FULL``, then a checkpoint) leaves none of
+    the subject's text in the table, TOAST or index files (grepped as bytes, as the SQLite test greps its file);
+    ``--no-full`` (a plain ``VACUUM``) leaves it there until the space is reused, as docs/privacy.md says: the
+    check sees what it looks for."""
+    with SQLStore(pg_url) as store:
+        # long and incompressible, so PostgreSQL moves it to the TOAST table as written (not pglz-compressed)
+        _rollout(store, "alice_17", "77 Alice Lane pgmark-a1 " + secrets.token_hex(2000))
+        _rollout(store, "alice_17", "77 Alice Lane pgmark-a2")
+        _rollout(store, "bob_42", "12 Bob Street pgmark-b2")
+        before = _table_files(pg_url)
+        assert b"pgmark-a1" in before and b"pgmark-a2" in before
+        forget(store, users=["alice_17"], full=full)
+        after = _table_files(pg_url)
+    assert b"pgmark-b2" in after  # the other user's rows were written out and are read
+    left = [m for m in (b"pgmark-a1", b"pgmark-a2", b"alice_17") if m in after]
+    assert (left == []) is full, left
 
 
 def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(tmp_path: Path) -> None:
