@@ -14,6 +14,13 @@ detection time per line.
 
     python benchmarks/privacy_detection.py               # 25 lines per category + 100 look-alike lines
     python benchmarks/privacy_detection.py --per-category 50 --json
+    python benchmarks/privacy_detection.py --scaling     # cost per byte of hostile bodies, 16 KB to 1 MiB
+
+``--scaling`` times :meth:`Detector.find` on bodies built to be expensive (the issue's ``"4111 "`` repeated,
+one long digit run, digits and separators mixed, e-mail-like fragments, a customer message repeated) at
+growing sizes, and prints µs per KB for each: a detector whose cost is linear in the body shows a flat row, one
+with a super-linear path a row that climbs. With the gateway's 4 MiB body limit, the largest figure bounds the
+worst scan of one request.
 """
 
 from __future__ import annotations
@@ -260,13 +267,64 @@ def score(detector: Detector, lines: list[tuple[str, list[tuple[str, int, int]]]
     }
 
 
+#: bodies built to be expensive for the detectors, by name: each a function of the target size in bytes
+HOSTILE = {
+    "card-like '4111 ' repeated": lambda n: "4111 " * (n // 5),
+    "one digit run": lambda n: "7" * n,
+    "digits and separators": lambda n: ("12-34 56.78/90 " * (n // 15 + 1))[:n],
+    "e-mail-like fragments": lambda n: ("a.b@c.d-e_f@g " * (n // 14 + 1))[:n],
+    "a customer message": lambda n: (
+        "Hi, my order #W2378156 placed on 2024-05-01 for $129.99 has not arrived; call me back please. "
+        * (n // 96 + 1)
+    )[:n],
+}
+
+
+def scaling(detector: Detector, sizes_kb: list[int]) -> dict[str, dict[int, float]]:
+    """µs per KB of :meth:`Detector.find` on each :data:`HOSTILE` body at each size (best of 2 runs)."""
+    table: dict[str, dict[int, float]] = {}
+    for name, make in HOSTILE.items():
+        row = {}
+        for kb in sizes_kb:
+            text = make(kb * 1024)
+            best = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
+                detector.find(text)
+                best = min(best, time.perf_counter() - t0)
+            row[kb] = best * 1e6 / kb
+        table[name] = row
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--per-category", type=int, default=25)
     p.add_argument("--look-alikes", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="µs per KB of hostile bodies at growing sizes (no precision table)",
+    )
+    p.add_argument("--sizes-kb", type=int, nargs="+", default=[16, 64, 256, 1024])
     args = p.parse_args(argv)
+    if args.scaling:
+        detector = Detector(PrivacyConfig())
+        detector.find("warm up 4111 1111 1111 1111")
+        table = scaling(detector, args.sizes_kb)
+        print(f"{'body':>28} " + " ".join(f"{kb:>8} KB" for kb in args.sizes_kb) + "   largest/smallest")
+        for name, row in table.items():
+            cells = " ".join(f"{row[kb]:>8.0f} µs" for kb in args.sizes_kb)
+            print(f"{name:>28} {cells}   {row[args.sizes_kb[-1]] / row[args.sizes_kb[0]]:>6.2f}x")
+        worst = max(max(row.values()) for row in table.values())
+        print(
+            f"(µs per KB; worst {worst:.0f} µs/KB: a 4 MiB body would take about {worst * 4096 / 1e6:.1f} s)"
+        )
+        if args.json:
+            print(json.dumps(table))
+        return 0
     lines = build(args.per_category, args.look_alikes, args.seed)
     t0 = time.perf_counter()
     detector = Detector(PrivacyConfig(patterns={"ACCOUNT": r"ACME-\d{8}"}))

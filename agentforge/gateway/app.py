@@ -85,7 +85,7 @@ from agentforge.gateway.wire import (
 )
 from agentforge.loopback import check_key
 from agentforge.privacy.config import PrivacyConfig, PrivacyMode
-from agentforge.privacy.flight import CallPrivacy, PrivacyGuard
+from agentforge.privacy.flight import CallPrivacy, PrivacyGuard, ScanTooLargeError
 from agentforge.types import (
     ATTEMPT_ID_HEADER,
     ROLLOUT_ID_HEADER,
@@ -177,7 +177,11 @@ class _Gateway(SpanRecorder):
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
         ctx.dialect = request.scope.get(DIALECT_KEY)
         if self.privacy is not None:  # personal data masked before anything sees or stores it
-            ctx.body, ctx.privacy = await self.privacy.abegin(rollout_id, endpoint, body)  # off the loop
+            try:
+                ctx.body, ctx.privacy = await self.privacy.abegin(rollout_id, endpoint, body)  # off the loop
+            except ScanTooLargeError as exc:  # neither forwarded nor stored, like a body over the size limit
+                logger.warning("refused a request whose privacy scan is over the limit: %s", exc)
+                return JSONResponse(error_body(str(exc), "invalid_request_error", "request_too_large"), 413)
         problem = validate_body(body, endpoint)
         if problem is None and not exact:  # only orjson's refusals can hold lone surrogates
             problem = lone_surrogate(body)

@@ -50,6 +50,11 @@ class PrivacyConfig(BaseModel):
             numbers written with a ``+`` country code are recognised whatever the region.
         exportable: whether spans in which something was masked or redacted may leave the store; ``False``
             marks them ``attributes["privacy"]["exportable"] = False`` and exports refuse their rollouts.
+        max_scan_s: the longest scan of one request the gateway takes on, seconds of one core, *estimated*
+            from the request's characters and digits before scanning (``agentforge.privacy.flight.scan_cost_us``:
+            the phone detector tries every window of a digit run, ~20 µs a digit). A request over it gets a 413
+            naming this limit and is neither forwarded nor stored: a 4 MiB body of ``"4111 "`` would otherwise hold a
+            scan thread for minutes (``python benchmarks/privacy_detection.py --scaling``).
         max_rollouts: how many rollouts' mappings the gateway keeps in memory (least recently used go first;
             a rollout evicted mid-way gets new placeholder numbers).
     """
@@ -62,6 +67,7 @@ class PrivacyConfig(BaseModel):
     allow: tuple[str, ...] = ()
     phone_regions: tuple[str, ...] = ("US", "GB", "DE", "FR")
     exportable: bool = True
+    max_scan_s: float = 5.0
     max_rollouts: int = 4096
 
     @field_validator("categories")
@@ -86,6 +92,13 @@ class PrivacyConfig(BaseModel):
                 raise UserError(f"privacy pattern {name}={pattern!r} is not a valid regex: {exc}") from exc
             if compiled.match(""):
                 raise UserError(f"privacy pattern {name}={pattern!r} matches the empty string")
+        return value
+
+    @field_validator("max_scan_s")
+    @classmethod
+    def _positive_seconds(cls, value: float) -> float:
+        if not value > 0:
+            raise UserError(f"max_scan_s must be a positive number of seconds, got {value}")
         return value
 
     @field_validator("max_rollouts")

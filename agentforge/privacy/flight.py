@@ -20,14 +20,20 @@ from typing import Any
 
 import anyio
 
-from agentforge.errors import MissingExtraError
+from agentforge.errors import MissingExtraError, UserError
 from agentforge.privacy.answer import EngineTokens, answer_ids, answer_texts, mask_answer_text
 from agentforge.privacy.config import PLACEHOLDER_RE, PrivacyConfig, PrivacyMode
 from agentforge.privacy.detect import Detector, digit_count
 from agentforge.privacy.mapping import Mapping, split_open_tail
 from agentforge.types import LLMCall
 
-__all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG"]
+__all__ = ["PrivacyGuard", "CallPrivacy", "REDACTED_FLAG", "ScanTooLargeError", "scan_cost_us"]
+
+
+class ScanTooLargeError(UserError):
+    """A request whose estimated scan is over :attr:`~agentforge.privacy.config.PrivacyConfig.max_scan_s`: the
+    gateway answers 413 with this message and neither forwards nor stores the request."""
+
 
 #: the flag (and ``not_trainable_reason``) of a span whose ids were withheld in ``redact`` mode
 REDACTED_FLAG = "privacy_redacted"
@@ -36,10 +42,22 @@ _DETECTORS: dict[str, Future[Detector]] = {}
 _DETECTORS_LOCK = threading.Lock()
 
 
-def _scan_cost_us(text: str) -> float:
+def scan_cost_us(text: str) -> float:
     """The detector's estimated cost of scanning ``text``, µs: about 0.12 µs a character plus 20 µs a digit
     (``phonenumbers`` tries every window of a digit run; ``benchmarks/privacy_detection.py``)."""
     return 0.12 * len(text) + 20.0 * digit_count(text)
+
+
+def _texts(body: dict[str, Any], endpoint: str) -> list[str]:
+    """Every free-text field of ``body`` that the masker scans (:func:`_walk_texts`)."""
+    out: list[str] = []
+
+    def keep(text: str, _is_json: bool) -> str:
+        out.append(text)
+        return text
+
+    _walk_texts(body, endpoint, keep)
+    return out
 
 
 def _placeholders(text: str) -> set[str]:
@@ -424,11 +442,16 @@ class PrivacyGuard:
         """
         if self._building is None:
             return body, None
+        estimate = self._scan_estimate_us(rollout_id, endpoint, body)
+        if estimate > self.config.max_scan_s * 1e6:
+            raise ScanTooLargeError(
+                f"this request would take the privacy scan about {estimate / 1e6:.0f} s (its texts hold "
+                f"{sum(digit_count(t) for t in _texts(body, endpoint)):,} digits); the gateway's limit is "
+                f"max_scan_s={self.config.max_scan_s:g} s: send less text per request, or raise the limit "
+                "(PrivacyConfig(max_scan_s=...))"
+            )
         await self.ready()
-        if (
-            self.config.mode is PrivacyMode.mask
-            and self._scan_estimate_us(rollout_id, endpoint, body) > self.INLINE_SCAN_US
-        ):
+        if self.config.mode is PrivacyMode.mask and estimate > self.INLINE_SCAN_US:
             return await anyio.to_thread.run_sync(
                 self.begin, rollout_id, endpoint, body, limiter=self._threads
             )
@@ -442,7 +465,7 @@ class PrivacyGuard:
         def cost(text: str, _is_json: bool) -> str:
             nonlocal total
             if mapping is None or not mapping.is_cached(text):
-                total += _scan_cost_us(text)
+                total += scan_cost_us(text)
             return text
 
         _walk_texts(body, endpoint, cost)
@@ -483,7 +506,7 @@ class PrivacyGuard:
         known = privacy.mapping if privacy is not None else None
         if known is None and rollout_id is not None:
             known = self._rollouts.get(rollout_id)
-        estimate = sum(_scan_cost_us(t) for t in texts)
+        estimate = sum(scan_cost_us(t) for t in texts)
         if estimate > self.INLINE_SCAN_US:
             found = await anyio.to_thread.run_sync(self._answer_has_data, known, texts, limiter=self._threads)
         else:
@@ -506,7 +529,7 @@ class PrivacyGuard:
             return locked(fn)
 
         async def mask_text(text: str) -> tuple[str, Counter[str]]:
-            return await run(lambda: mapping.mask(text), _scan_cost_us(text))
+            return await run(lambda: mapping.mask(text), scan_cost_us(text))
 
         masked, counts = await run(lambda: mask_answer_text(mapping, llm), estimate)
         privacy.counts.update(counts)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from gateway_helpers import parse_sse
 
+from agentforge.errors import UserError
 from agentforge.gateway import GatewayServer
 from agentforge.privacy import REDACTED_FLAG, PrivacyConfig, PrivacyMode
 from agentforge.testing import ScriptedToolCall, ScriptedTurn, ScriptedUpstream, memory_store
@@ -411,3 +412,43 @@ def test_a_missing_detection_library_is_named_when_the_gateway_is_built(
     )
     with pytest.raises(MissingExtraError, match="phonenumbers"):
         flight.PrivacyGuard(PrivacyConfig(patterns={"NEVERBUILT": r"NB-\d{4}"}))
+
+
+@pytest.mark.parametrize("mode", [PrivacyMode.mask, PrivacyMode.redact])
+def test_a_request_whose_scan_would_run_for_minutes_is_refused_with_a_413_and_nothing_stored(
+    mode: PrivacyMode,
+) -> None:
+    """Issue 36, High 2: detection's cost grows with the digits of a body (the phone detector tries every window
+    of a digit run): a 4 MiB body of ``"4111 "`` would hold a scan thread for minutes. A request whose estimated
+    scan is over ``max_scan_s`` is refused with a 413 naming the limit, never forwarded or stored; a conversation
+    under it is served and masked as before; the limit is the policy's to raise."""
+    store, upstream = memory_store(), ScriptedUpstream([ScriptedTurn("ok")])
+    policy = PrivacyConfig(mode=mode, max_scan_s=1.0)
+    with GatewayServer(store, upstream.router(), transport=upstream.transport(), privacy=policy) as server:
+        rid = store.enqueue_rollout(Rollout()).rollout_id
+        hostile = {"role": "user", "content": "4111 " * 20_000}  # 100 KB, 80,000 digits: ~1.6 s estimated
+        refused = _post(server, rid, [hostile])
+        assert refused.status_code == 413, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "request_too_large" and "max_scan_s=1 s" in error["message"]
+        assert upstream.requests == [] and store.list_spans() == []
+        if mode is PrivacyMode.mask:  # the SDKs of the other dialects get their own typed error
+            import anthropic
+            import openai
+
+            claude = anthropic.Anthropic(
+                base_url=f"{server.url}/rollouts/{rid}", api_key="unused", max_retries=0
+            )
+            with pytest.raises(anthropic.APIStatusError, match="max_scan_s") as refused_messages:
+                claude.messages.create(model="policy", max_tokens=16, messages=[hostile])
+            assert refused_messages.value.status_code == 413
+            client = openai.OpenAI(base_url=server.rollout_base_url(rid), api_key="unused", max_retries=0)
+            with pytest.raises(openai.APIStatusError, match="max_scan_s") as refused_responses:
+                client.responses.create(model="policy", input=hostile["content"])
+            assert refused_responses.value.status_code == 413
+            assert upstream.requests == [] and store.list_spans() == []
+        fine = _post(server, rid, [{"role": "user", "content": f"card {VISA}"}])
+        assert fine.status_code == 200 and len(store.list_spans(rollout_id=rid)) == 1
+    store.close()
+    with pytest.raises(UserError, match="max_scan_s"):
+        PrivacyConfig(max_scan_s=0)
