@@ -52,7 +52,7 @@ class PrivacyConfig(BaseModel):
             marks them ``attributes["privacy"]["exportable"] = False`` and exports refuse their rollouts.
         max_scan_s: the longest scan of one request the gateway takes on, seconds of one core, *estimated*
             from the request's characters and digits before scanning (``agentforge.privacy.flight.scan_cost_us``:
-            the phone detector tries every window of a digit run, ~20 µs a digit). A request over it gets a 413
+            the phone detector tries every window of a digit run, up to ~40 µs a digit). A request over it gets a 413
             naming this limit and is neither forwarded nor stored: a 4 MiB body of ``"4111 "`` would otherwise hold a
             scan thread for minutes (``python benchmarks/privacy_detection.py --scaling``).
         max_rollouts: how many rollouts' mappings the gateway keeps in memory (least recently used go first;

@@ -28,6 +28,7 @@ Values on the allow-list are never reported.
 
 from __future__ import annotations
 
+import bisect
 import importlib.abc
 import math
 import re
@@ -331,11 +332,23 @@ class Detector:
 
     @staticmethod
     def _resolve(found: list[Finding]) -> list[Finding]:
+        """The non-overlapping findings, longest first (then by category rank, then by start), in text order.
+
+        The kept spans are disjoint, so they are held sorted by start (and thereby by end): a new span can only
+        overlap its two neighbours there, found by bisection. O(n log n) in the findings (a linear scan of the
+        kept spans made a 128 KB body of digit groups, 8,722 findings, spend 9 of its 25 s here).
+        """
         found.sort(key=lambda f: (-(f.end - f.start), _RANK.get(f.category, 99), f.start))
+        starts: list[int] = []
+        ends: list[int] = []
         kept: list[Finding] = []
         for f in found:
-            if all(f.end <= k.start or f.start >= k.end for k in kept):
-                kept.append(f)
+            i = bisect.bisect_left(starts, f.start)
+            if (i > 0 and ends[i - 1] > f.start) or (i < len(starts) and starts[i] < f.end):
+                continue
+            starts.insert(i, f.start)
+            ends.insert(i, f.end)
+            kept.append(f)
         return sorted(kept, key=lambda f: f.start)
 
 

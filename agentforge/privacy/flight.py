@@ -43,9 +43,10 @@ _DETECTORS_LOCK = threading.Lock()
 
 
 def scan_cost_us(text: str) -> float:
-    """The detector's estimated cost of scanning ``text``, µs: about 0.12 µs a character plus 20 µs a digit
-    (``phonenumbers`` tries every window of a digit run; ``benchmarks/privacy_detection.py``)."""
-    return 0.12 * len(text) + 20.0 * digit_count(text)
+    """The detector's estimated cost of scanning ``text``, µs: 0.12 µs a character plus 40 µs a digit
+    (``phonenumbers`` tries every window of a digit run), the worst measured: digit groups with separators,
+    30-37 ms per KB (``python benchmarks/privacy_detection.py --scaling``; a customer message: 3 ms per KB)."""
+    return 0.12 * len(text) + 40.0 * digit_count(text)
 
 
 def _texts(body: dict[str, Any], endpoint: str) -> list[str]:
@@ -434,7 +435,7 @@ class PrivacyGuard:
     ) -> tuple[dict[str, Any], CallPrivacy | None]:
         """:meth:`begin`, in a worker thread unless its scan is small, so the event loop keeps serving.
 
-        Detection is pure Python: about 0.12 µs per character plus 20 µs per digit (``phonenumbers`` tries
+        Detection is pure Python: about 0.12 µs per character plus up to 40 µs per digit (``phonenumbers`` tries
         every window of a digit run; ``benchmarks/privacy_detection.py``). On the event loop a 400 KB body of
         ``"4111 "`` held ``/health`` for 16 s (issue 36). Texts the rollout's mapping has scanned before cost
         nothing; when the rest is estimated at most :attr:`INLINE_SCAN_US` it runs here (a thread hop costs

@@ -426,7 +426,7 @@ def test_a_request_whose_scan_would_run_for_minutes_is_refused_with_a_413_and_no
     policy = PrivacyConfig(mode=mode, max_scan_s=1.0)
     with GatewayServer(store, upstream.router(), transport=upstream.transport(), privacy=policy) as server:
         rid = store.enqueue_rollout(Rollout()).rollout_id
-        hostile = {"role": "user", "content": "4111 " * 20_000}  # 100 KB, 80,000 digits: ~1.6 s estimated
+        hostile = {"role": "user", "content": "4111 " * 20_000}  # 100 KB, 80,000 digits: ~3.2 s estimated
         refused = _post(server, rid, [hostile])
         assert refused.status_code == 413, refused.text
         error = refused.json()["error"]
