@@ -63,7 +63,8 @@ def test_cut_turns_continue_as_one_trajectory_with_each_sampled_id_once(vllm_too
             answers.append(choice_)
             messages.append({"role": "assistant", "content": choice_["message"].get("content") or ""})
             messages.append({"role": "user", "content": "Please go on."})
-    assert [a["finish_reason"] for a in answers] == ["length"] * 3, answers
+    # the two cut turns; the last call samples at T = 1 and may end its turn within its 4 tokens (CI saw "stop")
+    assert [a["finish_reason"] for a in answers][:2] == ["length"] * 2, answers
     spans = [s for s in store.list_spans(rollout_id=rollout_id) if s.llm is not None]
     cut_call = spans[0].llm.response_text or ""
     assert '"arguments"' in cut_call or '"name"' in cut_call, cut_call  # the forced call's JSON was cut...
