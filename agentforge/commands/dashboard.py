@@ -61,7 +61,6 @@ def dashboard(
         # AppServer, not a bare uvicorn.run: a request must arrive within HTTP_REQUEST_READ_S (slow clients cut)
         server = AppServer(app, host, port).start()
     stop, why = stop_on_signals()
-    shown = f"[{host}]" if ":" in host else host
     console.print(f"[bold green]dashboard[/] {server.url}  (store {store!r}; Ctrl-C stops it)")
     typer.echo(server.url)
     try:
@@ -70,6 +69,4 @@ def dashboard(
     finally:
         server.stop()
         store.close()
-        console.print(
-            f"[bold]stopped[/] ({why[0] if why else 'exit'}): dashboard http://{shown}:{server.port}"
-        )
+        console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): dashboard {server.url}")
