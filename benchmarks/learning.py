@@ -95,12 +95,13 @@ ARM_KEYS = {
 
 def parse_capture_keys(text: str) -> dict[str, float]:
     """A ``--capture-arms`` arm's optional ``key=value,...`` part → ``{"negative_advantage_scale",
-    "success_bonus", "group_size"}`` (defaults 1, 0 and 0: GRPO as published, on every captured sample of a task).
+    "success_bonus", "group_size", "part_credit"}`` (defaults 1, 0, 0 and 0: GRPO as published, on every captured
+    sample of a task, every token the whole reward's advantage).
 
     Raises:
         ValueError: another key, a value below 0 (or NaN), or a ``group_size`` that is not a whole number ≥ 2.
     """
-    keys = {"negative_advantage_scale": 1.0, "success_bonus": 0.0, "group_size": 0.0}
+    keys = {"negative_advantage_scale": 1.0, "success_bonus": 0.0, "group_size": 0.0, "part_credit": 0.0}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in keys or not float(value) >= 0:
@@ -298,6 +299,8 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
       ``x`` (``TrainConfig.negative_advantage_scale``; 0: only the samples better than their group's mean);
     * ``...:success_bonus=b``: every success's advantage + ``b`` (``TrainConfig.success_bonus``), and the groups
       in which every sample succeeded train too (GRPO gives them no advantage; the bonus makes them SFT rows);
+    * ``...:part_credit=1``: credit by reward part and span (``TrainConfig.part_credit``: the tool call's tokens
+      the tool/argument parts' advantage, the reply's tokens the reply part's);
     * ``...:group_size=k``: each group cut to the capture's first ``k`` samples (:func:`main_job.split_by_reward`), so
       one ``--warm-samples 16`` capture compares G = 16 with G = 8 on the same draws.
     """
@@ -374,6 +377,7 @@ def capture_ablation(mj: Any, args: argparse.Namespace, ctx: dict[str, Any]) -> 
                 config.explored_samples = "train"
                 config.negative_advantage_scale = keys["negative_advantage_scale"]
                 config.success_bonus = keys["success_bonus"]
+                config.part_credit = bool(keys["part_credit"])
                 source = StoredGroupSource(groups, size, explored=True)
                 trainer = LightningTrainer(
                     model, store, None, config, publisher, source=source, swap_during_training=False

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from agentforge.errors import ConfigError, MissingExtraError
 from agentforge.trainers.lora import LoraFields
 from agentforge.trainers.micro_batches import micro_batches
+from agentforge.trainers.part_credit import parse_parts
 from agentforge.trainers.progress import adopt_activation_checkpointing
 
 try:
@@ -90,6 +91,13 @@ class TrainConfig(LoraFields, GRPOConfig):
             no gradient, anchor what the policy already does (PPO-ptx, Ouyang et al. 2022; CHORD, Zhang et al.
             2025, arXiv 2508.11408). Must be >= 0.
         success_reward: the reward at or above which a sample counts as a success for ``success_bonus``.
+        part_credit: credit by reward part and by span (:mod:`agentforge.trainers.part_credit`; MT-GRPO, Zeng
+            et al. 2025, arXiv 2505.11821): the tokens of a span that made tool calls get the group-relative
+            advantage of the mean of ``call_parts``, a later reply's tokens that of ``reply_parts``, every other
+            token the whole reward's (GRPO). Reads the reward's ``metadata["parts"]``; rows without them train
+            as GRPO. Default ``False`` (GRPO as published). Not with ``reward_weights`` set.
+        call_parts / reply_parts: the reward parts of the call and reply roles, joined by ``+``
+            (defaults ``"tool+arguments"`` and ``"reply"``: the tool-turn rewards' parts).
         swap_every: publish and hot-swap the adapter every this many optimizer steps (k).
         max_staleness: samples produced by a version more than this many versions behind the
             current one are dropped (masked and counted), never trained on.
@@ -144,6 +152,16 @@ class TrainConfig(LoraFields, GRPOConfig):
     success_reward: float = field(
         default=1.0, metadata={"help": "The reward at or above which a sample counts for success_bonus."}
     )
+    part_credit: bool = field(
+        default=False,
+        metadata={
+            "help": "Credit by reward part: call tokens get call_parts' advantage, reply tokens reply_parts'."
+        },
+    )
+    call_parts: str = field(
+        default="tool+arguments", metadata={"help": "Reward parts of a tool call's tokens."}
+    )
+    reply_parts: str = field(default="reply", metadata={"help": "Reward parts of a later reply's tokens."})
     swap_every: int = field(default=1, metadata={"help": "Hot-swap the adapter every k optimizer steps."})
     max_staleness: int = field(default=1, metadata={"help": "Drop samples more than this many versions old."})
     alias: str = field(default="policy", metadata={"help": "Model alias the agents call."})
@@ -209,6 +227,8 @@ class TrainConfig(LoraFields, GRPOConfig):
             problems.append(f"success_bonus={self.success_bonus} (must be >= 0)")
         if not math.isfinite(self.success_reward):
             problems.append(f"success_reward={self.success_reward} (must be a finite number)")
+        if self.part_credit:
+            problems += part_credit_problems(self)
         if self.swap_every < 1:
             problems.append(f"swap_every={self.swap_every} (must be >= 1)")
         if self.max_staleness < 0:
@@ -270,5 +290,22 @@ def _split_problems(config: TrainConfig) -> list[str]:
     ):
         problems.append(
             f"loss_type='vespo' needs vllm_importance_sampling_mode 'token_truncate' or 'token_mask' (got {mode!r})"
+        )
+    return problems
+
+
+def part_credit_problems(config: TrainConfig) -> list[str]:
+    """What is wrong with ``config``'s part-credit settings (empty when nothing): part names that do not parse,
+    ``reward_weights`` other than the ``[1, 0, 0]`` part credit sets."""
+    problems = []
+    for name in ("call_parts", "reply_parts"):
+        try:
+            parse_parts(getattr(config, name), name)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if config.reward_weights is not None and list(config.reward_weights) != [1.0, 0.0, 0.0]:
+        problems.append(
+            f"part_credit with reward_weights={config.reward_weights} (part credit sets them: the stored reward "
+            "weighs 1, the two role rewards 0)"
         )
     return problems

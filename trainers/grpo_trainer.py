@@ -70,8 +70,9 @@ from agentforge.errors import ConfigError, MissingExtraError, NotFoundError, Run
 from agentforge.ports import AdapterPublisher, BatchReport, SampleSource, TraceStore
 from agentforge.trainers.checkpoints import ResumeReport, resume_checkpoint
 from agentforge.trainers.diagnostics import UpdateSize
-from agentforge.trainers.grpo_config import TrainConfig
+from agentforge.trainers.grpo_config import TrainConfig, part_credit_problems
 from agentforge.trainers.lineage import save_optimizer_state
+from agentforge.trainers.part_credit import ROLE_COLUMN, parse_parts, part_reward_funcs
 from agentforge.trainers.progress import quiet, show_progress, write_metrics_row
 from agentforge.trainers.rollouts import RolloutSource, stored_reward
 from agentforge.trainers.samples import TEMPERATURE_COLUMN
@@ -175,7 +176,7 @@ class LightningTrainer:
         policy, peft_config = self._policy(config)
         self.trainer = quiet(trainer_cls)(  # without the library warnings a user cannot act on
             model=policy,
-            reward_funcs=[stored_reward],
+            reward_funcs=_reward_funcs(config),
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
@@ -209,6 +210,7 @@ class LightningTrainer:
         """TRL's ``rollout_func``: the source runs on the main process only; each rank gets its slice."""
         out = self._rank_samples(prompts, trainer)
         self.trainer.set_sample_temperatures(out.pop(TEMPERATURE_COLUMN, None))  # engine_logps: per token
+        self.trainer.set_token_roles(out.pop(ROLE_COLUMN, None))  # part_credit: per token
         return out
 
     def _rank_samples(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, list[Any]]:
@@ -443,3 +445,20 @@ class LightningTrainer:
         except Exception:  # metrics must never stop training
             logger.exception("could not store trainer metrics for step %d", step)
         write_metrics_row(Path(self._output_dir) / "metrics.jsonl", clean)
+
+
+def _reward_funcs(config: TrainConfig) -> list[Any]:
+    """TRL's reward functions: the stored reward, and with ``part_credit`` the two role rewards at weight 0
+    (``config.reward_weights`` is set to ``[1, 0, 0]``; :mod:`agentforge.trainers.part_credit`).
+
+    Raises:
+        ConfigError: bad ``call_parts``/``reply_parts``, or ``reward_weights`` set to anything else.
+    """
+    if not config.part_credit:
+        return [stored_reward]
+    problems = part_credit_problems(config)  # the fields may have been set after the config was built
+    if problems:
+        raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
+    config.reward_weights = [1.0, 0.0, 0.0]
+    call, reply = parse_parts(config.call_parts, "call_parts"), parse_parts(config.reply_parts, "reply_parts")
+    return [stored_reward, *part_reward_funcs(call, reply)]

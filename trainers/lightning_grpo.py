@@ -16,6 +16,8 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   of TRL's separate old-logprob pass (:mod:`agentforge.trainers.onpolicy_ratio`).
 * :class:`AdvantageShaping` — ``TrainConfig.negative_advantage_scale`` scales the negative advantages
   TRL computed, and ``TrainConfig.success_bonus`` is added to the successes', before the loss sees them.
+* :class:`~agentforge.trainers.part_credit.PartCredit` — with ``TrainConfig.part_credit`` each token gets the
+  advantage of its span's reward parts (the act call's the tool/argument parts, the reply's the reply part).
 * :class:`LearningSignal` — counts the generation batches in which some advantage is non-zero (on any rank), so
   the lightning trainer can refuse to publish an adapter that received no gradient, and logs the share of
   groups with signal (``batch/signal_group_share``).
@@ -23,7 +25,7 @@ SharedPrefixGRPOTrainer` when prompts are shared):
   beside ``init_adapter`` (Adam's moments of the lineage), through ``transformers``' documented override point
   ``Trainer.create_optimizer``.
 
-The first four override private TRL / ``transformers`` methods, so each checks the tested TRL release first
+All but the last override private TRL / ``transformers`` methods, so the class checks the tested TRL release first
 (:func:`~agentforge.trainers.trl_private.check_trl_version`).
 """
 
@@ -104,7 +106,7 @@ class AdvantageShaping:
     and successes get ``args.success_bonus`` added.
 
     ``advantages``: shape ``(rows,)``, one per sampled completion, as TRL's ``_generate_and_score_completions``
-    returns them (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024). The scale
+    returns them (or ``(rows, T)`` per token after :class:`~agentforge.trainers.part_credit.PartCredit`) (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024). The scale
     (``>= 0``; 1 leaves them as they are) applies after the group statistics, so a group's positive samples
     keep their advantage and its negative ones are pushed down less (0: not at all). A sample's sign never
     changes, so the groups with signal stay the same.
@@ -132,7 +134,12 @@ class AdvantageShaping:
         if advantages is not None and scale != 1.0:
             advantages = out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
         if advantages is not None and bonus > 0 and self._batch_rewards is not None:
-            out["advantages"] = advantages + bonus * self._local_successes(advantages).to(advantages.dtype)
+            successes = self._local_successes(advantages).to(advantages.dtype)
+            if (
+                advantages.dim() == 2
+            ):  # per-token advantages (PartCredit): the bonus on every token of the row
+                successes = successes.unsqueeze(1)
+            out["advantages"] = advantages + bonus * successes
         self._batch_rewards = None  # the batch's only: not held across steps
         return out
 
@@ -180,7 +187,7 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
 
     Returns:
         A ``trl.GRPOTrainer`` subclass with :class:`EpochSeededSampling`, :class:`AdvantageShaping`,
-        :class:`LearningSignal`,
+        :class:`~agentforge.trainers.part_credit.PartCredit`, :class:`LearningSignal`,
         :class:`~agentforge.trainers.lineage.LineageOptimizer`,
         :class:`~agentforge.trainers.onpolicy_ratio.TrainingForwardRatio` and
         :class:`~agentforge.trainers.engine_logps.SpanTemperatures`.
@@ -196,12 +203,14 @@ def lightning_trainer_class(share_prompt_prefix: bool = True) -> type:
     from agentforge.trainers.engine_logps import SpanTemperatures
     from agentforge.trainers.lineage import LineageOptimizer
     from agentforge.trainers.onpolicy_ratio import TrainingForwardRatio
+    from agentforge.trainers.part_credit import PartCredit
 
     # TrainingForwardRatio before SpanTemperatures: its log-prob hook sees the whole (temperature-scaled) pass
     mixins = (
         EpochSeededSampling,
-        AdvantageShaping,
-        LearningSignal,
+        AdvantageShaping,  # after PartCredit: scales and adds to the per-token advantages too
+        PartCredit,
+        LearningSignal,  # sees TRL's per-row advantages
         LineageOptimizer,
         TrainingForwardRatio,
         SpanTemperatures,

@@ -361,10 +361,11 @@ class RolloutSource:
             report.truncated += int(traj.truncated)
             report.sampled_tokens += traj.sampled_tokens
             report.forced_tokens += traj.forced_tokens
-        for name, value in (reward.metadata.get("parts") or {}).items():
+        parts = reward.metadata.get("parts") or {}
+        for name, value in parts.items():
             if isinstance(value, int | float) and math.isfinite(value):
                 report.parts.setdefault(str(name), []).append(float(value))
-        return [grpo_sample(t, float(reward.value), rollout.rollout_id) for t in trained], None
+        return [grpo_sample(t, float(reward.value), rollout.rollout_id, parts) for t in trained], None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
         return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)

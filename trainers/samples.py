@@ -41,13 +41,14 @@ matches the stored one (:mod:`agentforge.trainers.logprob_match`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentforge.errors import UserError
 from agentforge.privacy.answer import UNSAMPLED_FROM
 from agentforge.trainers.logprob_match import GUIDED_RECOMPUTED, stored_logprob_temperature
+from agentforge.trainers.part_credit import PARTS_COLUMN, ROLE_COLUMN, WHOLE, span_role
 from agentforge.types import Span, SpanKind
 
 __all__ = [
@@ -76,8 +77,9 @@ SAMPLE_COLUMNS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rewar
 #: Per completion token, the temperature the stored log-probability was computed at (``None``: a token the
 #: policy did not sample, or a masked sample; the trainer's configured temperature applies).
 TEMPERATURE_COLUMN = "temperature"
-#: The columns the GRPO sample sources return: :data:`SAMPLE_COLUMNS` + :data:`TEMPERATURE_COLUMN`.
-GRPO_COLUMNS = (*SAMPLE_COLUMNS, TEMPERATURE_COLUMN)
+#: The columns the GRPO sample sources return: :data:`SAMPLE_COLUMNS` + :data:`TEMPERATURE_COLUMN` and part
+#: credit's :data:`~agentforge.trainers.part_credit.ROLE_COLUMN` and ``PARTS_COLUMN``.
+GRPO_COLUMNS = (*SAMPLE_COLUMNS, TEMPERATURE_COLUMN, ROLE_COLUMN, PARTS_COLUMN)
 #: Span attribute holding a recomputed guided call's grammar-masked logprobs, one per completion token.
 GUIDED_LOGPROBS_ATTRIBUTE = "guided_logprobs"
 
@@ -115,6 +117,9 @@ class Trajectory:
             trajectory when any.
         forced: per completion token, whether a grammar forced it (module docstring), shape ``(C,)``; may be
             empty (a trajectory built by hand): nothing forced.
+        roles: per completion token, the role of the span it came from for part credit
+            (:func:`~agentforge.trainers.part_credit.span_role`; environment tokens ``WHOLE``), shape ``(C,)``;
+            may be empty (a trajectory built by hand): every token ``WHOLE``.
     """
 
     rollout_id: str | None
@@ -128,6 +133,7 @@ class Trajectory:
     temperatures: list[float | None] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
     forced: list[bool] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
 
     @property
     def ids(self) -> list[int]:
@@ -273,6 +279,7 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
             current.env_mask += [0] * len(gap)
             current.temperatures += [None] * len(gap)
             current.forced += [False] * len(gap)
+            current.roles += [WHOLE] * len(gap)
         else:
             current = Trajectory(rollout_id=span.rollout_id, prompt_ids=list(prompt))
             out.append(current)
@@ -280,6 +287,7 @@ def build_trajectories(spans: Sequence[Span], *, explored: bool = False) -> list
         current.logprobs += logprobs
         current.env_mask += sampled_mask(span)
         current.forced += grammar_forced(span)
+        current.roles += [span_role(span, first=not current.span_ids)] * len(completion)
         temperature, unmatched = stored_logprob_temperature(span, explored=explored)
         current.temperatures += [temperature] * len(completion)
         if unmatched:
@@ -325,18 +333,28 @@ def trajectory_sample(traj: Trajectory, reward: float | None, rollout_id: str | 
     }
 
 
-def grpo_sample(traj: Trajectory, reward: float | None, rollout_id: str | None) -> dict[str, Any]:
+def grpo_sample(
+    traj: Trajectory, reward: float | None, rollout_id: str | None, parts: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The GRPO sample of a trajectory (keys :data:`GRPO_COLUMNS`): :func:`trajectory_sample` with
-    ``env_mask`` replaced by :attr:`Trajectory.loss_mask` (grammar-forced tokens 0) and its temperatures."""
-    return with_temperatures(
-        {**trajectory_sample(traj, reward, rollout_id), "env_mask": traj.loss_mask}, traj
-    )
+    ``env_mask`` replaced by :attr:`Trajectory.loss_mask` (grammar-forced tokens 0), its temperatures, token
+    roles and the reward's ``parts`` (``metadata["parts"]``, for part credit; ``{}`` when none)."""
+    sample = {**trajectory_sample(traj, reward, rollout_id), "env_mask": traj.loss_mask}
+    return with_temperatures({**sample, PARTS_COLUMN: dict(parts or {})}, traj)
 
 
 def with_temperatures(sample: dict[str, Any], traj: Trajectory | None) -> dict[str, Any]:
-    """``sample`` with its :data:`TEMPERATURE_COLUMN` (all ``None`` for a masked sample: ``traj`` ``None``)."""
-    temperatures = traj.temperatures if traj is not None else [None] * len(sample["completion_ids"])
-    return {**sample, TEMPERATURE_COLUMN: temperatures}
+    """``sample`` with its :data:`TEMPERATURE_COLUMN` and :data:`ROLE_COLUMN` (all ``None`` and ``WHOLE`` for a
+    masked sample: ``traj`` ``None``) and :data:`PARTS_COLUMN` (``{}`` unless ``sample`` has it)."""
+    width = len(sample["completion_ids"])
+    temperatures = traj.temperatures if traj is not None else [None] * width
+    roles = traj.roles if traj is not None and traj.roles else [WHOLE] * width
+    return {
+        **sample,
+        TEMPERATURE_COLUMN: temperatures,
+        ROLE_COLUMN: roles,
+        PARTS_COLUMN: sample.get(PARTS_COLUMN, {}),
+    }
 
 
 def masked_sample(rollout_id: str | None, placeholder_token_id: int = 0) -> dict[str, Any]:

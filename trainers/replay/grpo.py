@@ -146,7 +146,7 @@ class StoredGroupSource:
         report.truncated += int(traj.truncated)
         report.sampled_tokens += traj.sampled_tokens
         report.forced_tokens += traj.forced_tokens
-        return grpo_sample(traj, float(record.reward), record.rollout_id), None
+        return grpo_sample(traj, float(record.reward), record.rollout_id, record.parts), None
 
 
 def run_offline_grpo(

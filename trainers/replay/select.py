@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from agentforge.errors import UserError
 from agentforge.ports import TraceStore
@@ -129,12 +130,14 @@ class TraceRecord:
             reward (only possible with ``require_reward=False``).
         spans: its valid spans (``list_spans(valid_only=True)``), by sequence.
         trajectories: ``build_trajectories(spans)``; empty only with ``require_tokens=False``.
+        parts: the final reward's ``metadata["parts"]`` (``{}`` when none): GRPO's part credit reads them.
     """
 
     rollout: Rollout
     reward: float | None
     spans: list[Span]
     trajectories: list[Trajectory]
+    parts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rollout_id(self) -> str:
@@ -339,4 +342,7 @@ def _examine(store: TraceStore, rollout: Rollout, flt: TraceFilter) -> tuple[Tra
         trajectories = []
     if not trajectories and flt.require_tokens:
         return None, "no llm spans"
-    return TraceRecord(rollout=rollout, reward=value, spans=spans, trajectories=trajectories), None
+    parts = dict((final.metadata.get("parts") or {}) if final is not None else {})
+    return TraceRecord(
+        rollout=rollout, reward=value, spans=spans, trajectories=trajectories, parts=parts
+    ), None
