@@ -13,8 +13,9 @@ none outlive them; files exported earlier are listed, not touched.
 Freed space is erased too: on SQLite the delete runs with ``PRAGMA secure_delete`` (freed pages are zeroed),
 then ``VACUUM`` rewrites the file and ``wal_checkpoint(TRUNCATE)`` empties the WAL; on PostgreSQL ``VACUUM``
 (by default ``VACUUM FULL``, which rewrites the tables under an exclusive lock: a plain ``VACUUM`` only marks the
-dead rows' space reusable and leaves their text readable in the table files; ``full=False`` for that) and a
-``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold the deleted text until the server recycles them
+dead rows' space reusable and leaves their text readable in the table files; ``full=False`` for that) with
+``ANALYZE`` (so the planner statistics in ``pg_statistic`` hold no sampled value of a deleted row; a table left
+empty has its column statistics dropped) and a ``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold the deleted text until the server recycles them
 (``wal_keep_size``, archiving): that part is the database operator's.
 
 Each run is logged without its data (:mod:`agentforge.privacy.ledger`). Deleting twice is harmless: the second
@@ -153,13 +154,35 @@ def _erase_freed(store: SQLStore, full: bool) -> None:
             conn.close()
     else:
         with store._tx.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            verb = "VACUUM FULL" if full else "VACUUM"
+            verb = "VACUUM (FULL, ANALYZE)" if full else "VACUUM (ANALYZE)"
             for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
                 conn.exec_driver_sql(f"{verb} {table}")
+                if conn.exec_driver_sql(f"SELECT NOT EXISTS (SELECT 1 FROM {table})").scalar():
+                    _drop_statistics(conn, table)
             try:  # flush the rewritten pages now (needs pg_checkpoint or superuser; the server does it later)
                 conn.exec_driver_sql("CHECKPOINT")
             except Exception:  # noqa: BLE001 - a role without the right: the periodic checkpoint follows
                 pass
+
+
+def _drop_statistics(conn: Any, table: str) -> None:
+    """Drop the planner statistics of an emptied PostgreSQL ``table``'s columns.
+
+    ``ANALYZE`` (run with the vacuum) replaces the sampled values in ``pg_statistic`` (most common values,
+    histogram bounds: identities among them) with ones drawn from the rows left, but on an empty table it writes
+    nothing and the old values stay. Deleting ``pg_statistic`` rows needs a superuser; ``ALTER COLUMN ... TYPE``
+    to the column's own type drops them for the table's owner (PostgreSQL's ``ATExecAlterColumnType`` calls
+    ``RemoveStatistics``), rewriting nothing on an empty table.
+    """
+    rows = conn.exec_driver_sql(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+        "JOIN pg_stats s ON s.attname = a.attname AND s.tablename = %(t)s AND s.schemaname = current_schema() "
+        "WHERE a.attrelid = to_regclass(%(t)s) AND a.attnum > 0 AND NOT a.attisdropped",
+        {"t": table},
+    ).all()
+    if rows:
+        columns = ", ".join(f'ALTER COLUMN "{name}" TYPE {kind}' for name, kind in rows)
+        conn.exec_driver_sql(f"ALTER TABLE {table} {columns}")
 
 
 def forget(

@@ -152,6 +152,39 @@ def test_forget_on_postgresql_leaves_no_text_in_the_table_files(pg_url: str, ful
     assert (left == []) is full, left
 
 
+def _planner_statistics(store: SQLStore) -> str:
+    """Every sampled value the planner keeps for the store's tables (``pg_stats``: what ``pg_statistic`` holds
+    and the table's owner may read), as one text."""
+    with store._tx.engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT tablename, attname, most_common_vals::text, histogram_bounds::text FROM pg_stats "
+            "WHERE schemaname = current_schema() AND starts_with(tablename, 'af_')"
+        ).all()
+    return repr(rows)
+
+
+@pytest.mark.postgres
+def test_forget_on_postgresql_leaves_no_value_in_the_planner_statistics(pg_url: str) -> None:
+    """Issue 36, Medium (M6): ``ANALYZE`` copies sampled column values (most common values, histogram bounds) into
+    ``pg_statistic``; after ``forget`` the subject's identity is in none of them, also once a table is left empty
+    (where ``ANALYZE`` alone would keep the old values)."""
+    with SQLStore(pg_url) as store:
+        for i in range(12):
+            _rollout(store, "alice_17", f"note {i}", session_id="sess-alice-9")
+        for i in range(3):
+            _rollout(store, f"bob_{i}", f"note b{i}")
+        with store._tx.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
+                conn.exec_driver_sql(f"ANALYZE {table}")
+        assert "alice_17" in _planner_statistics(store) and "sess-alice-9" in _planner_statistics(store)
+        forget(store, users=["alice_17"])
+        left = _planner_statistics(store)
+        assert "alice_17" not in left and "sess-alice-9" not in left, left
+        assert "bob_0" in left  # the statistics are there, drawn from the rows that stay
+        forget(store, users=["bob_0", "bob_1", "bob_2"])  # every table empty now
+        assert "bob_" not in _planner_statistics(store)
+
+
 def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'traces.db'}"
     with SQLStore(url) as store:
