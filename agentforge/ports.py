@@ -211,8 +211,10 @@ class TraceStore(Protocol):
         (``None``/NaN is stored invalid) or an id that is not URL-safe."""
         ...
 
-    def list_rewards(self, rollout_id: str) -> list[Reward]:
-        """Rewards of a rollout by ``sequence``."""
+    def list_rewards(
+        self, rollout_id: str, *, after_sequence: int | None = None, limit: int | None = None
+    ) -> list[Reward]:
+        """Rewards of a rollout by ``sequence``: those after ``after_sequence``, at most ``limit``."""
         ...
 
     def final_reward(self, rollout_id: str) -> Reward | None:
@@ -232,8 +234,11 @@ class TraceStore(Protocol):
         """Make ``version`` the active one (rollback is this call). Raises: ``NotFoundError``."""
         ...
 
-    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
-        """All versions (of one name, or all), by name then version."""
+    def list_resources(
+        self, name: str | None = None, *, after: tuple[str, int] | None = None, limit: int | None = None
+    ) -> Sequence[ResourceVersion]:
+        """All versions (of one name, or all), by name then version: those after ``after`` = ``(name,
+        version)`` in that order, at most ``limit``."""
         ...
 
     def close(self) -> None:

@@ -40,6 +40,7 @@ from agentforge.stores.wire import (
     BATCH_BYTES,
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_RESOURCE,
     NEXT_AFTER_ROLLOUT,
     NEXT_AFTER_SEQUENCE,
     BatchResults,
@@ -452,11 +453,13 @@ class HTTPStore:
         """See :meth:`TraceStore.add_reward` (batched with concurrent calls of this client)."""
         return self._writer.write(reward)  # type: ignore[return-value]
 
-    def list_rewards(self, rollout_id: str) -> list[Reward]:
-        """See :meth:`TraceStore.list_rewards`."""
-        return [
-            Reward.model_validate(d) for d in self._request("GET", f"/api/rollouts/{_q(rollout_id)}/rewards")
-        ]
+    def list_rewards(
+        self, rollout_id: str, *, after_sequence: int | None = None, limit: int | None = None
+    ) -> list[Reward]:
+        """See :meth:`TraceStore.list_rewards`; reads every page the server answers in (``REWARD_PAGE``)."""
+        cursor = ("after_sequence", after_sequence, NEXT_AFTER_SEQUENCE)
+        path = f"/api/rollouts/{_q(rollout_id)}/rewards"
+        return self._pages(path, {"limit": limit}, cursor, Reward, limit)
 
     def final_reward(self, rollout_id: str) -> Reward | None:
         """See :meth:`TraceStore.final_reward`."""
@@ -487,12 +490,12 @@ class HTTPStore:
         data = self._request("POST", "/api/resources/activate", body, headers=self._admin_headers)
         return ResourceVersion.model_validate(data)
 
-    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
-        """See :meth:`TraceStore.list_resources`."""
-        return [
-            ResourceVersion.model_validate(d)
-            for d in self._request("GET", "/api/resources", params={"name": name})
-        ]
+    def list_resources(
+        self, name: str | None = None, *, after: tuple[str, int] | None = None, limit: int | None = None
+    ) -> Sequence[ResourceVersion]:
+        """See :meth:`TraceStore.list_resources`; reads every page the server answers in (``RESOURCE_PAGE``)."""
+        cursor = ("after", None if after is None else json.dumps(list(after)), NEXT_AFTER_RESOURCE)
+        return self._pages("/api/resources", {"name": name, "limit": limit}, cursor, ResourceVersion, limit)
 
     def close(self) -> None:
         """Send what is queued, then close the HTTP connection pool. Safe to call twice."""

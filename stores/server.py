@@ -19,8 +19,9 @@ Routes: ``POST /api/rollouts``, ``GET /api/rollouts``, ``GET /api/rollouts/page`
 ``POST /api/attempts/{id}/heartbeat``, ``POST /api/attempts/{id}/finish``, ``POST|GET /api/spans`` (beyond one
 rollout, in keyset pages of at most :data:`SPAN_PAGE`; ``GET /api/rollouts`` in pages of at most :data:`ROLLOUT_PAGE`),
 ``POST /api/batch`` (spans and rewards in order, one transaction: see :func:`batch_results`),
-``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards``, ``GET /api/rollouts/{id}/final_reward``,
-``POST|GET /api/resources``, ``GET /api/resources/version``, ``POST /api/resources/activate``,
+``POST /api/rewards``, ``GET /api/rollouts/{id}/rewards`` (in pages of at most :data:`REWARD_PAGE`),
+``GET /api/rollouts/{id}/final_reward``, ``POST|GET /api/resources`` (``GET`` in pages of at most
+:data:`RESOURCE_PAGE`), ``GET /api/resources/version``, ``POST /api/resources/activate``,
 ``GET /api/store/metrics`` (the OTLP export's counters in Prometheus' text format, :func:`otlp_metrics_text`) and
 the unauthenticated ``GET /api/store/health``.
 """
@@ -51,8 +52,11 @@ from agentforge.stores.tenants import TenantDirectory
 from agentforge.stores.wire import (
     MAX_BATCH,
     MAX_BODY_BYTES,
+    NEXT_AFTER_RESOURCE,
     NEXT_AFTER_ROLLOUT,
     NEXT_AFTER_SEQUENCE,
+    RESOURCE_PAGE,
+    REWARD_PAGE,
     ROLLOUT_PAGE,
     SPAN_PAGE,
     BatchItem,
@@ -394,16 +398,40 @@ def store_router(
         return _call(st.add_reward, reward)
 
     @r.get("/rollouts/{rollout_id}/rewards")
-    def list_rewards(rollout_id: str, st: Any = Depends(scoped)) -> Response:
-        return _call(st.list_rewards, rollout_id)
+    def list_rewards(
+        rollout_id: str,
+        after_sequence: int | None = None,
+        limit: Annotated[int | None, Query(ge=1)] = None,
+        st: Any = Depends(scoped),
+    ) -> Response:
+        """A rollout's rewards in pages of at most :data:`REWARD_PAGE` (anyone holding the rollout's URL may
+        post any number), the next page's ``after_sequence`` in the ``X-Next-After-Sequence`` header."""
+        cap = min(limit or REWARD_PAGE, REWARD_PAGE)
+        rows = _checked(st.list_rewards, rollout_id, after_sequence=after_sequence, limit=cap)
+        answer = _ASCIIJSONResponse(_dump(rows))
+        if len(rows) == cap:
+            answer.headers[NEXT_AFTER_SEQUENCE] = str(rows[-1].sequence)
+        return answer
 
     @r.get("/rollouts/{rollout_id}/final_reward")
     def final_reward(rollout_id: str, st: Any = Depends(scoped)) -> Response:
         return _call(st.final_reward, rollout_id)
 
     @r.get("/resources")
-    def list_resources(name: str | None = None, st: Any = Depends(scoped)) -> Response:
-        return _call(st.list_resources, name)
+    def list_resources(
+        name: str | None = None,
+        after: str | None = None,
+        limit: Annotated[int | None, Query(ge=1)] = None,
+        st: Any = Depends(scoped),
+    ) -> Response:
+        """Resource versions by name then version, in pages of at most :data:`RESOURCE_PAGE`; a full page names
+        the next page's ``after`` (``[name, version]`` as JSON) in the ``X-Next-After-Resource`` header."""
+        cap = min(limit or RESOURCE_PAGE, RESOURCE_PAGE)
+        rows = _checked(st.list_resources, name, after=_resource_cursor(after), limit=cap)
+        answer = _ASCIIJSONResponse(_dump(rows))
+        if len(rows) == cap:
+            answer.headers[NEXT_AFTER_RESOURCE] = json.dumps([rows[-1].name, rows[-1].version])
+        return answer
 
     @r.get("/resources/version")
     def get_resource(name: str, version: int | None = None, st: Any = Depends(scoped)) -> Response:
@@ -414,6 +442,25 @@ def store_router(
         admin_router(store, api_key=api_key, admin_key=admin_key, adapter_root=root, call=_call)
     )
     return open_r
+
+
+def _resource_cursor(after: str | None) -> tuple[str, int] | None:
+    """``GET /api/resources``'s ``after``: ``[name, version]`` as JSON → ``(name, version)``.
+
+    Raises:
+        HTTPException: 400 when it is not such a pair.
+    """
+    if after is None:
+        return None
+    try:
+        name, version = json.loads(after)
+    except (ValueError, TypeError):
+        name = version = None
+    if not isinstance(name, str) or type(version) is not int:
+        raise HTTPException(
+            400, detail={"error": "UserError", "message": "after must be [name, version] as JSON"}
+        )
+    return name, version
 
 
 def create_store_app(

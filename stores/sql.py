@@ -319,13 +319,19 @@ class SQLStore(RolloutQueue, RolloutPages, ResourceVersions):
         """
         return self._writer.write(reward)  # type: ignore[return-value]
 
-    def list_rewards(self, rollout_id: str) -> list[Reward]:
-        """Rewards of a rollout by ``sequence``. Raises: ``NotFoundError``."""
+    def list_rewards(
+        self, rollout_id: str, *, after_sequence: int | None = None, limit: int | None = None
+    ) -> list[Reward]:
+        """Rewards of a rollout by ``sequence`` (after ``after_sequence``, at most ``limit``). Raises:
+        ``NotFoundError``."""
 
         def fn(s: Session) -> list[Reward]:
             rollout_row(s, rollout_id)
-            q = select(RewardRow).where(RewardRow.rollout_id == rollout_id).order_by(col(RewardRow.seq))
-            return [row_to_reward(r) for r in s.exec(q)]
+            q = select(RewardRow).where(RewardRow.rollout_id == rollout_id)
+            if after_sequence is not None:
+                q = q.where(col(RewardRow.seq) > after_sequence)
+            q = q.order_by(col(RewardRow.seq))
+            return [row_to_reward(r) for r in s.exec(q if limit is None else q.limit(limit))]
 
         return self._tx.run(fn, write=False)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import and_, or_, update
 from sqlmodel import Session, col, select
 
 from agentforge.errors import NotFoundError
@@ -106,10 +106,23 @@ class ResourceVersions:
 
         return self._tx.run(fn, write=True)
 
-    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
-        """All versions (of ``name``, or of every name), by name then version; ``[]`` for an unknown name."""
+    def list_resources(
+        self, name: str | None = None, *, after: tuple[str, int] | None = None, limit: int | None = None
+    ) -> Sequence[ResourceVersion]:
+        """All versions (of ``name``, or of every name), by name then version, after ``after`` = ``(name,
+        version)``, at most ``limit``; ``[]`` for an unknown name."""
         q = select(ResourceRow)
         if name is not None:
             q = q.where(ResourceRow.name == name)
+        if after is not None:
+            last_name, last_version = after
+            q = q.where(
+                or_(
+                    col(ResourceRow.name) > last_name,
+                    and_(col(ResourceRow.name) == last_name, col(ResourceRow.version) > last_version),
+                )
+            )
         q = q.order_by(col(ResourceRow.name), col(ResourceRow.version))
+        if limit is not None:
+            q = q.limit(limit)
         return self._tx.run(lambda s: [row_to_resource(r) for r in s.exec(q)], write=False)

@@ -190,10 +190,12 @@ class TenantView:
         """Store a reward for this tenant's rollout."""
         return self._kept(reward, self.store.add_reward(self._item(reward)))  # type: ignore[arg-type]
 
-    def list_rewards(self, rollout_id: str) -> list[Reward]:
+    def list_rewards(
+        self, rollout_id: str, *, after_sequence: int | None = None, limit: int | None = None
+    ) -> list[Reward]:
         """Rewards of this tenant's rollout."""
         self._owned(rollout_id)
-        return self.store.list_rewards(rollout_id)
+        return self.store.list_rewards(rollout_id, after_sequence=after_sequence, limit=limit)
 
     def final_reward(self, rollout_id: str) -> Reward | None:
         """Training reward of this tenant's rollout."""
@@ -211,6 +213,15 @@ class TenantView:
             raise NotFoundError(f"resource {name!r} does not exist")
         return self.store.get_resource(name, version)
 
-    def list_resources(self, name: str | None = None) -> Sequence[ResourceVersion]:
-        """Shared resources and this tenant's lineages."""
-        return [r for r in self.store.list_resources(name) if self._visible(r.name)]
+    def list_resources(
+        self, name: str | None = None, *, after: tuple[str, int] | None = None, limit: int | None = None
+    ) -> Sequence[ResourceVersion]:
+        """Shared resources and this tenant's lineages (``limit`` of them: the store's pages are read until
+        that many are visible, so a page the tenant sees little of does not end the listing early)."""
+        seen: list[ResourceVersion] = []
+        while True:
+            page = self.store.list_resources(name, after=after, limit=limit)
+            seen += [r for r in page if self._visible(r.name)]
+            if limit is None or len(page) < limit or len(seen) >= limit:
+                return seen if limit is None else seen[:limit]
+            after = (page[-1].name, page[-1].version)

@@ -31,6 +31,9 @@ __all__ = [
     "SPAN_PAGE",
     "ROLLOUT_PAGE",
     "NEXT_AFTER_ROLLOUT",
+    "REWARD_PAGE",
+    "RESOURCE_PAGE",
+    "NEXT_AFTER_RESOURCE",
     "MAX_BATCH",
     "MAX_BODY_BYTES",
     "BATCH_BYTES",
@@ -56,6 +59,13 @@ NEXT_AFTER_SEQUENCE = "X-Next-After-Sequence"
 ROLLOUT_PAGE = 1000
 #: Response header of a full rollout page: the ``after`` (last rollout id) of the next page.
 NEXT_AFTER_ROLLOUT = "X-Next-After-Rollout"
+#: Most rewards one ``GET /api/rollouts/{id}/rewards`` answers (a full page names the next in
+#: :data:`NEXT_AFTER_SEQUENCE`).
+REWARD_PAGE = 1000
+#: Most resource versions one ``GET /api/resources`` answers.
+RESOURCE_PAGE = 1000
+#: Response header of a full resource page: the next page's ``after``, ``[name, version]`` as ASCII JSON.
+NEXT_AFTER_RESOURCE = "X-Next-After-Resource"
 
 M = TypeVar("M", bound=BaseModel)
 E = TypeVar("E")

@@ -2,7 +2,9 @@
 most ``SPAN_PAGE`` spans, the next page's start in the ``X-Next-After-Sequence`` header; ``GET /api/rollouts``
 at most ``ROLLOUT_PAGE`` rollouts, the next page's ``after`` in ``X-Next-After-Rollout``. ``HTTPStore`` reads
 every page, so the Python API still lists everything; one rollout's spans are paged the same way; a tenant's
-pages hold only its rollouts, and another tenant's rollout id is no cursor."""
+pages hold only its rollouts, and another tenant's rollout id is no cursor. One rollout's rewards (anyone with
+its URL may post any number) and ``GET /api/resources`` are paged too; a tenant's resource pages hold only what
+it may see, however few of a page that is."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from agentforge.stores.http import HTTPStore
 from agentforge.stores.server import create_store_app
 from agentforge.stores.sql import SQLStore
 from agentforge.stores.tenants import TenantKeyCache
-from agentforge.stores.wire import NEXT_AFTER_ROLLOUT, NEXT_AFTER_SEQUENCE
-from agentforge.types import AttemptState, Rollout, RolloutState, Span, SpanKind
+from agentforge.stores.wire import NEXT_AFTER_RESOURCE, NEXT_AFTER_ROLLOUT, NEXT_AFTER_SEQUENCE
+from agentforge.types import AttemptState, ResourceVersion, Reward, Rollout, RolloutState, Span, SpanKind
 
 KEY = "span-pages-store-key-0123"
 PAGE = 7
@@ -29,6 +31,8 @@ PAGE = 7
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(store_server, "SPAN_PAGE", PAGE)
     monkeypatch.setattr(store_server, "ROLLOUT_PAGE", PAGE)
+    monkeypatch.setattr(store_server, "REWARD_PAGE", PAGE)
+    monkeypatch.setattr(store_server, "RESOURCE_PAGE", PAGE)
     with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
         app = create_store_app(store, api_key=KEY, tenants=TenantKeyCache(store.tenant_keys, cache_s=0))
         with serve_app(app) as url:
@@ -128,5 +132,49 @@ def test_rollout_listings_are_paged_per_tenant_and_the_client_reads_every_page(s
             NotFoundError
         ):  # bolt's id is no cursor for acme: the same answer as an unknown id
             tenant_client.list_rollouts(after=ids["bolt"][0])
+    finally:
+        tenant_client.close()
+
+
+def test_reward_and_resource_listings_are_paged_and_the_client_reads_every_page(served) -> None:  # type: ignore[no-untyped-def]
+    store, url = served
+    rollout = store.enqueue_rollout(Rollout(tenant="acme"))
+    for i in range(2 * PAGE + 3):
+        store.add_reward(Reward(rollout_id=rollout.rollout_id, name=f"r{i}", value=float(i)))
+    names = ["prompt:shared", "prompt@acme", "prompt@bolt"]
+    for name in names:
+        for v in range(5):
+            store.publish_resource(ResourceVersion(name=name, kind="prompt", payload={"v": v}))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    path = f"{url}/api/rollouts/{rollout.rollout_id}/rewards"
+    first = httpx.get(path, params={"limit": 10**6}, headers=headers)
+    assert first.status_code == 200 and len(first.json()) == PAGE  # a larger limit does not lift the cap
+    assert int(first.headers[NEXT_AFTER_SEQUENCE]) == first.json()[-1]["sequence"]
+    resources = httpx.get(f"{url}/api/resources", headers=headers)
+    assert len(resources.json()) == PAGE and NEXT_AFTER_RESOURCE in resources.headers
+    for bad in ("nope", "[1, 2]", '["a"]', '["a", 1.5]'):
+        answer = httpx.get(f"{url}/api/resources", params={"after": bad}, headers=headers)
+        assert answer.status_code == 400 and "name, version" in answer.json()["detail"]["message"]
+
+    client = HTTPStore(url, api_key=KEY)
+    try:
+        assert [r.name for r in client.list_rewards(rollout.rollout_id)] == [
+            f"r{i}" for i in range(2 * PAGE + 3)
+        ]
+        tail = client.list_rewards(
+            rollout.rollout_id, after_sequence=first.json()[2]["sequence"], limit=PAGE + 1
+        )
+        assert [r.name for r in tail] == [f"r{i}" for i in range(3, PAGE + 4)]  # across a page boundary
+        listed = [(r.name, r.version) for r in client.list_resources()]  # 3 pages
+        assert listed == [(r.name, r.version) for r in store.list_resources()] and len(listed) == 15
+        assert [r.version for r in client.list_resources(names[1], after=(names[1], 2))] == [3, 4, 5]
+    finally:
+        client.close()
+    tenant_client = HTTPStore(url, api_key=store.tenant_keys.issue("bolt"))
+    try:  # bolt sees the shared prompt and its own lineage; acme's 5 versions fill most of the second page
+        seen = [(r.name, r.version) for r in tenant_client.list_resources()]
+        assert seen == [(n, v) for n in (names[0], names[2]) for v in range(1, 6)]
+        with pytest.raises(NotFoundError):
+            tenant_client.list_rewards(rollout.rollout_id)  # acme's rollout
     finally:
         tenant_client.close()
