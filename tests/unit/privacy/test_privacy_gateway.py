@@ -166,6 +166,67 @@ def test_a_body_being_scanned_does_not_hold_the_event_loop(served, monkeypatch: 
     )  # the other went first
 
 
+def test_big_scans_past_the_scan_pool_wait_their_turn_and_the_loop_stays_free(
+    served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, High 2 (H2's last PARTIAL): six big bodies at once, two more than the scan pool's threads. At
+    most ``SCAN_THREADS`` scans run together, the rest wait for a thread (not on the event loop): meanwhile
+    /health and a small call (scanned on the loop) are answered; once released, all six complete, masked."""
+    import threading
+
+    from agentforge.privacy.flight import PrivacyGuard
+
+    server, upstream = served
+    detector = _detector_of(server)
+    lock, release = threading.Lock(), threading.Event()
+    running, peak, started = [0], [0], threading.Semaphore(0)
+    real_find = detector.find
+
+    def slow_find(text: str):
+        if "HOLD-ME" not in text:
+            return real_find(text)
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        started.release()
+        try:
+            assert release.wait(60), "the test never released the scans"
+            return real_find(text)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(detector, "find", slow_find)
+    big = PrivacyGuard.SCAN_THREADS + 2
+    rids = [server.store.enqueue_rollout(Rollout()).rollout_id for _ in range(big + 1)]
+    for i in range(big + 1):
+        upstream.add(ScriptedTurn(f"ok {i}"))
+    results: dict[int, httpx.Response] = {}
+    body = {"role": "user", "content": "HOLD-ME " + "4111 " * 2_000 + f"card {VISA}"}
+    threads = [
+        threading.Thread(target=lambda i=i: results.setdefault(i, _post(server, rids[i], [body])))
+        for i in range(big)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(PrivacyGuard.SCAN_THREADS):
+            assert started.acquire(timeout=60)  # the pool is full
+        assert not started.acquire(timeout=1.0)  # the other two wait for a thread
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200  # the loop is free
+        small = _post(server, rids[big], [USER])
+        assert small.status_code == 200, small.text
+    finally:
+        release.set()
+        for t in threads:
+            t.join(120)
+    assert peak[0] == PrivacyGuard.SCAN_THREADS
+    assert sorted(results) == list(range(big)) and all(r.status_code == 200 for r in results.values())
+    sent = [r.body["messages"][0]["content"] for r in upstream.requests]
+    assert sent[0].startswith("Charge my card <CARD_1>")  # the small call went first
+    assert sum(s.startswith("HOLD-ME") and s.endswith("card <CARD_1>") for s in sent) == big  # all masked
+
+
 def _detector_of(server: GatewayServer):
     from agentforge.privacy.flight import _DETECTORS
 
