@@ -23,9 +23,16 @@ from agentforge.types import ResourceVersion, Reward, Rollout, Span
 STORE_KEY, ADMIN_KEY = "tenants-test-store-key", "tenants-test-admin-key"
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[SQLStore, str]]:
-    with SQLStore(f"sqlite:///{tmp_path / 'traces.db'}") as store:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[SQLStore, str]]:
+    """A store app with tenant keys on real uvicorn, over SQLite and PostgreSQL (``pg_url`` skips without
+    ``AGENTFORGE_TEST_PG_URL``)."""
+    url = (
+        f"sqlite:///{tmp_path / 'traces.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    with SQLStore(url) as store:
         app = create_store_app(
             store,
             api_key=STORE_KEY,
