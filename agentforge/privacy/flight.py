@@ -177,10 +177,20 @@ def _mask_split_values(
     return {**body, "messages": out}
 
 
-def _part_with(part: Any, fn: Callable[[str, bool], str]) -> Any:
+def _part_with(part: Any, fn: Callable[[str, bool], str], depth: int = 0) -> Any:
+    """A content part with ``fn`` applied to its free-text fields, also one object down (a chat ``file`` part
+    keeps its ``filename`` in ``part["file"]``, an audio part its ``transcript`` in ``part["input_audio"]``)."""
     if not isinstance(part, dict):
         return part
-    return {k: fn(v, False) if k in _PART_TEXT_KEYS and isinstance(v, str) else v for k, v in part.items()}
+    out = {}
+    for k, v in part.items():
+        if k in _PART_TEXT_KEYS and isinstance(v, str):
+            out[k] = fn(v, False)
+        elif isinstance(v, dict) and depth == 0:
+            out[k] = _part_with(v, fn, 1)
+        else:
+            out[k] = v
+    return out
 
 
 def _descriptions(value: Any, fn: Callable[[str, bool], str], depth: int = 0) -> Any:

@@ -312,6 +312,55 @@ def test_every_free_text_field_is_masked_not_only_message_text(served) -> None:
     assert stored != "[]" and email not in stored and VISA not in stored
 
 
+def test_completions_refusals_file_names_and_dialect_system_texts_are_masked(served) -> None:
+    """Issue 36, Medium (M1's PARTIAL): ``/v1/completions``' ``prompt`` (a string or a list) and ``suffix``; a
+    chat message's ``refusal`` and a ``file`` part's nested ``filename``; a Messages call's ``system`` and tool
+    description and a Responses call's ``instructions`` and tool description reach neither the engine nor
+    the store in clear."""
+    import anthropic
+    import openai
+
+    server, upstream = served
+    rid = server.store.enqueue_rollout(Rollout()).rollout_id
+    email = "jane.doe@example.com"
+    upstream.add(*[ScriptedTurn("ok") for _ in range(5)])
+    base = server.rollout_base_url(rid)
+    for prompt in (f"Mail {email}:", [f"Mail {email}:", "next"]):
+        body = {"model": "policy", "prompt": prompt, "suffix": f" card {VISA}"}
+        assert httpx.post(f"{base}/completions", json=body, timeout=30).status_code == 200
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "file", "file": {"filename": f"{email}.pdf", "file_data": "eA=="}}],
+        },
+        {"role": "assistant", "content": None, "refusal": f"I cannot mail {email}"},
+        {"role": "user", "content": "ok"},
+    ]
+    assert _post(server, rid, messages).status_code == 200
+    tool = {"name": "lookup", "description": f"orders of {email}", "input_schema": {"type": "object"}}
+    claude = anthropic.Anthropic(base_url=f"{server.url}/rollouts/{rid}", api_key="unused", max_retries=0)
+    claude.messages.create(
+        model="policy",
+        max_tokens=16,
+        system=f"The customer is {email}",
+        tools=[tool],
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    openai.OpenAI(base_url=base, api_key="unused", max_retries=0).responses.create(
+        model="policy",
+        instructions=f"The customer's card is {VISA}",
+        input="hi",
+        tools=[{"type": "function", "name": "lookup", "description": f"orders of {email}", "parameters": {}}],
+    )
+    assert len(upstream.requests) == 5
+    for request in upstream.requests:
+        sent = json.dumps(request.body)
+        assert email not in sent and VISA not in sent, sent
+        assert "<EMAIL_1>" in sent or "<CARD_1>" in sent, sent
+    stored = "".join(s.model_dump_json() for s in server.store.list_spans(rollout_id=rid))
+    assert email not in stored and VISA not in stored
+
+
 def test_other_dialects_are_masked_in_flight_too(served) -> None:
     """Issue 38 with privacy on (serve's default): a Messages or Responses call, plain or streamed (a placeholder
     split across deltas), reaches the engine and the store with placeholders and its SDK client with the values."""
