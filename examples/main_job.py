@@ -167,6 +167,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "samples better than their group's mean are pushed, 1 = GRPO as published)",
     )
     p.add_argument(
+        "--part-credit",
+        action="store_true",
+        help="GRPO: credit by reward part and span (TrainConfig.part_credit: a tool call's tokens get the "
+        "tool/argument parts' advantage, the reply's tokens the reply part's; MT-GRPO, arXiv 2505.11821)",
+    )
+    p.add_argument(
         "--act-temperature",
         type=float,
         default=0.0,
@@ -624,6 +630,7 @@ def round_config(
         init_adapter=init,
         explored_samples="train" if args.act_temperature else "exclude",
         negative_advantage_scale=args.negative_advantage_scale,
+        part_credit=args.part_credit,
     )
 
 

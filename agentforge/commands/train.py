@@ -124,6 +124,14 @@ def train(
             "better than their group's mean (RAFT-like); in between, worse rollouts are pushed down less.",
         ),
     ] = 1.0,
+    part_credit: Annotated[
+        bool,
+        typer.Option(
+            help="Credit by reward part: the tokens of a call that made tool calls get the advantage of the "
+            "reward's tool and arguments parts, a later reply's tokens that of its reply part (the scorer's "
+            "metadata['parts']; rollouts without parts train as GRPO).",
+        ),
+    ] = False,
 ) -> None:
     """Train AGENT's policy with GRPO on its own rollouts: serve → run G rollouts per task → score → update →
     hot-swap, without touching the agent's code. Prints the engine's own address at start (for a simulated
@@ -168,6 +176,7 @@ def train(
             max_rows_per_micro_batch=max_rows_per_micro_batch,
             trajectories_per_rollout=trajectories_per_rollout,
             negative_advantage_scale=negative_advantage_scale,
+            part_credit=part_credit,
         )
         if len(train_tasks) < config.tasks_per_step:
             from agentforge.errors import UserError
@@ -208,7 +217,8 @@ def _config(
     **memory,
 ):
     """The run's :class:`TrainConfig`; ``memory`` takes its further fields (``max_rows_per_micro_batch``,
-    ``logprob_chunk_tokens``, ``trajectories_per_rollout``, ``negative_advantage_scale``; default: TrainConfig's)."""
+    ``logprob_chunk_tokens``, ``trajectories_per_rollout``, ``negative_advantage_scale``, ``part_credit``; default:
+    TrainConfig's)."""
     import torch
 
     from agentforge.trainers.grpo_config import TrainConfig
