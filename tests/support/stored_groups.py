@@ -4,6 +4,7 @@ no runner, gateway or engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from agentforge.ports import TraceStore
 from agentforge.trainers.replay.select import TraceFilter, select_traces
 from agentforge.types import LLMCall, Reward, Rollout, RolloutState, Span, SpanKind, Task
 
-__all__ = ["RecordingPublisher", "own_logprobs", "store_rollout", "stored_group_trainer", "tiny_train_config"]
+__all__ = [
+    "RecordingPublisher",
+    "own_logprobs",
+    "store_rollout",
+    "stored_group_trainer",
+    "tiny_train_config",
+    "train_on_finished_groups",
+]
 
 
 def store_rollout(
@@ -131,3 +139,44 @@ def tiny_train_config(out: Path, **changes: Any) -> Any:
         gradient_checkpointing=False,
     )
     return TrainConfig(**{**fields, **changes})
+
+
+def train_on_finished_groups(
+    store: TraceStore,
+    members: Mapping[str, Sequence[Any]],
+    finish: Callable[[Rollout, Any], None],
+    out: Path,
+    current: str = "policy@v1",
+    **config_kw: Any,
+) -> tuple[Any, Any, list[Rollout], dict[str, Any]]:
+    """One real TRL step of the live :class:`~agentforge.trainers.rollouts.RolloutSource` over groups of 4
+    finished rollouts, one group per task of ``members`` (2 tasks a step, lr 1e-3, unshuffled).
+
+    Args:
+        store: holds the rollouts.
+        members: task id → its 4 members, in order; ``finish(rollout, member)`` finishes each rollout.
+        finish: claims the rollout and stores its spans, reward and attempt state.
+        out: the run's ``output_dir``.
+        current: the version the source serves (older spans are stale).
+        **config_kw: further :class:`~agentforge.trainers.grpo_config.TrainConfig` fields.
+
+    Returns:
+        ``(trainer, source, formed rollouts in batch order, what _generate_and_score_completions returned)``.
+    """
+    from agentforge.trainers.grpo_trainer import LightningTrainer
+    from agentforge.trainers.rollouts import RolloutSource
+
+    tasks = {t: Task(task_id=t) for t in members}
+    source = RolloutSource(store, tasks, 4, lambda: current, max_staleness=1, max_attempts=1, poll_s=0.01)
+    formed = source.enqueue([t for t in members for _ in range(4)])
+    for rollout, member in zip(formed, [m for t in members for m in members[t]], strict=True):
+        finish(rollout, member)
+    by_task = {t: [r for r in formed if r.task.task_id == t] for t in members}
+    source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
+    fields = dict(num_generations=4, tasks_per_step=2, learning_rate=1e-3, shuffle_dataset=False)
+    config = tiny_train_config(out, **{**fields, **config_kw})
+    trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
+    seen = record_scored_batches(trainer)
+    trainer.train()
+    (scored,) = seen
+    return trainer, source, formed, scored

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stored_groups import RecordingPublisher, record_scored_batches, tiny_train_config
-from tiny_model import PROMPT, tiny_model
+from stored_groups import tiny_train_config, train_on_finished_groups
+from tiny_model import PROMPT
 
 from agentforge.testing import memory_store
-from agentforge.trainers.rollouts import RolloutSource
-from agentforge.types import AttemptState, LLMCall, Reward, Span, SpanKind, Task
+from agentforge.types import AttemptState, LLMCall, Reward, Span, SpanKind
 
 CURRENT = "policy@v3"
 #: per group: (reward, version that served it, attempt succeeded); ``None`` = no reward stored
@@ -62,38 +61,16 @@ def test_masked_members_are_left_out_of_their_groups_baseline_and_spread(
 ) -> None:
     import torch
 
-    from agentforge.trainers.grpo_trainer import LightningTrainer
-
     store = memory_store()
-    source = RolloutSource(
+    trainer, source, formed, out = train_on_finished_groups(
         store,
-        {t: Task(task_id=t) for t in MEMBERS},
-        4,
-        lambda: CURRENT,
-        max_staleness=1,
-        max_attempts=1,
-        poll_s=0.01,
-    )
-    formed = source.enqueue([t for t in MEMBERS for _ in range(4)])
-    for rollout, member in zip(formed, [m for t in MEMBERS for m in MEMBERS[t]], strict=True):
-        _finish(store, rollout, *member)
-    by_task = {t: [r for r in formed if r.task.task_id == t] for t in MEMBERS}
-    source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
-
-    config = tiny_train_config(
+        MEMBERS,
+        lambda rollout, member: _finish(store, rollout, *member),
         tmp_path / "run",
-        num_generations=4,
-        tasks_per_step=2,
-        learning_rate=1e-3,
-        shuffle_dataset=False,
+        current=CURRENT,
         negative_advantage_scale=negative_scale,
         success_bonus=bonus,
     )
-    trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
-    seen = record_scored_batches(trainer)
-    trainer.train()
-
-    (out,) = seen
     order = [r.task.task_id for r in formed]  # TRL's batch: each group's 4 members in a row, t1 then t2
     got = {t: [] for t in MEMBERS}
     for task, advantage in zip(order, out["advantages"].tolist(), strict=True):

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stored_groups import RecordingPublisher, record_scored_batches, tiny_train_config
-from tiny_model import PROMPT, tiny_model
+from stored_groups import tiny_train_config, train_on_finished_groups
+from tiny_model import PROMPT
 
 from agentforge.errors import ConfigError
 from agentforge.testing import memory_store
 from agentforge.trainers.part_credit import CALL, REPLY, WHOLE, part_advantages
-from agentforge.trainers.rollouts import RolloutSource
 from agentforge.trainers.samples import build_trajectories
-from agentforge.types import AttemptState, LLMCall, Reward, Span, SpanKind, Task, ToolCall
+from agentforge.types import AttemptState, LLMCall, Reward, Span, SpanKind, ToolCall
 
 CALL_IDS, GAP, REPLY_IDS = [57, 1431, 2], [198, 520], [40, 2]
 #: per group: (tool, arguments, reply) parts of each member
@@ -105,30 +104,14 @@ def test_call_tokens_get_the_call_parts_advantage_and_reply_tokens_the_replys(
 ) -> None:
     import torch
 
-    from agentforge.trainers.grpo_trainer import LightningTrainer
-
     store = memory_store()
-    source = RolloutSource(
-        store, {t: Task(task_id=t) for t in PARTS}, 4, lambda: "policy@v1", max_attempts=1, poll_s=0.01
-    )
-    formed = source.enqueue([t for t in PARTS for _ in range(4)])
-    for rollout, parts in zip(formed, [p for t in PARTS for p in PARTS[t]], strict=True):
-        _finish(store, rollout, parts)
-    by_task = {t: [r for r in formed if r.task.task_id == t] for t in PARTS}
-    source.enqueue = lambda prompts: [by_task[p][i % 4] for i, p in enumerate(prompts)]  # type: ignore[method-assign]
-    config = tiny_train_config(
+    trainer, _, _, out = train_on_finished_groups(
+        store,
+        PARTS,
+        lambda rollout, parts: _finish(store, rollout, parts),
         tmp_path / "run",
-        num_generations=4,
-        tasks_per_step=2,
-        learning_rate=1e-3,
-        shuffle_dataset=False,
         part_credit=part_credit,
     )
-    trainer = LightningTrainer(tiny_model(), store, None, config, RecordingPublisher(), source=source)
-    seen = record_scored_batches(trainer)
-    trainer.train()
-
-    (out,) = seen
     a = 0.5 / (torch.tensor([1.0, 0.0, 1.0, 0.0]).std().item() + 1e-4)  # TRL's (r - mean) / (std + 1e-4)
     signs = [1.0, -1.0, 1.0, -1.0]
     advantages = out["advantages"]
