@@ -311,10 +311,11 @@ def test_learning_capture_arm_keys_and_first_samples_of_each_group() -> None:
     spread, solved = learning._main_job().split_by_reward(groups, first=2)
     assert sorted(spread) == ["early"] and sorted(solved) == ["solved"]
     assert [r.rollout.created_at for r in spread["early"]] == [0, 1]
-    assert learning.parse_capture_keys("group_size=8,success_bonus=1") == {
+    assert learning.parse_capture_keys("group_size=8,success_bonus=1,part_credit=1") == {
         "negative_advantage_scale": 1.0,
         "success_bonus": 1.0,
         "group_size": 8.0,
+        "part_credit": 1.0,
     }
     for bad in ("group_size=1", "group_size=2.5", "temperature=1", "success_bonus=-1"):
         with pytest.raises(ValueError):
