@@ -15,8 +15,9 @@ then ``VACUUM`` rewrites the file and ``wal_checkpoint(TRUNCATE)`` empties the W
 (by default ``VACUUM FULL``, which rewrites the tables under an exclusive lock: a plain ``VACUUM`` only marks the
 dead rows' space reusable and leaves their text readable in the table files; ``full=False`` for that) with
 ``ANALYZE`` (so the planner statistics in ``pg_statistic`` hold no sampled value of a deleted row; a table left
-empty has its column statistics dropped) and a ``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold the deleted text until the server recycles them
-(``wal_keep_size``, archiving): that part is the database operator's.
+empty has its column statistics dropped) and a ``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold
+the deleted text until the server recycles them (``wal_keep_size``, archiving): that part is the database
+operator's.
 
 Each run is logged without its data (:mod:`agentforge.privacy.ledger`). Deleting twice is harmless: the second
 run finds nothing and logs a deletion of zero rows.

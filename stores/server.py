@@ -289,10 +289,7 @@ def store_router(
             tenant=tenant,
             after=after,
         )
-        answer = _ASCIIJSONResponse(_dump(rows))
-        if len(rows) == cap:
-            answer.headers[NEXT_AFTER_ROLLOUT] = rows[-1].rollout_id
-        return answer
+        return _page(rows, cap, NEXT_AFTER_ROLLOUT, lambda last: last.rollout_id)
 
     @r.post("/rollouts/claim")
     def claim(
@@ -408,10 +405,7 @@ def store_router(
         post any number), the next page's ``after_sequence`` in the ``X-Next-After-Sequence`` header."""
         cap = min(limit or REWARD_PAGE, REWARD_PAGE)
         rows = _checked(st.list_rewards, rollout_id, after_sequence=after_sequence, limit=cap)
-        answer = _ASCIIJSONResponse(_dump(rows))
-        if len(rows) == cap:
-            answer.headers[NEXT_AFTER_SEQUENCE] = str(rows[-1].sequence)
-        return answer
+        return _page(rows, cap, NEXT_AFTER_SEQUENCE, lambda last: str(last.sequence))
 
     @r.get("/rollouts/{rollout_id}/final_reward")
     def final_reward(rollout_id: str, st: Any = Depends(scoped)) -> Response:
@@ -428,10 +422,7 @@ def store_router(
         the next page's ``after`` (``[name, version]`` as JSON) in the ``X-Next-After-Resource`` header."""
         cap = min(limit or RESOURCE_PAGE, RESOURCE_PAGE)
         rows = _checked(st.list_resources, name, after=_resource_cursor(after), limit=cap)
-        answer = _ASCIIJSONResponse(_dump(rows))
-        if len(rows) == cap:
-            answer.headers[NEXT_AFTER_RESOURCE] = json.dumps([rows[-1].name, rows[-1].version])
-        return answer
+        return _page(rows, cap, NEXT_AFTER_RESOURCE, lambda last: json.dumps([last.name, last.version]))
 
     @r.get("/resources/version")
     def get_resource(name: str, version: int | None = None, st: Any = Depends(scoped)) -> Response:
@@ -442,6 +433,15 @@ def store_router(
         admin_router(store, api_key=api_key, admin_key=admin_key, adapter_root=root, call=_call)
     )
     return open_r
+
+
+def _page(rows: list[Any], cap: int, header: str, cursor: Callable[[Any], str]) -> Response:
+    """``rows`` as an ASCII JSON answer; a full page (``cap`` rows: more may follow) names the next page's start,
+    ``cursor(rows[-1])``, in the response header ``header``."""
+    answer = _ASCIIJSONResponse(_dump(rows))
+    if len(rows) == cap:
+        answer.headers[header] = cursor(rows[-1])
+    return answer
 
 
 def _resource_cursor(after: str | None) -> tuple[str, int] | None:

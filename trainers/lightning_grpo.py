@@ -106,7 +106,8 @@ class AdvantageShaping:
     and successes get ``args.success_bonus`` added.
 
     ``advantages``: shape ``(rows,)``, one per sampled completion, as TRL's ``_generate_and_score_completions``
-    returns them (or ``(rows, T)`` per token after :class:`~agentforge.trainers.part_credit.PartCredit`) (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024). The scale
+    returns them (group-relative: reward minus the group's mean, over its spread; Shao et al. 2024), or shape
+    ``(rows, T)``, one per token, after :class:`~agentforge.trainers.part_credit.PartCredit`. The scale
     (``>= 0``; 1 leaves them as they are) applies after the group statistics, so a group's positive samples
     keep their advantage and its negative ones are pushed down less (0: not at all). A sample's sign never
     changes, so the groups with signal stay the same.
@@ -135,9 +136,7 @@ class AdvantageShaping:
             advantages = out["advantages"] = torch.where(advantages < 0, advantages * scale, advantages)
         if advantages is not None and bonus > 0 and self._batch_rewards is not None:
             successes = self._local_successes(advantages).to(advantages.dtype)
-            if (
-                advantages.dim() == 2
-            ):  # per-token advantages (PartCredit): the bonus on every token of the row
+            if advantages.dim() == 2:  # per token (PartCredit): every token of a success gets the bonus
                 successes = successes.unsqueeze(1)
             out["advantages"] = advantages + bonus * successes
         self._batch_rewards = None  # the batch's only: not held across steps

@@ -75,7 +75,7 @@ from agentforge.trainers.samples import (
     grpo_sample,
     masked_sample,
     to_rollout_func_output,
-    with_temperatures,
+    with_token_columns,
 )
 from agentforge.types import (
     TRAINED_STEP,
@@ -368,7 +368,7 @@ class RolloutSource:
         return [grpo_sample(t, float(reward.value), rollout.rollout_id, parts) for t in trained], None
 
     def _masked(self, rollout: Rollout) -> dict[str, Any]:
-        return with_temperatures(masked_sample(rollout.rollout_id, self.placeholder), None)
+        return with_token_columns(masked_sample(rollout.rollout_id, self.placeholder), None)
 
 
 def unmatched_logprobs(traj: Trajectory, step: int) -> bool:

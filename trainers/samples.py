@@ -34,7 +34,7 @@ One sample is one trajectory laid out as the :data:`SAMPLE_COLUMNS` of TRL's ``r
 (``trl.GRPOTrainer``): :func:`trajectory_sample` builds it, :func:`masked_sample` builds the slot-keeping
 sample that trains nothing, and :func:`to_rollout_func_output` lays out a batch. Every sample source (live
 rollouts, stored groups) and the dataset export use these, so the columns are written once. The GRPO sources
-use :func:`grpo_sample`: forced tokens masked, plus :data:`TEMPERATURE_COLUMN` (:func:`with_temperatures`):
+use :func:`grpo_sample`: forced tokens masked, plus :data:`TEMPERATURE_COLUMN` (:func:`with_token_columns`):
 per completion token, the temperature at which the trainer recomputes the token's log-probability so that it
 matches the stored one (:mod:`agentforge.trainers.logprob_match`).
 """
@@ -67,7 +67,7 @@ __all__ = [
     "sampled_mask",
     "to_rollout_func_output",
     "trajectory_sample",
-    "with_temperatures",
+    "with_token_columns",
 ]
 
 #: The columns of one sample, in order: TRL's required ``prompt_ids`` / ``completion_ids`` / ``logprobs``,
@@ -340,10 +340,10 @@ def grpo_sample(
     ``env_mask`` replaced by :attr:`Trajectory.loss_mask` (grammar-forced tokens 0), its temperatures, token
     roles and the reward's ``parts`` (``metadata["parts"]``, for part credit; ``{}`` when none)."""
     sample = {**trajectory_sample(traj, reward, rollout_id), "env_mask": traj.loss_mask}
-    return with_temperatures({**sample, PARTS_COLUMN: dict(parts or {})}, traj)
+    return with_token_columns({**sample, PARTS_COLUMN: dict(parts or {})}, traj)
 
 
-def with_temperatures(sample: dict[str, Any], traj: Trajectory | None) -> dict[str, Any]:
+def with_token_columns(sample: dict[str, Any], traj: Trajectory | None) -> dict[str, Any]:
     """``sample`` with its :data:`TEMPERATURE_COLUMN` and :data:`ROLE_COLUMN` (all ``None`` and ``WHOLE`` for a
     masked sample: ``traj`` ``None``) and :data:`PARTS_COLUMN` (``{}`` unless ``sample`` has it)."""
     width = len(sample["completion_ids"])

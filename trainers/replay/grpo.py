@@ -42,7 +42,7 @@ from agentforge.trainers.samples import (
     build_trajectories,
     grpo_sample,
     masked_sample,
-    with_temperatures,
+    with_token_columns,
 )
 from agentforge.types import new_id
 
@@ -130,8 +130,8 @@ class StoredGroupSource:
 
     def _sample(self, record: TraceRecord | None, report: BatchReport) -> tuple[dict[str, Any], str | None]:
         if record is None:
-            return with_temperatures(masked_sample(None, self.placeholder), None), "missing_member"
-        masked = with_temperatures(masked_sample(record.rollout_id, self.placeholder), None)
+            return with_token_columns(masked_sample(None, self.placeholder), None), "missing_member"
+        masked = with_token_columns(masked_sample(record.rollout_id, self.placeholder), None)
         if record.reward is None or not math.isfinite(record.reward):
             return masked, "missing_reward"
         if not record.trajectories or record.trajectories[-1].sampled_tokens == 0:
