@@ -240,7 +240,7 @@ def forget(
 
 
 def apply_retention(
-    store: SQLStore, days: float, *, vacuum: bool = True, at: float | None = None
+    store: SQLStore, days: float, *, vacuum: bool = True, full: bool = True, at: float | None = None
 ) -> ForgetReport:
     """Delete finished rollouts created more than ``days`` days ago, and spans recorded without a rollout
     (unattributed calls) that started before then; keep the rollouts' aggregates.
@@ -252,6 +252,8 @@ def apply_retention(
         store: a SQLite or PostgreSQL store.
         days: the retention age, days (> 0).
         vacuum: erase the freed space afterwards.
+        full: on PostgreSQL, ``VACUUM FULL`` as :func:`forget` does (``False``: a plain ``VACUUM``, which leaves
+            the deleted text readable in the table files until the space is reused).
         at: "now", seconds since the epoch (default: the clock).
 
     Returns:
@@ -320,7 +322,7 @@ def apply_retention(
             ResourceVersion(name=RETAINED_METRICS, kind="other", payload=payload), activate=False
         )
     if vacuum and (ids or counts["orphan_spans"]):
-        _erase_freed(store, False)
+        _erase_freed(store, full)
     report = ForgetReport(ids, counts, exports_holding(store, ids, cutoff + days * 86400.0))
     record_deletion(store, "retention", [str(cutoff)], counts, report.exports_before)
     return report

@@ -72,7 +72,7 @@ def forget_cmd(
                     f"forget deletes from a SQLite or PostgreSQL store, not {store!r}; run it where the database is"
                 )
             if older_than_days is not None:
-                report = apply_retention(store, older_than_days, vacuum=vacuum)
+                report = apply_retention(store, older_than_days, vacuum=vacuum, full=full)
             else:
                 report = forget(
                     store,

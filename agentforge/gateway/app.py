@@ -32,7 +32,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -176,12 +176,17 @@ class _Gateway(SpanRecorder):
             )
         ctx = CallContext(endpoint, body, rollout_id, attempt_id)
         ctx.dialect = request.scope.get(DIALECT_KEY)
+        refusal = await self._claim(request, ctx) if self.tenants is not None else None
         if self.privacy is not None:  # personal data masked before anything sees or stores it
-            try:
-                ctx.body, ctx.privacy = await self.privacy.abegin(rollout_id, endpoint, body)  # off the loop
+            try:  # a refused claim's call has no rollout here: its values join no rollout's mapping
+                ctx.body, ctx.privacy = await self.privacy.abegin(
+                    ctx.rollout_id, endpoint, body
+                )  # off the loop
             except ScanTooLargeError as exc:  # neither forwarded nor stored, like a body over the size limit
                 logger.warning("refused a request whose privacy scan is over the limit: %s", exc)
                 return JSONResponse(error_body(str(exc), "invalid_request_error", "request_too_large"), 413)
+        if refusal is not None:
+            return await self.fail(ctx, *refusal)
         problem = validate_body(body, endpoint)
         if problem is None and not exact:  # only orjson's refusals can hold lone surrogates
             problem = lone_surrogate(body)
@@ -204,9 +209,6 @@ class _Gateway(SpanRecorder):
             else:
                 ctx.version, upstream = await self._tenant_acquire(request, ctx, target)
             ctx.logprobs_mode, ctx.upstream = upstream.logprobs_mode, upstream
-        except TenantRefused as exc:
-            body = error_body(str(exc), "permission_error", "tenant_refused")
-            return await self.fail(ctx, 403, body, "tenant_refused")
         except ServingError as exc:  # a tenant's adapter could not be loaded (slots busy, engine refused it)
             logger.warning("tenant %s: %s", ctx.tenant, exc)  # names other tenants' versions: the log only
             msg = f"the adapter of tenant {ctx.tenant!r} cannot be loaded now; retry shortly"
@@ -246,17 +248,45 @@ class _Gateway(SpanRecorder):
         return response
 
     async def _tenant_acquire(self, request: Request, ctx: CallContext, target: str) -> tuple[str, Upstream]:
-        """Resolve ``target`` for the call's tenant (:mod:`agentforge.gateway.tenancy`); a rollout of another
-        tenant is a ``NotFoundError``, as if it did not exist."""
+        """Resolve ``target`` for the call's tenant (:mod:`agentforge.gateway.tenancy`), as :meth:`_claim`
+        settled it."""
         assert self.tenants is not None
-        tenant = self.tenants.tenant(request)
-        if ctx.rollout_id is not None and ctx.rollout_id in self.pins:
-            owner = self.pins.owner(ctx.rollout_id)
-            if tenant is not None and owner != tenant:
-                raise NotFoundError(f"rollout {ctx.rollout_id!r} does not exist")
-            tenant = owner
+        return await self.tenants.acquire(ctx.tenant, target)
+
+    async def _claim(self, request: Request, ctx: CallContext) -> tuple[int, dict[str, Any], str] | None:
+        """Settle whom the call acts for before anything is masked, validated or recorded (gateways with tenants).
+
+        Sets ``ctx.tenant``: the key's tenant, the trusted ``X-Tenant`` header's, or for the app's own key the
+        tenant of the rollout it names. A tenant's call may name only its own rollouts: one that names another
+        tenant's (or a shared) rollout is refused as if that rollout did not exist, and its span — like that of
+        a refused tenant header — names no rollout, so nothing lands in another tenant's traces. A tenant's
+        ``X-Attempt-Id`` counts only beside a rollout id (the store checks that the attempt is that rollout's).
+
+        Returns:
+            ``None`` to go on, or ``(status, error body, flag)`` for :meth:`fail` once the body is masked.
+        """
+        assert self.tenants is not None
+        try:
+            tenant = self.tenants.tenant(request)
+        except TenantRefused as exc:
+            ctx.rollout_id = ctx.attempt_id = None
+            return 403, error_body(str(exc), "permission_error", "tenant_refused"), "tenant_refused"
+        rollout_id = ctx.rollout_id
+        if rollout_id is not None:
+            known = rollout_id in self.pins or await anyio.to_thread.run_sync(self.pins.known, rollout_id)
+            owner = self.pins.owner(rollout_id) if known else None
+            if known and tenant is not None and owner != tenant:
+                ctx.rollout_id = ctx.attempt_id = None
+                ctx.tenant = tenant
+                body = error_body(
+                    f"rollout {rollout_id!r} does not exist", "invalid_request_error", "rollout_not_found"
+                )
+                return 404, body, "rollout_not_found"
+            tenant = owner if tenant is None and known else tenant
+        elif tenant is not None:
+            ctx.attempt_id = None
         ctx.tenant = tenant
-        return await self.tenants.acquire(tenant, target)
+        return None
 
     async def send(
         self,

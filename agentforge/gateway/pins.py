@@ -49,6 +49,27 @@ class PinCache:
         """The tenant of a rollout :meth:`target` has read (``None``: no tenant, or not read: unknown)."""
         return self._owners.get(rollout_id)
 
+    def known(self, rollout_id: str) -> bool:
+        """Whether the store holds ``rollout_id`` (read once and cached with its pins; :meth:`owner` then
+        names its tenant). Reads the store: call it from a worker thread."""
+        return self._load(rollout_id) is not None
+
+    def _load(self, rollout_id: str) -> dict[str, str] | None:
+        """The rollout's pins, read from the store on the first call; ``None``: no such rollout."""
+        resources = self._pins.get(rollout_id)
+        if resources is None:
+            try:
+                rollout = self.store.get_rollout(rollout_id)
+            except Exception:  # unknown or malformed id
+                return None
+            resources = rollout.resources
+            with self._lock:  # lookups run in worker threads
+                if len(self._pins) >= self._size:
+                    self._owners.pop(oldest := next(iter(self._pins)), None)
+                    self._pins.pop(oldest, None)
+                self._pins[rollout_id], self._owners[rollout_id] = resources, rollout.tenant
+        return resources
+
     def target(self, rollout_id: str, model: str) -> str:
         """The version a rollout pinned for ``model`` (``Rollout.resources[model]``), else ``model``.
 
@@ -58,18 +79,9 @@ class PinCache:
         rollout (a rollout's pins do not change while it runs). An unpinned rollout goes to the router's
         canary version when one runs behind ``model`` and the rollout falls in its share.
         """
-        resources = self._pins.get(rollout_id)
-        if resources is None:
-            try:
-                rollout = self.store.get_rollout(rollout_id)
-            except Exception:  # unknown or malformed id: the span becomes an orphan later
-                return model
-            resources = rollout.resources
-            with self._lock:  # lookups run in worker threads
-                if len(self._pins) >= self._size:
-                    self._owners.pop(oldest := next(iter(self._pins)), None)
-                    self._pins.pop(oldest, None)
-                self._pins[rollout_id], self._owners[rollout_id] = resources, rollout.tenant
+        resources = self._load(rollout_id)
+        if resources is None:  # unknown or malformed id: the span becomes an orphan later
+            return model
         pinned = resources.get(model)
         if pinned is None:  # a traffic canary behind the alias may take this rollout (sticky by id)
             return self._canary(rollout_id, model) or model

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import JSONResponse
 
 from agentforge.errors import NotFoundError, UserError
-from agentforge.gateway.call import CallContext, clean_text
+from agentforge.gateway.call import CallContext, accepted_fields, clean_text
 from agentforge.gateway.guided import GUIDED_LOGPROBS
 from agentforge.gateway.prefix import Continuations
 from agentforge.privacy.answer import UNSAMPLED_FROM
@@ -197,13 +197,15 @@ class SpanRecorder:
         return asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
 
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
-        """The LLMCall of a call that produced no answer."""
+        """The LLMCall of a call that produced no answer. Under a privacy policy its stored request keeps only
+        the fields the route takes (the ones the policy's walk masks): a refused field's text is not stored."""
+        request = ctx.body if self.privacy is None else accepted_fields(ctx.body, ctx.endpoint)
         return LLMCall(
             model=ctx.model,
             version=ctx.version,
             endpoint=ctx.endpoint,
             stream=bool(ctx.body.get("stream")),
-            request=ctx.body,
+            request=request,
             latency_s=ctx.latency_s(),
             trainable=False,
             **fields,

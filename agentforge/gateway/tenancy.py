@@ -142,6 +142,17 @@ class GatewayTenants:
         """
         if not self.visible(tenant, model):
             raise NotFoundError(f"model {model!r} does not exist")
+        if tenant is None:
+            return await self._acquire(tenant, model)
+        try:
+            return await self._acquire(tenant, model)
+        except NotFoundError:  # the router's message lists every name it serves: a tenant sees only its own
+            names = [m for m in self.router.models() if self.visible(tenant, m)]
+            raise NotFoundError(
+                f"model {model!r} does not exist; available: {', '.join(names) or 'none'}"
+            ) from None
+
+    async def _acquire(self, tenant: str | None, model: str) -> tuple[str, Any]:
         owner = tenant or tenant_of_name(model)
         if owner is None:
             return self.router.acquire(model)

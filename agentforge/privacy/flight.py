@@ -105,18 +105,18 @@ _PART_TEXT_KEYS = ("text", "refusal", "transcript", "filename")
 def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], str]) -> dict[str, Any]:
     """A copy of ``body`` with ``fn(text, is_json)`` applied to every free-text field a person's data can be in.
 
-    Chat: each message's text content, the text fields of its content parts (``text``, ``refusal``,
-    ``transcript``, ``filename``), its ``name`` and ``refusal``, its tool-call arguments (JSON); every
-    ``description`` in the tools' schemas; the request's ``user``. Completions: the prompt (string or list of
-    strings), ``suffix`` and ``user``. Names the engine matches on (tool and function names, enum values,
-    roles, model) are left as they are.
+    Each message's text content, the text fields of its content parts (``text``, ``refusal``, ``transcript``,
+    ``filename``), its ``name`` and ``refusal``, its tool-call arguments (JSON); every ``description`` in the
+    tools' schemas; the prompt (string or list of strings) and ``suffix``; the request's ``user``, the values of
+    its ``metadata``, a predicted output's text (``prediction``) and every string of vLLM's ``documents``. Every
+    field is walked whatever ``endpoint`` is: a chat body sent to the completions route (a 400) is stored masked
+    too. Names the engine matches on (tool and function names, enum values, roles, model) are left as they are.
     """
+    del endpoint  # the same fields on every route (see above)
     out = dict(body)
     if isinstance(body.get("user"), str):
         out["user"] = fn(body["user"], False)
-    if endpoint == "chat":
-        if not isinstance(body.get("messages"), list):
-            return out  # the gateway answers 400 for it
+    if isinstance(body.get("messages"), list):
         messages = []
         for message in body["messages"]:
             if not isinstance(message, dict):
@@ -136,16 +136,27 @@ def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], s
                 m["tool_calls"] = [_call_with(c, fn) for c in calls]
             messages.append(m)
         out["messages"] = messages
-        if isinstance(body.get("tools"), list):
-            out["tools"] = [_descriptions(t, fn) for t in body["tools"]]
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            out["prompt"] = fn(prompt, False)
-        elif isinstance(prompt, list):
-            out["prompt"] = [fn(p, False) if isinstance(p, str) else p for p in prompt]
-        if isinstance(body.get("suffix"), str):
-            out["suffix"] = fn(body["suffix"], False)
+    if isinstance(body.get("tools"), list):
+        out["tools"] = [_descriptions(t, fn) for t in body["tools"]]
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        out["prompt"] = fn(prompt, False)
+    elif isinstance(prompt, list):
+        out["prompt"] = [fn(p, False) if isinstance(p, str) else p for p in prompt]
+    if isinstance(body.get("suffix"), str):
+        out["suffix"] = fn(body["suffix"], False)
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):  # OpenAI's metadata: string values a client tags the call with
+        out["metadata"] = {k: fn(v, False) if isinstance(v, str) else v for k, v in metadata.items()}
+    prediction = body.get("prediction")
+    if isinstance(prediction, dict):  # a predicted output: its content is text the engine reads
+        content = prediction.get("content")
+        if isinstance(content, str):
+            out["prediction"] = {**prediction, "content": fn(content, False)}
+        elif isinstance(content, list):
+            out["prediction"] = {**prediction, "content": [_part_with(p, fn) for p in content]}
+    if isinstance(body.get("documents"), list):  # vLLM's retrieval documents, rendered into the prompt
+        out["documents"] = [_every_string(d, fn) for d in body["documents"]]
     return out
 
 

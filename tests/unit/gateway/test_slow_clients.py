@@ -92,3 +92,38 @@ def test_a_slow_answer_is_not_cut_by_the_read_timeout() -> None:
     with AppServer(app, read_timeout_s=1.0) as server:
         resp = httpx.post(server.url, content=b"x" * 100, timeout=10)
         assert resp.status_code == 200 and resp.text == "ok"
+
+
+def test_four_hundred_trickling_connections_are_all_cut_while_the_server_keeps_answering(served) -> None:
+    """The report's own scale: 400 connections whose request never finishes arriving (half of them a head that
+    never ends, half a head and part of a body) are all closed within seconds of the 1 s read timeout, the server
+    answers a whole request meanwhile, and nothing is written."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:  # 400 client sockets and the server's 400 in this one process
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    server, store = served
+    body = b'{"kind": "custom", "name": "slow"}'
+    heads = (
+        b"POST /api/spans HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        b"POST /api/spans HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body[:10],
+    )
+    socks = []
+    try:
+        for i in range(400):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(heads[i % 2])
+            socks.append(sock)
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            assert client.get("/api/store/health").status_code == 200
+        deadline = time.monotonic() + 20.0
+        still_open = [s for s in socks if _closed_within(s, max(0.01, deadline - time.monotonic())) is None]
+        assert still_open == [], f"{len(still_open)} of 400 connections were kept past 20 s"
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            assert client.get("/api/store/health").status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+    assert store.list_spans() == []
