@@ -304,6 +304,7 @@ def run_phase(
     model: str | None = None,
     prompt_tokens: int = 0,
     dialect: str = "chat",
+    warmup_s: float = 1.0,
 ) -> Phase:
     """Measure one phase; ``cpu``: the process whose CPU time is charged per request (the gateway, or the
     relay); ``engine``: the engine, whose CPU per request is reported too; ``capture``: the requests are sent
@@ -313,7 +314,7 @@ def run_phase(
     engine0 = engine.cpu_s() if engine else 0.0
     model = model or ("base" if cpu is None else "policy")
     latencies, errors, answered, window = asyncio.run(
-        _load(urls, model, stream, seconds, 1.0, unique, pii, capture, prompt_tokens, dialect)
+        _load(urls, model, stream, seconds, warmup_s, unique, pii, capture, prompt_tokens, dialect)
     )
     n = len(latencies)
     cpu_ms = engine_ms = None
@@ -343,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     p.add_argument(
-        "--seconds", type=float, default=5.0, help="measured seconds per phase (after 1 s warm-up)"
+        "--seconds", type=float, default=5.0, help="measured seconds per phase (after --warmup-s of warm-up)"
     )
+    p.add_argument("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each phase")
     p.add_argument(
         "--rounds", type=int, default=3, help="rounds of every phase, alternating; medians are reported"
     )
@@ -415,7 +417,12 @@ def main(argv: list[str] | None = None) -> int:
             relay_urls = [f"{relay.url}/v1/chat/completions"] * clients
             gw_urls = gw_urls_for(gateway.url, rollout_ids[:clients])
             lean_urls = gw_urls_for(lean.url, rollout_ids[:clients]) if lean is not None else []
-            load = {"unique": args.unique, "pii": args.pii, "prompt_tokens": args.prompt_tokens}
+            load = {
+                "unique": args.unique,
+                "pii": args.pii,
+                "prompt_tokens": args.prompt_tokens,
+                "warmup_s": args.warmup_s,
+            }
             for round_ in range(1, args.rounds + 1):  # rounds alternate, so drift hits every phase alike
                 for stream in (False, True):
                     direct = run_phase(

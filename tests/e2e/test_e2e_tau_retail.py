@@ -39,11 +39,11 @@ GRAPH = {
 }
 
 
-def test_ten_tau_retail_tasks_run_end_to_end(vllm_tool_server: VLLMServer, tmp_path: Path) -> None:
+def test_six_tau_retail_tasks_run_end_to_end(vllm_tool_server: VLLMServer, tmp_path: Path) -> None:
     env = load_tau_retail()
     tasks = load_tau_tasks("dev")
     assert len(tasks) == 20
-    tasks = tasks[:10]
+    tasks = tasks[:6]
     policy_knowledge(env)  # build the policy index (loads the embedding model) before the clock starts
     store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
     router = ModelRouter()

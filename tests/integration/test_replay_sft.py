@@ -231,7 +231,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_model, tmp_path) -> N
 def test_replay_job_end_to_end_publishes_a_version(tmp_path: Path) -> None:
     """A small run of examples/replay_job.py completes and publishes a version (improvement not asserted).
 
-    ``--min-reward 0`` trains on every trace: 16 samples may hold no correct one, and this tests the plumbing.
+    ``--min-reward 0`` trains on every trace: 8 samples may hold no correct one, and this tests the plumbing.
 
     The job starts its own vLLM (``LocalStack``), so this test does not use the session's ``vllm_server``.
     """
@@ -247,9 +247,9 @@ def test_replay_job_end_to_end_publishes_a_version(tmp_path: Path) -> None:
         sys.executable,
         str(ROOT / "examples" / "replay_job.py"),
         "--rollouts",
-        "16",
-        "--eval-size",
         "8",
+        "--eval-size",
+        "4",
         "--epochs",
         "1",
         "--min-reward",

@@ -86,6 +86,8 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
             "2",
             "--seconds",
             "0.5",
+            "--warmup-s",
+            "0.2",
             "--rounds",
             "2",
             "--lean",
