@@ -149,7 +149,7 @@ def test_train_rejects_a_missing_task_file(tmp_path: Path) -> None:
 def test_train_runs_grpo_steps_and_hot_swaps(tmp_path: Path) -> None:
     from agentforge.agents.customer_service.datasets import bitext_triage_tasks
 
-    train, held_out = bitext_triage_tasks(8, 8)
+    train, held_out = bitext_triage_tasks(8, 4)
     tasks = _tasks(tmp_path / "train.jsonl", [t.model_dump() for t in train])
     evals = _tasks(tmp_path / "eval.jsonl", [t.model_dump() for t in held_out])
     out = tmp_path / "run"

@@ -162,8 +162,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, port: int, out: str, cases: list[tuple[str, bool]]) -> None:
-    """One of 2 gloo ranks (``mp.spawn`` target): each case one step, one group per rank; rank 0 saves."""
+def _rank(rank: int, port: int, out: str, cases: list[tuple[str, bool]], threads: int) -> None:
+    """One of 2 gloo ranks (``mp.spawn`` target): each case one step, one group per rank; rank 0 saves.
+    ``threads``: the parent's torch threads, so both sides sum in the same order (a near-zero loss is a sum of
+    cancelling terms: another thread count moves it by more than the tolerance)."""
+    torch.set_num_threads(threads)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -242,7 +245,9 @@ def test_two_processes_give_the_same_gradient_and_loss(tmp_path, one_micro_batch
     family (dapo's global token count over both log-prob paths, grpo's per-sequence mean, dr_grpo's constant)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path), DDP_CASES), nprocs=2, join=True)
+    mp.spawn(
+        _rank, args=(_free_port(), str(tmp_path), DDP_CASES, torch.get_num_threads()), nprocs=2, join=True
+    )
     ddp = torch.load(tmp_path / "ddp.pt")
     for case in DDP_CASES:
         _assert_same(f"{case} on 2 processes", ddp[case], one_micro_batch(*case))
