@@ -152,3 +152,28 @@ def stacks_on_timeout() -> Iterator[None]:
     except httpx.TimeoutException:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         raise
+
+
+class ByHostTransport(httpx.AsyncBaseTransport):
+    """Routes each engine request to the scripted engine named by its URL's host (``http://acme/v1`` → the
+    engine under ``"acme"``): one gateway, one scripted engine per tenant adapter."""
+
+    def __init__(self, engines: dict[str, Any]) -> None:
+        self.transports = {host: engine.transport() for host, engine in engines.items()}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.transports[request.url.host].handle_async_request(request)
+
+
+def tenant_router(engines: dict[str, Any]) -> Any:
+    """A ``ModelRouter`` whose shared ``policy`` is ``engines["shared"]``'s ``policy@v1`` and whose tenants
+    ``acme`` and ``bolt`` each have a live version of their own lineage (``policy@acme/v1``) on their engine."""
+    from agentforge.gateway.router import ModelRouter
+
+    router = ModelRouter()
+    router.register("policy@v1", engines["shared"].upstream("http://shared/v1"))
+    router.set_alias("policy", "policy@v1")
+    for tenant in ("acme", "bolt"):
+        router.register(f"policy@{tenant}/v1", engines[tenant].upstream(f"http://{tenant}/v1"))
+        router.set_alias(f"policy@{tenant}", f"policy@{tenant}/v1")
+    return router

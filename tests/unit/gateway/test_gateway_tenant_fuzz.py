@@ -15,11 +15,11 @@ import json
 import httpx
 import pytest
 from fuzzing import FUZZ, json_values
+from gateway_helpers import ByHostTransport, tenant_router
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentforge.gateway.app import create_gateway
-from agentforge.gateway.router import ModelRouter
 from agentforge.privacy import PrivacyConfig
 from agentforge.stores.tenants import TenantKeyCache
 from agentforge.testing import ScriptedUpstream, memory_store
@@ -28,16 +28,6 @@ from agentforge.types import Rollout
 _SETTINGS = settings(FUZZ, max_examples=150)
 GATEWAY_KEY = "tenant-fuzz-gateway-key-0123"
 BOLT_TEXT = "bolt-private-answer-5e2"
-
-
-class _ByHost(httpx.AsyncBaseTransport):
-    """Routes each engine request to the scripted engine named by its host."""
-
-    def __init__(self, engines: dict[str, ScriptedUpstream]) -> None:
-        self.transports = {host: engine.transport() for host, engine in engines.items()}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.transports[request.url.host].handle_async_request(request)
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +39,13 @@ def world():
         "acme": ScriptedUpstream(["from acme"], model="acme-model", cycle=True),
         "bolt": ScriptedUpstream([BOLT_TEXT], model="bolt-model", cycle=True),
     }
-    router = ModelRouter()
-    router.register("policy@v1", engines["shared"].upstream("http://shared/v1"))
-    router.set_alias("policy", "policy@v1")
-    for tenant in ("acme", "bolt"):
-        router.register(f"policy@{tenant}/v1", engines[tenant].upstream(f"http://{tenant}/v1"))
-        router.set_alias(f"policy@{tenant}", f"policy@{tenant}/v1")
+    router = tenant_router(engines)
     store = memory_store()
     app = create_gateway(
         store,
         router,
         GATEWAY_KEY,
-        transport=_ByHost(engines),
+        transport=ByHostTransport(engines),
         tenants=TenantKeyCache(store.tenant_keys, cache_s=0),
         tenant_header=True,
         privacy=PrivacyConfig(mode="off"),

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from gateway_helpers import ByHostTransport, tenant_router
 
 from agentforge.gateway.app import create_gateway
 from agentforge.gateway.router import ModelRouter
@@ -17,16 +18,6 @@ from agentforge.testing import ScriptedUpstream, memory_store
 from agentforge.types import Rollout
 
 GATEWAY_KEY = "tenant-tests-gateway-key"
-
-
-class _ByHost(httpx.AsyncBaseTransport):
-    """Routes each engine request to the scripted engine named by its host."""
-
-    def __init__(self, engines: dict[str, ScriptedUpstream]) -> None:
-        self.transports = {host: engine.transport() for host, engine in engines.items()}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.transports[request.url.host].handle_async_request(request)
 
 
 @pytest.fixture
@@ -43,16 +34,6 @@ def store() -> AsyncIterator[SQLStore]:
     store = memory_store()
     yield store  # type: ignore[misc]
     store.close()
-
-
-def _router(engines: dict[str, ScriptedUpstream]) -> ModelRouter:
-    router = ModelRouter()
-    router.register("policy@v1", engines["shared"].upstream("http://shared/v1"))
-    router.set_alias("policy", "policy@v1")
-    for tenant in ("acme", "bolt"):
-        router.register(f"policy@{tenant}/v1", engines[tenant].upstream(f"http://{tenant}/v1"))
-        router.set_alias(f"policy@{tenant}", f"policy@{tenant}/v1")
-    return router
 
 
 def _client(app: object, key: str, **headers: str) -> httpx.AsyncClient:
@@ -77,9 +58,9 @@ async def test_a_tenant_is_served_its_own_adapter_and_never_another_tenants(
     directory = TenantKeyCache(store.tenant_keys, cache_s=0)
     app = create_gateway(
         store,
-        _router(engines),
+        tenant_router(engines),
         GATEWAY_KEY,
-        transport=_ByHost(engines),
+        transport=ByHostTransport(engines),
         tenants=directory,
         tenant_header=True,
     )
@@ -134,7 +115,7 @@ async def test_a_tenant_is_served_its_own_adapter_and_never_another_tenants(
 async def test_without_tenants_the_header_changes_nothing(
     store: SQLStore, engines: dict[str, ScriptedUpstream]
 ) -> None:
-    app = create_gateway(store, _router(engines), GATEWAY_KEY, transport=_ByHost(engines))
+    app = create_gateway(store, tenant_router(engines), GATEWAY_KEY, transport=ByHostTransport(engines))
     async with _client(app, GATEWAY_KEY, **{"X-Tenant": "acme"}) as client:
         assert (await _ask(client)).json()["model"] == "policy@v1"
     assert [s.tenant for s in store.list_spans()] == [None]
@@ -157,9 +138,9 @@ async def test_a_tenant_adapter_that_cannot_load_is_a_503_naming_no_other_tenant
 
     app = create_gateway(
         store,
-        _router(engines),
+        tenant_router(engines),
         GATEWAY_KEY,
-        transport=_ByHost(engines),
+        transport=ByHostTransport(engines),
         tenant_models=Busy(),
         tenant_header=True,
     )  # type: ignore[arg-type]
@@ -184,7 +165,7 @@ async def test_each_tenants_calls_reach_the_engine_under_its_own_prefix_cache_sa
         store,
         router,
         GATEWAY_KEY,
-        transport=_ByHost({"shared": engine}),
+        transport=ByHostTransport({"shared": engine}),
         tenants=directory,
         tenant_header=True,
     )
@@ -201,7 +182,7 @@ async def test_each_tenants_calls_reach_the_engine_under_its_own_prefix_cache_sa
     assert len(salts) == 4 and salts[0] == salts[1] and salts[3] is None
     assert salts[0] != salts[2] and all(len(s) == 64 and "acme" not in s for s in salts[:3])
     other = create_gateway(
-        store, router, GATEWAY_KEY, transport=_ByHost({"shared": engine}), tenants=directory
+        store, router, GATEWAY_KEY, transport=ByHostTransport({"shared": engine}), tenants=directory
     )
     async with _client(other, key_a) as a_again:
         assert (await _ask(a_again)).status_code == 200
