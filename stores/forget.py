@@ -252,8 +252,8 @@ def apply_retention(
         store: a SQLite or PostgreSQL store.
         days: the retention age, days (> 0).
         vacuum: erase the freed space afterwards.
-        full: on PostgreSQL, ``VACUUM FULL`` as :func:`forget` does (``False``: a plain ``VACUUM``, which leaves
-            the deleted text readable in the table files until the space is reused).
+        full: on PostgreSQL, ``VACUUM FULL`` as :func:`forget` does (``False``: a plain ``VACUUM``, which
+            leaves the deleted text readable in the table files until the space is reused).
         at: "now", seconds since the epoch (default: the clock).
 
     Returns:

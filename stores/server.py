@@ -436,8 +436,8 @@ def store_router(
 
 
 def _page(rows: list[Any], cap: int, header: str, cursor: Callable[[Any], str]) -> Response:
-    """``rows`` as an ASCII JSON answer; a full page (``cap`` rows: more may follow) names the next page's start,
-    ``cursor(rows[-1])``, in the response header ``header``."""
+    """``rows`` as an ASCII JSON answer; a full page (``cap`` rows: more may follow) names the next page's
+    start, ``cursor(rows[-1])``, in the response header ``header``."""
     answer = _ASCIIJSONResponse(_dump(rows))
     if len(rows) == cap:
         answer.headers[header] = cursor(rows[-1])

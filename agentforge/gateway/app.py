@@ -178,10 +178,8 @@ class _Gateway(SpanRecorder):
         ctx.dialect = request.scope.get(DIALECT_KEY)
         refusal = await self._claim(request, ctx) if self.tenants is not None else None
         if self.privacy is not None:  # personal data masked before anything sees or stores it
-            try:  # a refused claim's call has no rollout here: its values join no rollout's mapping
-                ctx.body, ctx.privacy = await self.privacy.abegin(
-                    ctx.rollout_id, endpoint, body
-                )  # off the loop
+            try:  # off the loop; a refused claim has no rollout here: its values join no rollout's mapping
+                ctx.body, ctx.privacy = await self.privacy.abegin(ctx.rollout_id, endpoint, body)
             except ScanTooLargeError as exc:  # neither forwarded nor stored, like a body over the size limit
                 logger.warning("refused a request whose privacy scan is over the limit: %s", exc)
                 return JSONResponse(error_body(str(exc), "invalid_request_error", "request_too_large"), 413)
@@ -207,7 +205,7 @@ class _Gateway(SpanRecorder):
             if self.tenants is None:
                 ctx.version, upstream = self.router.acquire(target)
             else:
-                ctx.version, upstream = await self._tenant_acquire(request, ctx, target)
+                ctx.version, upstream = await self.tenants.acquire(ctx.tenant, target)  # as _claim settled it
             ctx.logprobs_mode, ctx.upstream = upstream.logprobs_mode, upstream
         except ServingError as exc:  # a tenant's adapter could not be loaded (slots busy, engine refused it)
             logger.warning("tenant %s: %s", ctx.tenant, exc)  # names other tenants' versions: the log only
@@ -247,20 +245,15 @@ class _Gateway(SpanRecorder):
             return _restored(response, ctx.privacy)
         return response
 
-    async def _tenant_acquire(self, request: Request, ctx: CallContext, target: str) -> tuple[str, Upstream]:
-        """Resolve ``target`` for the call's tenant (:mod:`agentforge.gateway.tenancy`), as :meth:`_claim`
-        settled it."""
-        assert self.tenants is not None
-        return await self.tenants.acquire(ctx.tenant, target)
-
     async def _claim(self, request: Request, ctx: CallContext) -> tuple[int, dict[str, Any], str] | None:
-        """Settle whom the call acts for before anything is masked, validated or recorded (gateways with tenants).
+        """Settle whom the call acts for before anything is masked, validated or recorded (with tenants).
 
-        Sets ``ctx.tenant``: the key's tenant, the trusted ``X-Tenant`` header's, or for the app's own key the
-        tenant of the rollout it names. A tenant's call may name only its own rollouts: one that names another
-        tenant's (or a shared) rollout is refused as if that rollout did not exist, and its span — like that of
-        a refused tenant header — names no rollout, so nothing lands in another tenant's traces. A tenant's
-        ``X-Attempt-Id`` counts only beside a rollout id (the store checks that the attempt is that rollout's).
+        Sets ``ctx.tenant``: the key's tenant, the trusted ``X-Tenant`` header's, or for the app's own key
+        the tenant of the rollout it names. A tenant's call may name only its own rollouts: one that names
+        another tenant's (or a shared) rollout is refused as if that rollout did not exist, and its span —
+        like that of a refused tenant header — names no rollout, so nothing lands in another tenant's traces.
+        A tenant's ``X-Attempt-Id`` counts only beside a rollout id (the store checks that the attempt is
+        that rollout's).
 
         Returns:
             ``None`` to go on, or ``(status, error body, flag)`` for :meth:`fail` once the body is masked.
@@ -274,7 +267,7 @@ class _Gateway(SpanRecorder):
         rollout_id = ctx.rollout_id
         if rollout_id is not None:
             known = rollout_id in self.pins or await anyio.to_thread.run_sync(self.pins.known, rollout_id)
-            owner = self.pins.owner(rollout_id) if known else None
+            owner = self.pins.owner(rollout_id)  # None for a rollout the store does not hold
             if known and tenant is not None and owner != tenant:
                 ctx.rollout_id = ctx.attempt_id = None
                 ctx.tenant = tenant
@@ -282,10 +275,11 @@ class _Gateway(SpanRecorder):
                     f"rollout {rollout_id!r} does not exist", "invalid_request_error", "rollout_not_found"
                 )
                 return 404, body, "rollout_not_found"
-            tenant = owner if tenant is None and known else tenant
-        elif tenant is not None:
-            ctx.attempt_id = None
-        ctx.tenant = tenant
+            ctx.tenant = owner if tenant is None else tenant
+        else:
+            if tenant is not None:
+                ctx.attempt_id = None
+            ctx.tenant = tenant
         return None
 
     async def send(

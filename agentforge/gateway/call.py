@@ -248,8 +248,9 @@ def refused_field(body: dict[str, Any], endpoint: Endpoint) -> tuple[str, str] |
 
 
 def accepted_fields(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
-    """``body`` without the top-level fields the route does not take (:func:`refused_field`): what the span of a
-    refused call stores under a privacy policy, whose walk masks the free text of accepted fields only."""
+    """``body`` without the top-level fields the route does not take (:func:`refused_field`): what the span
+    of a refused call stores under a privacy policy, whose walk masks the free text of accepted fields
+    only."""
     accepted = _ACCEPTED[endpoint]
     return body if body.keys() <= accepted else {k: v for k, v in body.items() if k in accepted}
 

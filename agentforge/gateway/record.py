@@ -197,8 +197,9 @@ class SpanRecorder:
         return asyncio.shield(asyncio.wrap_future(self.store.submit(span)))
 
     def failed_call(self, ctx: CallContext, **fields: Any) -> LLMCall:
-        """The LLMCall of a call that produced no answer. Under a privacy policy its stored request keeps only
-        the fields the route takes (the ones the policy's walk masks): a refused field's text is not stored."""
+        """The LLMCall of a call that produced no answer. Under a privacy policy its stored request keeps
+        only the fields the route takes (the ones the policy's walk masks): a refused field's text is not
+        stored."""
         request = ctx.body if self.privacy is None else accepted_fields(ctx.body, ctx.endpoint)
         return LLMCall(
             model=ctx.model,

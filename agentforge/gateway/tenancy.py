@@ -142,11 +142,11 @@ class GatewayTenants:
         """
         if not self.visible(tenant, model):
             raise NotFoundError(f"model {model!r} does not exist")
-        if tenant is None:
-            return await self._acquire(tenant, model)
         try:
             return await self._acquire(tenant, model)
         except NotFoundError:  # the router's message lists every name it serves: a tenant sees only its own
+            if tenant is None:
+                raise
             names = [m for m in self.router.models() if self.visible(tenant, m)]
             raise NotFoundError(
                 f"model {model!r} does not exist; available: {', '.join(names) or 'none'}"

@@ -49,7 +49,7 @@ def scan_cost_us(text: str) -> float:
     return 0.12 * len(text) + 40.0 * digit_count(text)
 
 
-def _texts(body: dict[str, Any], endpoint: str) -> list[str]:
+def _texts(body: dict[str, Any]) -> list[str]:
     """Every free-text field of ``body`` that the masker scans (:func:`_walk_texts`)."""
     out: list[str] = []
 
@@ -57,7 +57,7 @@ def _texts(body: dict[str, Any], endpoint: str) -> list[str]:
         out.append(text)
         return text
 
-    _walk_texts(body, endpoint, keep)
+    _walk_texts(body, keep)
     return out
 
 
@@ -102,17 +102,17 @@ def _build(future: Future[Detector], config: PrivacyConfig) -> None:
 _PART_TEXT_KEYS = ("text", "refusal", "transcript", "filename")
 
 
-def _walk_texts(body: dict[str, Any], endpoint: str, fn: Callable[[str, bool], str]) -> dict[str, Any]:
+def _walk_texts(body: dict[str, Any], fn: Callable[[str, bool], str]) -> dict[str, Any]:
     """A copy of ``body`` with ``fn(text, is_json)`` applied to every free-text field a person's data can be in.
 
-    Each message's text content, the text fields of its content parts (``text``, ``refusal``, ``transcript``,
-    ``filename``), its ``name`` and ``refusal``, its tool-call arguments (JSON); every ``description`` in the
-    tools' schemas; the prompt (string or list of strings) and ``suffix``; the request's ``user``, the values of
-    its ``metadata``, a predicted output's text (``prediction``) and every string of vLLM's ``documents``. Every
-    field is walked whatever ``endpoint`` is: a chat body sent to the completions route (a 400) is stored masked
-    too. Names the engine matches on (tool and function names, enum values, roles, model) are left as they are.
+    Each message's text content, the text fields of its content parts (``text``, ``refusal``,
+    ``transcript``, ``filename``), its ``name`` and ``refusal``, its tool-call arguments (JSON); every
+    ``description`` in the tools' schemas; the prompt (string or list of strings) and ``suffix``; the
+    request's ``user``, the values of its ``metadata``, a predicted output's text (``prediction``) and every
+    string of vLLM's ``documents``. The same fields on every route: a chat body sent to the completions route
+    (a 400) is stored masked too. Names the engine matches on (tool and function names, enum values, roles,
+    model) are left as they are.
     """
-    del endpoint  # the same fields on every route (see above)
     out = dict(body)
     if isinstance(body.get("user"), str):
         out["user"] = fn(body["user"], False)
@@ -464,11 +464,11 @@ class PrivacyGuard:
         """
         if self._building is None:
             return body, None
-        estimate = self._scan_estimate_us(rollout_id, endpoint, body)
+        estimate = self._scan_estimate_us(rollout_id, body)
         if estimate > self.config.max_scan_s * 1e6:
             raise ScanTooLargeError(
                 f"this request would take the privacy scan about {estimate / 1e6:.0f} s (its texts hold "
-                f"{sum(digit_count(t) for t in _texts(body, endpoint)):,} digits); the gateway's limit is "
+                f"{sum(digit_count(t) for t in _texts(body)):,} digits); the gateway's limit is "
                 f"max_scan_s={self.config.max_scan_s:g} s: send less text per request, or raise the limit "
                 "(PrivacyConfig(max_scan_s=...))"
             )
@@ -479,7 +479,7 @@ class PrivacyGuard:
             )
         return self.begin(rollout_id, endpoint, body)
 
-    def _scan_estimate_us(self, rollout_id: str | None, endpoint: str, body: dict[str, Any]) -> float:
+    def _scan_estimate_us(self, rollout_id: str | None, body: dict[str, Any]) -> float:
         """The detector's estimated cost (µs) for the texts of ``body`` its rollout has not scanned yet."""
         mapping = self._rollouts.get(rollout_id) if rollout_id is not None else None
         total = 0.0
@@ -490,7 +490,7 @@ class PrivacyGuard:
                 total += scan_cost_us(text)
             return text
 
-        _walk_texts(body, endpoint, cost)
+        _walk_texts(body, cost)
         return total
 
     async def amask_answer(
@@ -601,7 +601,7 @@ class PrivacyGuard:
         if self.config.mode is PrivacyMode.redact:  # the engine sees the values; seal redacts the record
             return body, CallPrivacy(self.config.mode, mapping, counts, self.config.exportable)
         with mapping.lock:  # a rollout's concurrent calls (parallel tool branches) share its placeholders
-            masked = _walk_texts(body, endpoint, mask)
+            masked = _walk_texts(body, mask)
             if endpoint == "chat":
                 masked = _mask_split_values(mapping, masked, counts, issued)
         if not counts and not mapping.by_value:

@@ -167,7 +167,8 @@ class ByHostTransport(httpx.AsyncBaseTransport):
 
 def tenant_router(engines: dict[str, Any]) -> Any:
     """A ``ModelRouter`` whose shared ``policy`` is ``engines["shared"]``'s ``policy@v1`` and whose tenants
-    ``acme`` and ``bolt`` each have a live version of their own lineage (``policy@acme/v1``) on their engine."""
+    ``acme`` and ``bolt`` each have a live version of their own lineage (``policy@acme/v1``) on their
+    engine."""
     from agentforge.gateway.router import ModelRouter
 
     router = ModelRouter()

@@ -1,8 +1,8 @@
-"""Property-based fuzzing of the gateway's LLM routes as a tenant (issue 36, "fuzz pass over tenancy"): whatever
-tenant ``acme`` sends to any dialect's route — bodies naming ``bolt``'s versions or its lineage as the model,
-``bolt``'s rollout in the URL prefix or the headers, an ``X-Tenant: bolt`` header, any JSON — the answer is never
-a bare 500, ``bolt``'s engine serves none of it, no span is attached to ``bolt``'s rollout or tenant, and nothing
-of ``bolt``'s (its engine's text, its version names) comes back.
+"""Property-based fuzzing of the gateway's LLM routes as a tenant (issue 36, "fuzz pass over tenancy"):
+whatever tenant ``acme`` sends to any dialect's route — bodies naming ``bolt``'s versions or its lineage as
+the model, ``bolt``'s rollout in the URL prefix or the headers, an ``X-Tenant: bolt`` header, any JSON — the
+answer is never a bare 500, ``bolt``'s engine serves none of it, no span is attached to ``bolt``'s rollout or
+tenant, and nothing of ``bolt``'s (its engine's text, its version names) comes back.
 
 Real gateway app (in-process), real SQLite store and tenant keys; each version's engine is scripted.
 """

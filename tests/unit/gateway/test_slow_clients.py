@@ -95,9 +95,9 @@ def test_a_slow_answer_is_not_cut_by_the_read_timeout() -> None:
 
 
 def test_four_hundred_trickling_connections_are_all_cut_while_the_server_keeps_answering(served) -> None:
-    """The report's own scale: 400 connections whose request never finishes arriving (half of them a head that
-    never ends, half a head and part of a body) are all closed within seconds of the 1 s read timeout, the server
-    answers a whole request meanwhile, and nothing is written."""
+    """The report's own scale: 400 connections whose request never finishes arriving (half of them a head
+    that never ends, half a head and part of a body) are all closed within seconds of the 1 s read timeout,
+    the server answers a whole request meanwhile, and nothing is written."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -188,9 +188,9 @@ def test_forget_on_postgresql_leaves_no_value_in_the_planner_statistics(pg_url: 
 def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(
     store_url: str, tmp_path: Path
 ) -> None:
-    """Retention on SQLite and PostgreSQL: old rollouts and old orphan spans (calls that named no rollout) go, their
-    text is in none of the store's files afterwards (SQLite's file and WAL; PostgreSQL's table, TOAST and index
-    files, where the local cluster can be read), a fresh orphan and the aggregates stay."""
+    """Retention on SQLite and PostgreSQL: old rollouts and old orphan spans (calls that named no rollout)
+    go, their text is in none of the store's files afterwards (SQLite's file and WAL; PostgreSQL's table,
+    TOAST and index files, where the local cluster can be read), a fresh orphan and the aggregates stay."""
     url = store_url
     with SQLStore(url) as store:
         kept = _rollout(store, "u1", "ok text")
