@@ -63,6 +63,9 @@ _LONG_DATES = (
     rf"\b\d{{1,2}}\s+(?:{_MONTHS}),?\s+\d{{4}}\b",
 )
 _BIRTH_RE = re.compile(r"(?i)(?:born|birth|\bdob\b|d\.o\.b)")
+#: a necessary condition for any :data:`_BIRTH_RE` match in any window of a text (its words, no boundaries):
+#: a text without one has no birth date, and the date regexes need not run (most texts)
+_BIRTH_HINT_RE = re.compile(r"(?i)born|birth|dob|d\.o\.b")
 _BIRTH_WINDOW = 40
 # cheap triggers: most detectors need a digit, emails an '@', secrets a keyword or a long token
 _NO_DIGITS = str.maketrans("", "", "0123456789")
@@ -279,7 +282,7 @@ class Detector:
                 if category == "CARD" and value.lstrip()[:1] not in _CARD_FIRST_DIGITS:
                     continue  # a Luhn-valid order number, not a payment card
                 found.append(Finding(result.start, result.end, category, value))
-        if digits >= 4:  # a year
+        if digits >= 4 and _BIRTH_HINT_RE.search(text):  # a year, and a birth word somewhere
             found.extend(self._birth_dates(text))
         if digits >= 7 and self._phonenumbers is not None:
             rest = _blank(text, found)  # digits already taken (a card, an IBAN) are no phone candidates

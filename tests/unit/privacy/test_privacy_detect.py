@@ -156,3 +156,49 @@ def test_overlaps_are_resolved_as_before_in_n_log_n() -> None:
             end = start + rng.randint(1, 25)
             found.append(Finding(start, end, rng.choice(CATEGORIES + ("ACCOUNT",)), "x" * (end - start)))
         assert Detector._resolve(list(found)) == _resolve_by_scan(found)
+
+
+def test_known_values_find_every_occurrence_before_and_after_the_automaton_is_built() -> None:
+    """``KnownValues`` (the rollout's revealed values, searched in one pass) reports what one ``str.find`` per
+    value reports, overlaps included, with few values (searched one by one) and with many (the automaton
+    plus the values waiting beside it), on random texts over a small alphabet, so values overlap and nest."""
+    import random
+
+    from agentforge.privacy.mapping import KnownValues
+
+    rng = random.Random(0)
+    known, values = KnownValues(), []
+    for _ in range(400):
+        value = "".join(rng.choice("ab@1 ü") for _ in range(rng.randint(1, 6)))
+        if value not in values:
+            values.append(value)
+            known.add(value)
+        text = "".join(rng.choice("ab@1 üx") for _ in range(rng.randint(0, 60)))
+        expected = sorted((at, v) for v in values for at in range(len(text)) if text.startswith(v, at))
+        assert sorted(known.occurrences(text)) == expected
+        assert known.any_in(text) == bool(expected)
+    assert len(known) == len(values) and known._automaton is not None
+    known.add("")  # ignored: an empty value would match everywhere
+    assert len(known) == len(values)
+
+
+def test_a_birth_date_needs_the_birth_hint_that_gates_the_date_patterns(detector: Detector) -> None:
+    """The date patterns run only on texts the cheap hint matches (``born``, ``birth``, ``dob``, ``d.o.b``
+    anywhere); every text whose dates the full check keeps must match the hint, so the gate drops none."""
+    import random
+
+    from agentforge.privacy.detect import _BIRTH_HINT_RE
+
+    rng = random.Random(1)
+    words = ["born", "Birth", "DOB", "d.o.b.", "dobby", "on", "order", "1985-03-14", "03/14/1985", "14.03.1985",
+             "March 14, 1985", "due", ":", " ", "x", "2024-01-02"]  # fmt: skip
+    kept = 0
+    for _ in range(2000):
+        text = "".join(rng.choice(words) + rng.choice(["", " "]) for _ in range(rng.randint(1, 8)))
+        if detector._birth_dates(text):
+            kept += 1
+            assert _BIRTH_HINT_RE.search(text), text
+        if not _BIRTH_HINT_RE.search(text):
+            assert not [f for f in detector.find(text) if f.category == "DOB"]
+    assert kept > 100
+    assert _found(detector, "Order of 1985-03-14; DOB: 1985-03-14") == [("DOB", "1985-03-14")]
