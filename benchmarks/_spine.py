@@ -56,6 +56,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 class ChildServer:
     """A Python server started as ``python -c CODE`` in a child process, bound to 127.0.0.1.
 
@@ -93,8 +99,7 @@ class ChildServer:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the child has used so far (``/proc/<pid>/stat``)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         """Terminate the child and wait for it."""

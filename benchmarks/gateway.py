@@ -28,6 +28,15 @@ the same ratio of the byte-copying relay and of the engine, whose per-event cost
     python benchmarks/gateway.py --clients 32 --prompt-tokens 2000   # an agent's prompt: 2,000 ids, ~16 kB of text
     python benchmarks/gateway.py --clients 32 --lean   # and the leanest capture proxy (benchmarks/lean_capture.py)
     python benchmarks/gateway.py --clients 32 --dialects   # and the Responses / Messages routes beside chat
+    python benchmarks/gateway.py --clients 32 --workers 1 2 4   # 1, 2, 4 gateway replicas behind HAProxy
+
+``--workers N ...``: instead of the phases above, N gateway processes (replicas) on one store behind HAProxy
+(:mod:`agentforge.scale.haproxy`: a rollout's calls reach one replica by consistent hashing of its id in the
+URL), for each N, beside direct calls in every round: throughput, the ratio to direct, the replicas' CPU per
+call (all of them together) and HAProxy's, and requests answered == spans stored. ``--store-url`` names the
+replicas' store (default: one SQLite file; a PostgreSQL URL for the deployment's form). On a 2-core host the
+replicas share the cores with the engine and the clients, so the figure cannot scale there; it is recorded
+for a larger machine.
 
 ``--lean`` adds a fifth phase after the relay: the same requests through :mod:`lean_capture`, the least work
 any gateway with durable token-exact capture must do (one decode and one encode of each body or event, one
@@ -56,7 +65,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _spine import ChildServer, free_port, percentile  # noqa: E402
+from _spine import ChildServer, cpu_seconds, free_port, percentile  # noqa: E402
 from lean_capture import stored_rows  # noqa: E402
 
 from agentforge.gateway.router import Upstream  # noqa: E402
@@ -296,7 +305,7 @@ def run_phase(
     urls: list[str],
     stream: bool,
     seconds: float,
-    cpu: ChildServer | None,
+    cpu: ChildServer | Replicas | None,
     unique: bool = False,
     pii: bool = False,
     engine: ChildServer | None = None,
@@ -381,7 +390,21 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the same calls through the gateway's Responses API and Anthropic Messages API routes "
         "(their CPU per call beside the chat route's, within each round)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="gateway replica counts to measure behind HAProxy (e.g. 1 2 4) instead of the usual phases",
+    )
+    p.add_argument(
+        "--store-url",
+        default=None,
+        help="--workers: the replicas' store (default: one SQLite file in a temporary folder)",
+    )
     args = p.parse_args(argv)
+    if args.workers:
+        return run_replicas(args)
     phases: list[Phase] = []
     dialects: list[tuple[Phase, Phase]] = []  # (chat gateway phase, dialect phase) of one round
     with (
@@ -483,6 +506,131 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:  # the dialect phases (--dialects) after the others
         print(json.dumps([asdict(ph) for ph in phases] + [asdict(other) for _, other in dialects]))
     return 0
+
+
+#: ``--workers``: one gateway replica (``{store}``: any store URL :func:`agentforge.open.open_store` takes)
+_REPLICA = _GATEWAY.replace(
+    "from agentforge.stores.sql import SQLStore", "from agentforge.open import open_store"
+).replace("GatewayServer(SQLStore(", "GatewayServer(open_store(")
+
+
+class Replicas:
+    """``n`` gateway replicas (:data:`_REPLICA`), each a :class:`ChildServer`; :meth:`cpu_s` sums them."""
+
+    def __init__(self, n: int, engine_url: str, store_url: str, privacy: str) -> None:
+        self.children: list[ChildServer] = []
+        script = _REPLICA.format(upstream=engine_url, db=store_url, privacy=privacy)
+        try:
+            for _ in range(n):
+                self.children.append(ChildServer(script, free_port(), timeout_s=120.0))
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{c.port}" for c in self.children]
+
+    def cpu_s(self) -> float:
+        return sum(c.cpu_s() for c in self.children)
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
+def run_replicas(args: argparse.Namespace) -> int:
+    """``--workers``: per replica count and round, direct then through HAProxy to the replicas; one table."""
+    from agentforge.open import open_store
+    from agentforge.scale.haproxy import HAProxy
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as children:
+        store_url = args.store_url or f"sqlite:///{Path(tmp) / 'replicas.db'}"
+        store = open_store(store_url)
+        children.callback(store.close)
+        n = max(args.clients)
+        for i in range(n):
+            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
+        rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
+        upstream = ChildServer(engine_script(args.answer, args.prompt_tokens), free_port(), "/v1/models")
+        children.callback(upstream.stop)
+        load = {
+            "unique": args.unique,
+            "pii": args.pii,
+            "prompt_tokens": args.prompt_tokens,
+            "warmup_s": args.warmup_s,
+        }
+        print(
+            f"\n{'round':>5} {'workers':>7} {'clients':>7} {'stream':>6} {'direct r/s':>10} {'via r/s':>8} "
+            f"{'ratio':>6} {'p99 ms':>8} {'CPU ms/req':>10} {'HAProxy CPU':>11} {'sent':>6} {'spans':>6} {'err':>4}"
+        )
+        for workers in args.workers:
+            with ExitStack() as group:
+                replicas = Replicas(workers, f"{upstream.url}/v1", store_url, args.privacy)
+                group.callback(replicas.stop)
+                balancer = HAProxy(replicas.addresses, free_port())
+                group.callback(balancer.stop)
+                for clients in args.clients:
+                    for round_ in range(1, args.rounds + 1):
+                        for stream in (False, True):
+                            direct_urls = [f"{upstream.url}/v1/chat/completions"] * clients
+                            direct = run_phase("direct", direct_urls, stream, args.seconds, None, **load)
+                            before, lb0 = _count(store, rollout_ids[:clients]), cpu_seconds(balancer.pid)
+                            urls = gw_urls_for(balancer.url, rollout_ids[:clients])
+                            ph = run_phase(
+                                "replicas", urls, stream, args.seconds, replicas, engine=upstream, **load
+                            )
+                            spans = _count(store, rollout_ids[:clients]) - before
+                            lb_ms = (
+                                (cpu_seconds(balancer.pid) - lb0) * 1000 / ph.answered
+                                if ph.answered
+                                else float("nan")
+                            )
+                            row = {
+                                "workers": workers,
+                                "clients": clients,
+                                "stream": stream,
+                                "round": round_,
+                                "direct": direct.req_per_s,
+                                "via": ph.req_per_s,
+                                "ratio": ph.req_per_s / direct.req_per_s
+                                if direct.req_per_s
+                                else float("nan"),
+                                "p99": ph.p99_ms,
+                                "cpu": ph.cpu_ms_per_req or float("nan"),
+                                "haproxy_cpu": round(lb_ms, 3),
+                                "sent": ph.answered,
+                                "spans": spans,
+                                "err": ph.errors + direct.errors,
+                            }
+                            rows.append(row)
+                            print(_replica_row(row, f"{round_:>5}"), flush=True)
+    print("\nmedian over rounds:")
+    keys = sorted({(r["workers"], r["clients"], r["stream"]) for r in rows})
+    for key in keys:
+        runs = [r for r in rows if (r["workers"], r["clients"], r["stream"]) == key]
+        median = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("direct", "via", "ratio", "p99", "cpu", "haproxy_cpu")
+        }
+        median.update({k: sum(r[k] for r in runs) for k in ("sent", "spans", "err")})
+        print(_replica_row({**runs[0], **median}, f"{'':>5}"))
+    print(
+        "(replicas: gateway processes behind HAProxy, a rollout's calls on one replica; CPU ms/req: all replicas "
+        "together, HAProxy apart; sent = calls the replicas answered, warm-up included; spans = spans stored)"
+    )
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
+def _replica_row(row: dict[str, Any], lead: str) -> str:
+    return (
+        f"{lead} {row['workers']:>7} {row['clients']:>7} {str(row['stream']):>6} {row['direct']:>10,.0f} "
+        f"{row['via']:>8,.0f} {row['ratio']:>5.2f}× {row['p99']:>8.1f} {row['cpu']:>10.3f} {row['haproxy_cpu']:>11.3f} "
+        f"{row['sent']:>6.0f} {row['spans']:>6.0f} {row['err']:>4.0f}"
+    )
 
 
 def gw_urls_for(base: str, rollout_ids: list[str]) -> list[str]:

@@ -90,6 +90,16 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${AGENTFORGE_SKIP_BROWSER:-0}" !=
   fi
 fi
 
+# --- HAProxy: the load balancer in front of gateway replicas (agentforge/scale/haproxy.py; docs/deploy.md) ----------
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ] && [ "${AGENTFORGE_SKIP_HAPROXY:-0}" != "1" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing haproxy (apt-get) for the gateway replica tests"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy
+  else
+    echo "[setup] haproxy is missing: the gateway replica tests need it (sudo apt-get install -y haproxy)"
+  fi
+fi
+
 # --- an OpenTelemetry receiver for the OTLP export test (tests/integration/test_otlp_export_receiver.py) ------
 # Arize Phoenix takes OTLP traces and reads the GenAI conventions; it gets an environment of its own (its pins are
 # its own, and agentforge never imports it: the test starts `phoenix serve` as a process).

@@ -101,6 +101,7 @@ _OFFLINE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # loads the packaged embedding model (~18 s on 2 busy cores)
 def test_case3_no_network_empty_cache_uses_the_packaged_model(tmp_path: Path) -> None:
     caches = {name: tmp_path / name for name in ("hf_home", "st_home", "xdg_cache")}
     env = {

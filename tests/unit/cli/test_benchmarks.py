@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # a real training run in a subprocess (~30 s on 2 busy cores)
 def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--tiny"],
@@ -32,6 +34,7 @@ def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
     assert "MFU" in out.splitlines()[-1]
 
 
+@pytest.mark.slow  # a real training run in a subprocess (~30 s on 2 busy cores)
 def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
     """``benchmarks/update_memory.py`` on the tiny model: 4 and 16 rollouts (group 4), the new arm split into
     micro-batches of at most 8 rows, the old arm in one, and skipped where its estimate passes the cap."""
@@ -165,6 +168,30 @@ def gateway_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType,
     yield importlib.import_module("gateway"), importlib.import_module("_spine")
     for name in names:  # not left behind for other tests, pass or fail
         sys.modules.pop(name, None)
+
+
+@pytest.mark.slow
+def test_gateway_benchmark_workers_puts_replicas_behind_haproxy_and_stores_every_call() -> None:
+    """``--workers 1 2``: one and two gateway replicas on one store behind HAProxy, beside direct calls; each
+    row answers without error and every call the replicas answered left its span."""
+    from agentforge.scale import find_haproxy
+
+    if find_haproxy() is None and not os.environ.get("AGENTFORGE_REQUIRE_HAPROXY"):
+        pytest.skip("haproxy is not installed (apt-get install -y haproxy; `make setup` does it as root)")
+    args = ["--workers", "1", "2", "--clients", "2", "--seconds", "0.3", "--warmup-s", "0.1", "--rounds", "1"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), *args, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [(r["workers"], r["stream"]) for r in rows] == [(1, False), (1, True), (2, False), (2, True)]
+    for row in rows:
+        assert row["err"] == 0 and row["sent"] > 0 and row["spans"] == row["sent"], row
+        assert row["via"] > 0 and row["cpu"] > 0 and row["haproxy_cpu"] >= 0, row
+    assert "median over rounds:" in out
 
 
 def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with(
