@@ -1,7 +1,7 @@
 """Gateway replicas behind HAProxy (issue 39, first step): a rollout's calls all reach one replica, and a
 replica killed with SIGKILL loses no acknowledged span while its rollouts move to the replica left.
 
-Two gateway processes on one store (SQLite, and PostgreSQL where the suite has it), each in front of its own
+Two gateway processes on one PostgreSQL store, each in front of its own
 scripted engine, so an answer names the replica that served it (``from-r0`` / ``from-r1``); Debian's HAProxy
 in front of both with :func:`agentforge.scale.haproxy_config`.
 """
@@ -65,11 +65,11 @@ def _replica(store_url: str, engine_url: str) -> tuple[subprocess.Popen[bytes], 
         time.sleep(0.1)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return request.getfixturevalue("pg_url")
-    return f"sqlite:///{tmp_path / 'replicas.db'}"
+@pytest.fixture
+def store_url(pg_url: str) -> str:
+    """The replicas' one store: PostgreSQL, as a deployment runs them (SQLite under several replicas is
+    covered by the ``--workers`` benchmark's test, tests/unit/cli/test_benchmarks.py)."""
+    return pg_url
 
 
 @pytest.fixture
@@ -120,6 +120,7 @@ def test_the_config_hashes_the_rollout_segment_consistently_and_refuses_bad_addr
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
 def test_each_rollout_stays_on_one_replica_and_a_killed_replica_loses_no_acknowledged_span(
     two_replicas,
 ) -> None:  # type: ignore[no-untyped-def]
