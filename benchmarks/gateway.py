@@ -414,10 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         db = f"sqlite:///{Path(tmp) / 'gateway.db'}"
         store = SQLStore(db)
         children.callback(store.close)
-        n = max(args.clients)
-        for i in range(n):
-            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
-        rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
+        rollout_ids = running_rollouts(store, max(args.clients))
 
         def child(code: str, **kwargs: Any) -> ChildServer:
             server = ChildServer(code, free_port(), **kwargs)
@@ -549,10 +546,7 @@ def run_replicas(args: argparse.Namespace) -> int:
         store_url = args.store_url or f"sqlite:///{Path(tmp) / 'replicas.db'}"
         store = open_store(store_url)
         children.callback(store.close)
-        n = max(args.clients)
-        for i in range(n):
-            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
-        rollout_ids = [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
+        rollout_ids = running_rollouts(store, max(args.clients))
         upstream = ChildServer(engine_script(args.answer, args.prompt_tokens), free_port(), "/v1/models")
         children.callback(upstream.stop)
         load = {
@@ -631,6 +625,13 @@ def _replica_row(row: dict[str, Any], lead: str) -> str:
         f"{row['via']:>8,.0f} {row['ratio']:>5.2f}× {row['p99']:>8.1f} {row['cpu']:>10.3f} {row['haproxy_cpu']:>11.3f} "
         f"{row['sent']:>6.0f} {row['spans']:>6.0f} {row['err']:>4.0f}"
     )
+
+
+def running_rollouts(store: Any, n: int) -> list[str]:
+    """``n`` rollouts enqueued and claimed (running) in ``store``, one per client; their ids."""
+    for i in range(n):
+        store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="bench"))
+    return [c[0].rollout_id for c in (store.claim_rollout("bench") for _ in range(n)) if c]
 
 
 def gw_urls_for(base: str, rollout_ids: list[str]) -> list[str]:
