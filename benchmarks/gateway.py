@@ -87,12 +87,12 @@ from agentforge.config import serving_gc
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
 from agentforge.privacy import PrivacyConfig
-from agentforge.stores.sql import SQLStore
+from agentforge.open import open_store
 privacy = PrivacyConfig(mode={privacy!r}, patterns={{"ACCOUNT": r"ACME-\d{{8}}"}})
 router = ModelRouter()
 router.register("policy@v1", Upstream(base_url={upstream!r}, model="base"))
 router.set_alias("policy", "policy@v1")
-GatewayServer(SQLStore({db!r}), router, port=int(sys.argv[1]), privacy=privacy).start()
+GatewayServer(open_store({db!r}), router, port=int(sys.argv[1]), privacy=privacy).start()
 serving_gc()  # as `agentforge serve` does after start-up
 threading.Event().wait()
 """
@@ -505,18 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-#: ``--workers``: one gateway replica (``{store}``: any store URL :func:`agentforge.open.open_store` takes)
-_REPLICA = _GATEWAY.replace(
-    "from agentforge.stores.sql import SQLStore", "from agentforge.open import open_store"
-).replace("GatewayServer(SQLStore(", "GatewayServer(open_store(")
-
-
 class Replicas:
-    """``n`` gateway replicas (:data:`_REPLICA`), each a :class:`ChildServer`; :meth:`cpu_s` sums them."""
+    """``n`` gateway replicas (:data:`_GATEWAY`, on any store URL :func:`agentforge.open.open_store` takes),
+    each a :class:`ChildServer`; :meth:`cpu_s` sums them."""
 
     def __init__(self, n: int, engine_url: str, store_url: str, privacy: str) -> None:
         self.children: list[ChildServer] = []
-        script = _REPLICA.format(upstream=engine_url, db=store_url, privacy=privacy)
+        script = _GATEWAY.format(upstream=engine_url, db=store_url, privacy=privacy)
         try:
             for _ in range(n):
                 self.children.append(ChildServer(script, free_port(), timeout_s=120.0))

@@ -129,9 +129,8 @@ class HAProxy:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen([binary, "-db", "-f", str(self.config_path)], stderr=log)
         deadline = time.monotonic() + timeout_s
-        while (
-            True
-        ):  # listening, and still running a moment later (not another process's port it failed to bind)
+        # listening, and still running a moment later (not another process's port it failed to bind)
+        while True:
             if _listening(host, port):
                 time.sleep(0.2)
                 if self.proc.poll() is None:

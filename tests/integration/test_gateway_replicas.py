@@ -8,7 +8,6 @@ in front of both with :func:`agentforge.scale.haproxy_config`.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,10 +18,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prerequisites import need_haproxy
 
 from agentforge.errors import UserError
 from agentforge.open import open_store
-from agentforge.scale import HAProxy, find_haproxy, haproxy_config
+from agentforge.scale import HAProxy, haproxy_config
 from agentforge.testing import ScriptedTurn, ScriptedUpstream
 from agentforge.types import Rollout, Task
 
@@ -74,10 +74,7 @@ def store_url(pg_url: str) -> str:
 
 @pytest.fixture
 def two_replicas(store_url: str) -> Iterator[tuple[HAProxy, list[subprocess.Popen[bytes]], str]]:
-    if find_haproxy() is None:
-        if os.environ.get("AGENTFORGE_REQUIRE_HAPROXY"):
-            pytest.fail("AGENTFORGE_REQUIRE_HAPROXY is set but haproxy is missing: run `make setup`")
-        pytest.skip("haproxy is not installed (apt-get install -y haproxy; `make setup` does it as root)")
+    need_haproxy()
     engines = [ScriptedUpstream([ScriptedTurn(f"from-r{i}")], cycle=True).serve() for i in range(2)]
     replicas: list[subprocess.Popen[bytes]] = []
     try:
@@ -167,11 +164,7 @@ def test_the_deploy_guides_config_file_is_what_the_function_writes_and_haproxy_a
     text = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     block = text.split("<!-- haproxy.cfg -->\n```\n", 1)[1].split("```", 1)[0]
     assert block == haproxy_config(["10.0.0.11:8000", "10.0.0.12:8000"], 8000, host="0.0.0.0")
-    binary = find_haproxy()
-    if binary is None:
-        if os.environ.get("AGENTFORGE_REQUIRE_HAPROXY"):
-            pytest.fail("AGENTFORGE_REQUIRE_HAPROXY is set but haproxy is missing: run `make setup`")
-        return
+    binary = need_haproxy()  # and HAProxy accepts it
     (tmp_path / "haproxy.cfg").write_text(block, encoding="utf-8")
     checked = subprocess.run(
         [binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
@@ -182,10 +175,7 @@ def test_the_deploy_guides_config_file_is_what_the_function_writes_and_haproxy_a
 def test_haproxy_that_cannot_bind_its_port_is_a_clear_error() -> None:
     import socket
 
-    if find_haproxy() is None:
-        if os.environ.get("AGENTFORGE_REQUIRE_HAPROXY"):
-            pytest.fail("AGENTFORGE_REQUIRE_HAPROXY is set but haproxy is missing: run `make setup`")
-        pytest.skip("haproxy is not installed")
+    need_haproxy()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -7,6 +7,7 @@ piece is a failure, never a silent skip:
 * ``AGENTFORGE_REQUIRE_VLLM`` — the vLLM virtual environment (see ``fixtures_serving.py``);
 * ``AGENTFORGE_REQUIRE_FRAMEWORKS`` — the framework virtual environments (``test_examples_frameworks.py``).
 * ``AGENTFORGE_REQUIRE_PHOENIX`` — the Arize Phoenix environment, the OTLP receiver (``test_otlp_export_receiver.py``).
+* ``AGENTFORGE_REQUIRE_HAPROXY`` — Debian's ``haproxy``, the load balancer in front of gateway replicas.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import pytest
 
 from agentforge.errors import UserError
 
-__all__ = ["REQUIRE_DATA", "REQUIRE_VLLM", "missing", "load_data"]
+__all__ = ["REQUIRE_DATA", "REQUIRE_VLLM", "REQUIRE_HAPROXY", "missing", "load_data", "need_haproxy"]
 
 REQUIRE_DATA = "AGENTFORGE_REQUIRE_DATA"
 REQUIRE_VLLM = "AGENTFORGE_REQUIRE_VLLM"
+REQUIRE_HAPROXY = "AGENTFORGE_REQUIRE_HAPROXY"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -42,3 +44,17 @@ def load_data(loader: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return loader(*args, **kwargs)
     except UserError as exc:
         missing(f"the data is missing: {exc}", REQUIRE_DATA)
+
+
+def need_haproxy() -> str:
+    """The ``haproxy`` executable; without one the test is skipped, or failed under
+    ``AGENTFORGE_REQUIRE_HAPROXY``."""
+    from agentforge.scale import find_haproxy
+
+    binary = find_haproxy()
+    if binary is None:
+        missing(
+            "haproxy is not installed (apt-get install -y haproxy; `make setup` does it as root)",
+            REQUIRE_HAPROXY,
+        )
+    return binary

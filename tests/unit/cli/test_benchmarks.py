@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -15,19 +14,26 @@ from types import ModuleType
 
 import httpx
 import pytest
+from prerequisites import need_haproxy
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.slow  # a real training run in a subprocess (~30 s on 2 busy cores)
-def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--tiny"],
+def run_benchmark(script: str, *args: str, timeout_s: float = 300) -> str:
+    """``python benchmarks/<script> <args>``: its stdout (a non-zero exit fails the test)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         check=True,
-        timeout=300,
-    ).stdout
+        timeout=timeout_s,
+    )
+    return done.stdout
+
+
+@pytest.mark.slow  # a real training run in a subprocess (~30 s on 2 busy cores)
+def test_train_throughput_tiny_reports_tokens_per_second_and_mfu() -> None:
+    out = run_benchmark("train_throughput.py", "--tiny")
     result = json.loads(out[: out.rindex("}") + 1])
     assert result["tokens_per_s"] > 0 and result["matmul_peak_tflops"] > 0
     assert 0 < result["mfu"] < 1.5, result  # measured against a peak from the same run
@@ -40,31 +46,25 @@ def test_update_memory_tiny_prints_peak_and_micro_batches_per_arm() -> None:
     micro-batches of at most 8 rows, the old arm in one, and skipped where its estimate passes the cap."""
     from tiny_model import tiny_model
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "update_memory.py"),
-            "--model",
-            str(tiny_model()),
-            "--rollouts",
-            "4",
-            "16",
-            "--group-size",
-            "4",
-            "--prompt-tokens",
-            "24",
-            "--tail-tokens",
-            "6",
-            "--completion-tokens",
-            "9",
-            "--old-cap-gb",
-            "0.001",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
+    out = run_benchmark(
+        "update_memory.py",
+        "--model",
+        str(tiny_model()),
+        "--rollouts",
+        "4",
+        "16",
+        "--group-size",
+        "4",
+        "--prompt-tokens",
+        "24",
+        "--tail-tokens",
+        "6",
+        "--completion-tokens",
+        "9",
+        "--old-cap-gb",
+        "0.001",
+        timeout_s=600,
+    )
     lines = out.strip().splitlines()
     assert "24 prompt + 9 completion tokens" in lines[-4] and "peak GB" in lines[-3]
     four, sixteen = (line.split("|") for line in lines[-2:])
@@ -83,31 +83,24 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     count, two rounds, the gateway in mask mode on new personal data every call (the serving default, and
     the figure issue 36 sets a target for): each phase answers without error, and every answered gateway
     call left its span."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gateway.py"),
-            "--clients",
-            "2",
-            "--seconds",
-            "0.5",
-            "--warmup-s",
-            "0.2",
-            "--rounds",
-            "2",
-            "--lean",
-            "--dialects",
-            "--privacy",
-            "mask",
-            "--unique",
-            "--pii",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark(
+        "gateway.py",
+        "--clients",
+        "2",
+        "--seconds",
+        "0.5",
+        "--warmup-s",
+        "0.2",
+        "--rounds",
+        "2",
+        "--lean",
+        "--dialects",
+        "--privacy",
+        "mask",
+        "--unique",
+        "--pii",
+        "--json",
+    )
     phases = json.loads(out.strip().splitlines()[-1])
     # direct, direct with the gateway's capture options, gateway, the byte-copying relay (the floor) and the
     # leanest capture proxy; 2 rounds of plain and streamed; then the dialect phases
@@ -142,13 +135,7 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
 
 @pytest.mark.slow
 def test_store_benchmark_loses_nothing_on_every_backend_mode() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "store.py"), "--writers", "3", "--spans", "4", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("store.py", "--writers", "3", "--spans", "4", "--json")
     rows = json.loads(out.strip().splitlines()[-1])
     assert {(r["backend"], r["mode"]) for r in rows} >= {
         (b, m) for b in ("sqlite", "http-sqlite") for m in ("baseline", "batched", "pipelined")
@@ -174,18 +161,9 @@ def gateway_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType,
 def test_gateway_benchmark_workers_puts_replicas_behind_haproxy_and_stores_every_call() -> None:
     """``--workers 2``: two gateway replicas on one SQLite store behind HAProxy, beside direct calls; each row
     answers without error and every call the replicas answered left its span."""
-    from agentforge.scale import find_haproxy
-
-    if find_haproxy() is None and not os.environ.get("AGENTFORGE_REQUIRE_HAPROXY"):
-        pytest.skip("haproxy is not installed (apt-get install -y haproxy; `make setup` does it as root)")
+    need_haproxy()
     args = ["--workers", "2", "--clients", "2", "--seconds", "0.3", "--warmup-s", "0.1", "--rounds", "1"]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gateway.py"), *args, "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("gateway.py", *args, "--json")
     rows = json.loads(out.strip().splitlines()[-1])
     assert [(r["workers"], r["stream"]) for r in rows] == [(2, False), (2, True)]
     for row in rows:
@@ -223,22 +201,7 @@ def test_gateway_benchmark_prompt_tokens_sets_the_prompt_the_engine_answers_with
 
 @pytest.mark.slow
 def test_otlp_export_benchmark_exports_a_span_per_answered_call() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "otlp_export.py"),
-            "--clients",
-            "1",
-            "--seconds",
-            "0.5",
-            "--rounds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("otlp_export.py", "--clients", "1", "--seconds", "0.5", "--rounds", "1")
     assert "CPU ms/req off" in out
     got = [line for line in out.splitlines() if line.startswith("receiver got ")]
     assert len(got) == 1, out
