@@ -15,9 +15,12 @@ then ``VACUUM`` rewrites the file and ``wal_checkpoint(TRUNCATE)`` empties the W
 (by default ``VACUUM FULL``, which rewrites the tables under an exclusive lock: a plain ``VACUUM`` only marks the
 dead rows' space reusable and leaves their text readable in the table files; ``full=False`` for that) with
 ``ANALYZE`` (so the planner statistics in ``pg_statistic`` hold no sampled value of a deleted row; a table left
-empty has its column statistics dropped) and a ``CHECKPOINT`` follow. PostgreSQL's WAL segments may still hold
-the deleted text until the server recycles them (``wal_keep_size``, archiving): that part is the database
-operator's.
+empty has its column statistics dropped) and a ``CHECKPOINT`` follow. The WAL segments written before then hold
+the deleted text too (the rows as inserted, and full-page images of the pages the delete changed): ``forget``
+switches to a new segment and checkpoints again, so the server removes every older segment — where the server
+lets it (:func:`_wal_residue`: a role granted ``pg_checkpoint`` and ``EXECUTE`` on ``pg_switch_wal``; with
+``wal_recycle = off``, since a recycled segment is renamed for reuse with its bytes intact; no archiving, no
+``wal_keep_size``, no replication slot). What stops it is reported (:attr:`ForgetReport.residue`), not hidden.
 
 Each run is logged without its data (:mod:`agentforge.privacy.ledger`). Deleting twice is harmless: the second
 run finds nothing and logs a deletion of zero rows.
@@ -64,12 +67,15 @@ class ForgetReport:
         exports_before: exported files made earlier that hold some of those rollouts (still on disk).
         named_in_metadata: rollouts not deleted that name one of the sessions or users only in fields
             clients write (metadata, task input or metadata: ``session_id``, ``user_id``, ``user``).
+        residue: where the deleted text may still be readable on the database server after the run, each with
+            the setting that would erase it (empty: nowhere that the store can see).
     """
 
     rollout_ids: list[str] = field(default_factory=list)
     deleted: dict[str, int] = field(default_factory=dict)
     exports_before: list[dict[str, Any]] = field(default_factory=list)
     named_in_metadata: list[str] = field(default_factory=list)
+    residue: list[str] = field(default_factory=list)
 
 
 def _owner_values(row: RolloutRow, keys: Sequence[str]) -> set[str]:
@@ -141,10 +147,11 @@ def _delete(s: Session, ids: list[str]) -> dict[str, int]:
     return counts
 
 
-def _erase_freed(store: SQLStore, full: bool) -> None:
+def _erase_freed(store: SQLStore, full: bool) -> list[str]:
+    """Erase the space the delete freed; returns :attr:`ForgetReport.residue`."""
     if store.dialect == "sqlite":
         if store.url in ("sqlite://", "sqlite:///:memory:"):
-            return
+            return []
         # a connection of its own, outside SQLAlchemy's transaction handling (VACUUM refuses any transaction)
         conn = sqlite3.connect(make_url(store.url).database or "", isolation_level=None, timeout=30)
         try:
@@ -153,17 +160,71 @@ def _erase_freed(store: SQLStore, full: bool) -> None:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             conn.close()
-    else:
-        with store._tx.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            verb = "VACUUM (FULL, ANALYZE)" if full else "VACUUM (ANALYZE)"
-            for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
-                conn.exec_driver_sql(f"{verb} {table}")
-                if conn.exec_driver_sql(f"SELECT NOT EXISTS (SELECT 1 FROM {table})").scalar():
-                    _drop_statistics(conn, table)
-            try:  # flush the rewritten pages now (needs pg_checkpoint or superuser; the server does it later)
-                conn.exec_driver_sql("CHECKPOINT")
-            except Exception:  # noqa: BLE001 - a role without the right: the periodic checkpoint follows
-                pass
+        return []
+    residue = [] if full else [_PLAIN_VACUUM]
+    with store._tx.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        verb = "VACUUM (FULL, ANALYZE)" if full else "VACUUM (ANALYZE)"
+        for table in ("af_spans", "af_rewards", "af_attempts", "af_rollouts"):
+            conn.exec_driver_sql(f"{verb} {table}")
+            if conn.exec_driver_sql(f"SELECT NOT EXISTS (SELECT 1 FROM {table})").scalar():
+                _drop_statistics(conn, table)
+        return residue + _wal_residue(conn)
+
+
+_NOT_ERASED = (
+    "freed space: not erased (--no-vacuum): the deleted text stays in the database files until reused"
+)
+_PLAIN_VACUUM = (
+    "table files: a plain VACUUM (--no-full) leaves the deleted rows' text there until the space is reused"
+)
+
+
+def _wal_residue(conn: Any) -> list[str]:
+    """Checkpoint, switch to a new WAL segment and checkpoint again, so PostgreSQL removes the segments that hold
+    the deleted rows (as inserted, and in the full-page images the delete wrote); say what keeps any of them.
+
+    A checkpoint removes the segments before its redo point (PostgreSQL's ``RemoveOldXlogFiles``), unless
+    ``wal_recycle`` renames them for reuse (bytes intact until overwritten), ``archive_mode`` copies them away,
+    ``wal_keep_size`` or a replication slot keeps them. ``CHECKPOINT`` needs ``pg_checkpoint`` (PostgreSQL 15)
+    or a superuser, ``pg_switch_wal()`` an ``EXECUTE`` grant or a superuser.
+
+    Returns:
+        One line per cause that may leave the text in WAL files, each naming the setting that removes it.
+    """
+    residue: list[str] = []
+    try:
+        conn.exec_driver_sql("CHECKPOINT")
+        conn.exec_driver_sql("SELECT pg_switch_wal()")
+        conn.exec_driver_sql("CHECKPOINT")
+    except Exception:  # noqa: BLE001 - a role without the rights: the server's own checkpoints follow later
+        role = conn.exec_driver_sql("SELECT current_user").scalar()
+        residue.append(
+            "WAL: this role may not checkpoint or switch WAL segments, so the segments holding the text stay "
+            f"until the server's own checkpoints (GRANT pg_checkpoint TO {role}; GRANT EXECUTE ON FUNCTION "
+            f"pg_switch_wal() TO {role})"
+        )
+
+    def setting(name: str) -> str:
+        return str(conn.exec_driver_sql("SELECT current_setting(%(n)s)", {"n": name}).scalar())
+
+    if setting("wal_recycle") == "on":
+        residue.append(
+            "WAL: wal_recycle = on renames old segments for reuse with their bytes intact until overwritten "
+            "(ALTER SYSTEM SET wal_recycle = off)"
+        )
+    if setting("archive_mode") != "off":
+        residue.append(
+            "WAL: archive_mode is on: the archived segments hold the text (the archive's retention)"
+        )
+    if setting("wal_keep_size") not in ("0", "0MB"):
+        residue.append(f"WAL: wal_keep_size = {setting('wal_keep_size')} keeps old segments (set it to 0)")
+    slots = conn.exec_driver_sql("SELECT count(*) FROM pg_replication_slots").scalar()
+    if slots:
+        residue.append(
+            f"WAL: {slots} replication slot(s) keep old segments until their consumers read them (and a "
+            "replica holds its own copy of the rows)"
+        )
+    return residue
 
 
 def _drop_statistics(conn: Any, table: str) -> None:
@@ -207,7 +268,8 @@ def forget(
             ``VACUUM``, which leaves the deleted text readable in the table files until the space is reused.
 
     Returns:
-        The deleted rollouts, row counts and the exports made before that hold them.
+        The deleted rollouts, row counts, the exports made before that hold them and what may still hold the
+        text on the database server (:attr:`ForgetReport.residue`).
 
     Raises:
         UserError: no subject given.
@@ -230,9 +292,8 @@ def forget(
         return ids, _delete(s, ids), [r for r in dict.fromkeys(hinted) if r not in deleted]
 
     ids, counts, named = store._tx.run(run, write=True)
-    if vacuum:
-        _erase_freed(store, full)
-    report = ForgetReport(ids, counts, exports_holding(store, ids, started), named)
+    residue = _erase_freed(store, full) if vacuum else [_NOT_ERASED]
+    report = ForgetReport(ids, counts, exports_holding(store, ids, started), named, residue)
     for subject, values in (("rollout", rollouts), ("session", sessions), ("user", users)):
         if values:
             record_deletion(store, subject, values, counts, report.exports_before)
@@ -321,8 +382,9 @@ def apply_retention(
         store.publish_resource(
             ResourceVersion(name=RETAINED_METRICS, kind="other", payload=payload), activate=False
         )
-    if vacuum and (ids or counts["orphan_spans"]):
-        _erase_freed(store, full)
-    report = ForgetReport(ids, counts, exports_holding(store, ids, cutoff + days * 86400.0))
+    residue: list[str] = []
+    if ids or counts["orphan_spans"]:
+        residue = _erase_freed(store, full) if vacuum else [_NOT_ERASED]
+    report = ForgetReport(ids, counts, exports_holding(store, ids, cutoff + days * 86400.0), residue=residue)
     record_deletion(store, "retention", [str(cutoff)], counts, report.exports_before)
     return report

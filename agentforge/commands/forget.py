@@ -90,6 +90,8 @@ def forget_cmd(
             "client-written metadata or task fields; they were kept (delete one with --rollout):[/] "
             + " ".join(report.named_in_metadata[:20])
         )
+    for where in report.residue:
+        console.print(f"[yellow]the deleted text may still be readable: {where}[/]")
     for export in report.exports_before:
         console.print(
             f"[yellow]exported before the deletion, still holds {export['rollouts']} of these rollouts:[/] {export['path']}"
@@ -101,6 +103,7 @@ def forget_cmd(
                 "deleted": report.deleted,
                 "exports_before": report.exports_before,
                 "named_in_metadata": report.named_in_metadata,
+                "residue": report.residue,
             }
         )
     )

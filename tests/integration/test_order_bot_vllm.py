@@ -27,7 +27,7 @@ from agentforge.runtime import Runner, enqueue_tasks
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.serving.vllm import VLLMServer
 from agentforge.stores.sql import SQLStore
-from agentforge.trainers.samples import build_trajectories
+from agentforge.trainers.samples import build_trajectories, sampled_mask
 from agentforge.types import RolloutState, SpanKind
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -67,7 +67,9 @@ def test_order_bot_turns_on_vllm_are_scored_per_part(vllm_tool_server: VLLMServe
         assert GUIDED_RECOMPUTED in act.llm.flags, act.llm.flags
         assert CONTINUED in reply.llm.flags, reply.llm.flags
         (trajectory,) = build_trajectories([act, reply])  # one conversation, one trajectory
-        sampled = len(act.llm.completion_token_ids) + len(reply.llm.completion_token_ids)
+        # every token the policy sampled; a reply in which the model wrote something personal keeps its
+        # masked, re-tokenised tail at mask 0 (privacy is on in every gateway: trainers/samples.py)
+        sampled = sum(sampled_mask(act)) + sum(sampled_mask(reply))
         assert 0 in trajectory.env_mask and sum(trajectory.env_mask) == sampled  # the tool answer at mask 0
         call = act.llm.tool_calls[0]
         (tool_span, *_) = store.list_spans(rollout_id=rid, kind=SpanKind.tool)

@@ -106,15 +106,19 @@ def test_gateway_benchmark_reports_ratio_cpu_and_sent_equals_stored() -> None:
     # leanest capture proxy; 2 rounds of plain and streamed; then the dialect phases
     chat, others = phases[:20], phases[20:]
     assert [ph["round"] for ph in chat] == [1] * 10 + [2] * 10  # rounds alternate within a client count
+    engine_cpu: dict[str, float] = {}
     for direct, captured, gateway, relay, lean in zip(*(chat[i::5] for i in range(5)), strict=True):
         targets = tuple(ph["target"] for ph in (direct, captured, gateway, relay, lean))
         assert targets == ("direct", "direct+capture", "gateway", "relay", "lean")
         for ph in (direct, captured, gateway, relay):
-            assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] > 0, ph
+            assert ph["errors"] == 0 and ph["req_per_s"] > 0 and ph["engine_cpu_ms_per_req"] >= 0, ph
+            engine_cpu[ph["target"]] = engine_cpu.get(ph["target"], 0.0) + ph["engine_cpu_ms_per_req"]
         assert gateway["answered"] == gateway["spans_stored"] > 0  # every answered call left its span
         assert gateway["cpu_ms_per_req"] > 0 and relay["cpu_ms_per_req"] > 0
         assert lean["errors"] == 0 and lean["req_per_s"] > 0 and lean["cpu_ms_per_req"] > 0, lean
         assert lean["answered"] == lean["spans_stored"] > 0  # every answered call left its row
+    # the engine's CPU is read in clock ticks (10 ms): one phase of 2 calls on a busy host may read 0, all four not
+    assert len(engine_cpu) == 4 and all(v > 0 for v in engine_cpu.values()), engine_cpu
     assert "median over rounds:" in out
     assert "floor at 2 clients, plain: a byte-copying relay reaches " in out
     assert "streaming/non-streaming CPU cost at 2 clients" in out and "(median; rounds: " in out

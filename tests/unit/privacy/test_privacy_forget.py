@@ -265,9 +265,15 @@ def test_forget_follows_the_identity_the_application_set_not_client_metadata(sto
             store.get_rollout(alice)
         again = forget(store, users=["alice_17"], vacuum=False)
         assert again.rollout_ids == [] and again.named_in_metadata == [mallory]
+        assert again.residue and "not erased" in again.residue[0]  # --no-vacuum says what it leaves
     result = CliRunner().invoke(app, ["forget", "--user", "alice_17", "--store-url", store_url])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout.strip().splitlines()[-1])["named_in_metadata"] == [mallory]
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert printed["named_in_metadata"] == [mallory]
+    if store_url.startswith("sqlite"):  # VACUUM and a truncated WAL leave nothing
+        assert printed["residue"] == []
+    else:  # the cluster's WAL settings (the test cluster recycles segments): said, each with its setting
+        assert printed["residue"] and all(r.startswith("WAL: ") for r in printed["residue"])
 
 
 def test_a_store_file_made_before_the_subject_columns_gets_them(tmp_path: Path) -> None:
@@ -287,3 +293,55 @@ def test_a_store_file_made_before_the_subject_columns_gets_them(tmp_path: Path) 
         assert store.get_rollout(old).user_id is None
         new = store.enqueue_rollout(Rollout(user_id="u-1", session_id="s-1")).rollout_id
         assert forget(store, users=["u-1"], vacuum=False).rollout_ids == [new]
+
+
+def _wal_files(url: str) -> bytes:
+    """The bytes of every file in the cluster's ``pg_wal`` directory (recycled segments included)."""
+    root = Path(_as_postgres(url, "SHOW data_directory")) / "pg_wal"
+    return b"".join(p.read_bytes() for p in root.iterdir() if p.is_file())
+
+
+def _forget_one(url: str) -> tuple[list[str], bool]:
+    """Store a rollout with a fresh marker, forget its user; returns the report's residue and whether the
+    marker is still in a WAL file."""
+    with SQLStore(url) as store:
+        marker = "walmark-" + secrets.token_hex(8)
+        _rollout(store, "alice_17", f"77 Alice Lane {marker}")
+        _rollout(store, "bob_42", "12 Bob Street")
+        assert marker.encode() in _wal_files(
+            url
+        )  # the insert is in the WAL: the check sees what it looks for
+        residue = forget(store, users=["alice_17"]).residue
+    return residue, marker.encode() in _wal_files(url)
+
+
+@pytest.mark.postgres
+def test_forget_on_postgresql_removes_the_wal_segments_that_hold_the_text(pg_url: str) -> None:
+    """Issue 36, Medium (M6): the WAL holds a deleted row's text (as inserted, and in the full-page images the
+    delete writes). A role without the rights to checkpoint and switch segments leaves it there, and the report
+    names both grants. With them and ``wal_recycle = off``, ``forget`` leaves it in no file of ``pg_wal`` and
+    reports nothing; with ``wal_recycle = on`` the old segments are renamed for reuse with their bytes, and the
+    report names that setting. (One test: the grants and the setting are the cluster's.)"""
+    from sqlalchemy.engine import make_url
+
+    role = make_url(pg_url).username
+    try:
+        _as_postgres(pg_url, f"REVOKE pg_checkpoint FROM {role}")
+        _as_postgres(pg_url, f"REVOKE EXECUTE ON FUNCTION pg_switch_wal() FROM {role}")
+        residue, _ = _forget_one(pg_url)
+        (rights,) = [r for r in residue if "may not checkpoint" in r]
+        assert f"GRANT pg_checkpoint TO {role}" in rights and f"pg_switch_wal() TO {role}" in rights
+
+        _as_postgres(pg_url, f"GRANT pg_checkpoint TO {role}")
+        _as_postgres(pg_url, f"GRANT EXECUTE ON FUNCTION pg_switch_wal() TO {role}")
+        for recycle in ("off", "on"):
+            _as_postgres(pg_url, f"ALTER SYSTEM SET wal_recycle = {recycle}")
+            _as_postgres(pg_url, "SELECT pg_reload_conf()")
+            residue, left = _forget_one(pg_url)
+            if recycle == "off":
+                assert residue == [] and not left, residue
+            else:
+                assert len(residue) == 1 and "wal_recycle" in residue[0] and left, residue
+    finally:
+        _as_postgres(pg_url, "ALTER SYSTEM RESET wal_recycle")
+        _as_postgres(pg_url, "SELECT pg_reload_conf()")
