@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -55,6 +56,7 @@ def model_prepare(
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     model: Annotated[
         Path | None, typer.Option(help="Base checkpoint (default: the prepared SmolLM2-135M).")
     ] = None,
@@ -144,6 +146,23 @@ def serve(
             "recently used unloaded within --max-cpu-loras (else --max-loras) minus 2."
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Gateway replicas: N whole `serve` processes (each with its own engine) on one store, "
+            "behind HAProxy on --port; a rollout's calls stay on one replica, a new version is staged by "
+            "every replica before any serves it. See docs/deploy.md.",
+        ),
+    ] = 1,
+    replica: Annotated[
+        str | None,
+        typer.Option(help="This process's id in a replica set (set by --workers).", hidden=True),
+    ] = None,
+    replicas: Annotated[
+        str | None,
+        typer.Option(help="Every replica's id, comma-separated (set by --workers).", hidden=True),
+    ] = None,
 ) -> None:
     """Serve the policy behind the gateway: agents call {url}/rollouts/<rollout_id>/v1 with model=policy.
 
@@ -163,6 +182,11 @@ def serve(
 
     if backend not in ("vllm", "embedded"):
         raise typer.BadParameter("choose vllm or embedded", param_hint="--backend")
+    if workers > 1:
+        _serve_replicas(ctx, workers, host, port, api_key, admin_key, store_api_key)
+        return
+    if (replica is None) != (replicas is None):
+        raise typer.BadParameter("give both --replica and --replicas, or neither", param_hint="--replica")
     if logprobs_mode not in LOGPROBS_MODES:
         raise typer.BadParameter(f"choose {' or '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
     try:
@@ -235,9 +259,13 @@ def serve(
         ).start()
         follower = None
         if follow:
+            from agentforge.serving.barrier import SwapBarrier
             from agentforge.serving.follow import StoreFollower
 
-            follower = StoreFollower(swapper, store).start()
+            barrier = None
+            if replica is not None and replicas is not None:
+                barrier = SwapBarrier(store, "policy", replica, replicas.split(","))
+            follower = StoreFollower(swapper, store, barrier=barrier).start()
         supervisor = None
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
@@ -281,6 +309,68 @@ def serve(
         store.close()
         stopped += [f"gateway {gateway.url}", f"{backend} engine", "store"]
         console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): {', '.join(stopped)}", soft_wrap=True)
+
+
+def _serve_replicas(
+    ctx: typer.Context,
+    workers: int,
+    host: str,
+    port: int,
+    api_key: str | None,
+    admin_key: str | None,
+    store_key: str | None,
+) -> None:
+    """``serve --workers N``: this command's other options for N replica processes, HAProxy in front.
+
+    Raises:
+        typer.Exit: 2 when the set cannot start (the reason is printed).
+    """
+    from agentforge.config import home_dir
+    from agentforge.errors import AgentForgeError
+    from agentforge.loopback import check_bind
+    from agentforge.scale.replicas import ServeReplicas
+
+    skip = {"workers", "replica", "replicas", "host", "port", "api_key", "admin_key", "store_api_key"}
+    args: list[str] = []
+    for param in ctx.command.params:
+        if not getattr(param, "opts", None) or param.name in skip or param.name is None:
+            continue  # the arguments and this set's own options
+        value = ctx.params.get(param.name)
+        if value is None or value == param.default:
+            continue
+        if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
+            args.append(param.opts[0] if value else param.secondary_opts[0])
+        elif getattr(param, "multiple", False):
+            for item in value:
+                args += [param.opts[0], str(item)]
+        else:
+            args += [param.opts[0], str(value)]
+    env = {
+        "AGENTFORGE_API_KEY": api_key,
+        "AGENTFORGE_ADMIN_KEY": admin_key,
+        "AGENTFORGE_STORE_API_KEY": store_key,
+    }
+    os.environ.update({k: v for k, v in env.items() if v})  # the replicas inherit the keys, never on argv
+    try:
+        check_bind(host, api_key, "gateway")
+        replica_set = ServeReplicas(args, workers, port, host, log_dir=home_dir() / "logs")
+        console.print(f"starting {workers} replicas (logs in {replica_set.log_dir}/serve-r*.log) …")
+        url = replica_set.start()
+    except AgentForgeError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"[bold green]gateway[/] {url}  (HAProxy in front of {workers} replicas)")
+    typer.echo(url)
+    stop, why = stop_on_signals()
+    try:
+        while not stop.wait(1.0):
+            gone = [r for r, _, p in replica_set.replicas if p.poll() is not None]
+            if len(gone) == workers:
+                console.print("[red]every replica exited[/]")
+                break
+    finally:
+        replica_set.stop()
+        console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): HAProxy, {workers} replicas")
 
 
 def _check_store_answers(store: Any, alias: str) -> None:

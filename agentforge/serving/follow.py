@@ -16,11 +16,16 @@ at fault. The follower leaves the store as it is, waits while the engine is down
 and loads what served before, so the old version serves again), then retries the swap; after
 ``engine_retries`` such cut-short swaps of one version (an adapter that crashes the engine each time) it is
 refused as above.
+
+Behind a load balancer, several replicas follow one store; with a
+:class:`~agentforge.serving.barrier.SwapBarrier` each stages the new version first and flips only once every
+replica has staged it (see that module).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Self
 
 from agentforge.errors import AgentForgeError, ConfigError, EngineUnreachableError, NotFoundError, UserError
@@ -29,6 +34,7 @@ from agentforge.types import ResourceVersion
 
 if TYPE_CHECKING:
     from agentforge.ports import TraceStore
+    from agentforge.serving.barrier import SwapBarrier
     from agentforge.serving.hotswap import HotSwapper
 
 __all__ = ["StoreFollower"]
@@ -45,6 +51,8 @@ class StoreFollower(PollingThread):
         poll_s: seconds between polls.
         engine_retries: swaps of one version the engine's going down may cut short before the version is
             refused.
+        barrier: the replica set's barrier: stage each new version, record it, flip once every replica staged
+            it (``None``: one process, swap at once).
 
     Attributes:
         applied: the store version number served now (``None`` before the first one).
@@ -56,7 +64,12 @@ class StoreFollower(PollingThread):
     """
 
     def __init__(
-        self, swapper: HotSwapper, store: TraceStore, poll_s: float = 2.0, engine_retries: int = 3
+        self,
+        swapper: HotSwapper,
+        store: TraceStore,
+        poll_s: float = 2.0,
+        engine_retries: int = 3,
+        barrier: SwapBarrier | None = None,
     ) -> None:
         super().__init__(poll_s, name="store-follower")
         if engine_retries < 1:
@@ -65,6 +78,9 @@ class StoreFollower(PollingThread):
         self.applied: int | None = None
         self.failed: set[int] = set()
         self.cut_short: dict[int, int] = {}
+        self.barrier = barrier
+        self._staged: tuple[int, str, float] | None = None  # (store version, served name, staged at)
+        self._first = False  # True during start()'s first sync
 
     def sync(self) -> str | None:
         """One poll: serve the store's active version if it is new (nothing while the engine is down).
@@ -78,6 +94,8 @@ class StoreFollower(PollingThread):
             active = self.store.get_resource(alias)
         except NotFoundError:
             return None
+        if self._staged is not None and self._staged[0] != active.version:
+            self._discard_staged()  # another version was activated, or a replica refused this one
         if active.version == self.applied or active.version in self.failed or self.engine_down():
             return None
         pid = getattr(self.swapper.server, "pid", None)
@@ -91,6 +109,10 @@ class StoreFollower(PollingThread):
                 served = self.swapper.reset_to_base()
             elif self.swapper.router.alias(alias) == active.ref:
                 served = None  # already served (e.g. swapped in-process by a HotSwapPublisher)
+            elif self.barrier is not None and not self._first:  # a starting replica serves nothing yet
+                served = self._staged_swap(active)
+                if served is None:
+                    return None  # staged; waiting for the other replicas
             else:
                 served = self.swapper.swap(active.payload["path"], version=active.ref)
         except (AgentForgeError, KeyError, OSError) as exc:
@@ -113,6 +135,33 @@ class StoreFollower(PollingThread):
         if served is not None:
             log.info("now serving %s (activated in the store)", served)
         return served
+
+    def _staged_swap(self, active: ResourceVersion) -> str | None:
+        """With a barrier: stage ``active`` and record it (once), then flip when the barrier says so.
+
+        Returns:
+            The version now served, or ``None`` while other replicas have not staged it.
+        """
+        assert self.barrier is not None
+        if self._staged is None:
+            name = self.swapper.swap(active.payload["path"], version=active.ref, flip=False)
+            self._staged = (active.version, name, time.monotonic())
+            self.barrier.record(active.version)
+        version, name, staged_at = self._staged
+        if not self.barrier.ready(version, staged_at):
+            return None
+        self._staged = None
+        return self.swapper.promote(name)
+
+    def _discard_staged(self) -> None:
+        """Unload the version staged for a flip that will not come (a log line if it cannot be unloaded)."""
+        assert self._staged is not None
+        _, name, _ = self._staged
+        self._staged = None
+        try:
+            self.swapper.discard(name)
+        except AgentForgeError as exc:
+            log.warning("could not unload staged %s: %s", name, exc)
 
     def _cut_short(self, active: ResourceVersion, down: str, exc: BaseException) -> bool:
         """Count a swap of ``active`` the engine's going down cut short; True while it may be retried."""
@@ -164,6 +213,11 @@ class StoreFollower(PollingThread):
         self.sync()
 
     def start(self) -> Self:
-        """Sync once now, then poll in a daemon thread."""
-        self.sync()
+        """Sync once now (with a barrier too: a starting replica serves nothing yet, so it loads the store's
+        version and serves it without waiting for the others), then poll in a daemon thread."""
+        self._first = True
+        try:
+            self.sync()
+        finally:
+            self._first = False
         return super().start()

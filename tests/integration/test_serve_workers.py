@@ -1,0 +1,104 @@
+"""``agentforge serve --workers 2`` (issue 39): two whole ``serve`` replicas (each with its own embedded
+engine) on one store behind HAProxy. A rollout's calls stay on one replica; a version activated in the store
+is staged by both replicas before either serves it, and every answer is served by the version its span
+records; SIGTERM stops HAProxy and both replicas (exit status 0).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from adapters import LETTER_MESSAGES, letter_adapter
+from prerequisites import need_haproxy
+
+from agentforge.serving.barrier import barrier_resource
+from agentforge.stores.sql import SQLStore
+from agentforge.trainers.publish import StorePublisher
+from agentforge.types import Rollout, SpanKind, Task
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ask(url: str, rollout_id: str) -> str | None:
+    body = {"model": "policy", "messages": LETTER_MESSAGES, "max_tokens": 4, "temperature": 0}
+    r = httpx.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=body, timeout=60)
+    return r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else None
+
+
+def test_two_replicas_stage_a_new_version_before_either_serves_it_and_stop_on_sigterm(tmp_path: Path) -> None:
+    need_haproxy()
+    adapter = letter_adapter("A")  # built before the replicas start (the cores are theirs after)
+    url_db = f"sqlite:///{tmp_path / 'traces.db'}"
+    store = SQLStore(url_db)
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentforge.cli",
+        "serve",
+        "--workers",
+        "2",
+        "--backend",
+        "embedded",
+        "--port",
+    ]
+    proc = subprocess.Popen(
+        [*cmd, str(port), "--store-url", url_db, "--max-model-len", "1024", "--no-dashboard"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while f"http://127.0.0.1:{port}\n" not in lines:
+            assert proc.poll() is None, (proc.returncode, (proc.stderr.read() if proc.stderr else "")[-3000:])
+            assert time.monotonic() < deadline, "the replica set did not print its URL"
+            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"
+        ids = [
+            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="t")).rollout_id for i in range(6)
+        ]
+        assert all(_ask(url, rid) is not None for rid in ids)  # the base model answers, through HAProxy
+
+        StorePublisher(store).publish(adapter, step=1)  # what a trainer anywhere does
+        deadline = time.monotonic() + 120
+        while not all(_ask(url, rid) == "A" for rid in ids):  # each replica follows within its poll
+            assert time.monotonic() < deadline, "the replicas never served policy@v1"
+            time.sleep(0.5)
+
+        records = [r for r in store.list_resources(barrier_resource("policy")) if r.payload["version"] == 1]
+        assert sorted(r.payload["replica"] for r in records) == ["r0", "r1"]  # both staged it
+        both_staged = max(r.created_at for r in records)
+        spans = [s for rid in ids for s in store.list_spans(rollout_id=rid, kind=SpanKind.llm)]
+        assert spans and all(s.status == "ok" for s in spans)
+        for span in spans:  # every answer from the version its span records; none from v1 before both staged
+            assert (span.llm.version == "policy@v1") == (span.llm.response_text == "A"), span.llm
+            if span.llm.version == "policy@v1":
+                assert span.started_at >= both_staged
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        assert "stopped (SIGTERM): HAProxy, 2 replicas" in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        store.close()
