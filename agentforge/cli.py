@@ -245,6 +245,13 @@ def serve(
             words = (Path(path) / "tokenizer.json").is_file()  # token texts of the served model, else ids
             mounts[MOUNT_PATH] = create_dashboard_app(store, api_key, tokenizer=path if words else False)
         tenancy = _tenancy(server, router, store, retain) if tenants else {}
+        follower = None
+        if follow and replica is not None and replicas is not None:  # the store's version before any call
+            from agentforge.serving.barrier import SwapBarrier
+            from agentforge.serving.follow import StoreFollower
+
+            barrier = SwapBarrier(store, "policy", replica, replicas.split(","))
+            follower = StoreFollower(swapper, store, barrier=barrier).start()
         gateway = GatewayServer(
             store,
             router,
@@ -257,15 +264,10 @@ def serve(
             mounts=mounts,
             privacy=policy,
         ).start()
-        follower = None
-        if follow:
-            from agentforge.serving.barrier import SwapBarrier
+        if follow and follower is None:
             from agentforge.serving.follow import StoreFollower
 
-            barrier = None
-            if replica is not None and replicas is not None:
-                barrier = SwapBarrier(store, "policy", replica, replicas.split(","))
-            follower = StoreFollower(swapper, store, barrier=barrier).start()
+            follower = StoreFollower(swapper, store).start()
         supervisor = None
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
@@ -364,10 +366,8 @@ def _serve_replicas(
     stop, why = stop_on_signals()
     try:
         while not stop.wait(1.0):
-            gone = [r for r, _, p in replica_set.replicas if p.poll() is not None]
-            if len(gone) == workers:
-                console.print("[red]every replica exited[/]")
-                break
+            for replica, code in replica_set.revive():  # HAProxy lets it back in once it answers
+                console.print(f"[yellow]replica {replica} exited (code {code}); started again[/]")
     finally:
         replica_set.stop()
         console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): HAProxy, {workers} replicas")

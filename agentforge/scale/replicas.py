@@ -6,8 +6,9 @@ works on one machine). HAProxy binds the public address and keeps every call of 
 (:mod:`agentforge.scale.haproxy`). The replicas are told each other's ids (``--replica``/``--replicas``), so a
 new adapter version is staged by every replica before any of them serves it
 (:class:`~agentforge.serving.barrier.SwapBarrier`). A replica that dies is taken out by HAProxy's health
-check; its rollouts move to the others; it is not restarted here (a process supervisor's job: systemd, a
-container runtime).
+check; its rollouts move to the others; :meth:`ServeReplicas.revive` (``serve --workers`` calls it every
+second) starts it again on its port, where it loads the store's active version before its gateway answers,
+and the health check lets it back in.
 
 The children inherit the environment (``AGENTFORGE_API_KEY``, ``AGENTFORGE_ADMIN_KEY``, store keys): keys
 never travel on a command line.
@@ -57,6 +58,7 @@ class ServeReplicas:
     Attributes:
         url: HAProxy's URL (after :meth:`start`).
         replicas: ``(id, url, process)`` per replica (after :meth:`start`).
+        restarts: replicas started again by :meth:`revive`.
 
     Raises:
         UserError: ``workers`` < 2, a replica exited or did not start in time (its log's tail in the message),
@@ -79,7 +81,10 @@ class ServeReplicas:
         self.start_timeout_s = start_timeout_s
         self.url: str | None = None
         self.replicas: list[tuple[str, str, subprocess.Popen[bytes]]] = []
+        self.restarts = 0
         self._haproxy: HAProxy | None = None
+        self._stopping = False
+        self._spawned: dict[str, float] = {}
 
     def command(self, replica: str, port: int) -> list[str]:
         """The command line of one replica."""
@@ -110,15 +115,7 @@ class ServeReplicas:
         try:
             for replica in replica_ids(self.workers):
                 port = _free_port("127.0.0.1")
-                with (self.log_dir / f"serve-{replica}.log").open("wb") as log:
-                    proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                        self.command(replica, port),
-                        stdout=subprocess.PIPE,
-                        stderr=log,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,  # a Ctrl-C reaches the parent, which stops them in order
-                    )
-                self.replicas.append((replica, f"http://127.0.0.1:{port}", proc))
+                self.replicas.append((replica, f"http://127.0.0.1:{port}", self._spawn(replica, port, "wb")))
             deadline = time.monotonic() + self.start_timeout_s
             for replica, url, proc in self.replicas:
                 self._wait_url(replica, url, proc, deadline)
@@ -131,18 +128,53 @@ class ServeReplicas:
         self.url = self._haproxy.url
         return self.url
 
-    def _wait_url(self, replica: str, url: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        """Read the replica's stdout until it prints its URL (``serve`` prints it once it serves)."""
-        found = threading.Event()
+    def _spawn(self, replica: str, port: int, mode: str) -> subprocess.Popen[bytes]:
+        self._spawned[replica] = time.monotonic()
+        with (self.log_dir / f"serve-{replica}.log").open(mode) as log:  # "ab" on a restart: keep the crash
+            return subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                self.command(replica, port),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C reaches the parent, which stops them in order
+            )
+
+    def revive(self) -> list[tuple[str, int]]:
+        """Start again, on its port, every replica whose process exited (its log is appended to).
+
+        Returns:
+            ``(id, exit code)`` of each replica started again.
+        """
+        revived = []
+        for i, (replica, url, proc) in enumerate(self.replicas):
+            code = proc.poll()
+            if code is None or self._stopping or time.monotonic() - self._spawned.get(replica, 0.0) < 5.0:
+                continue  # running, stopping, or started < 5 s ago (one that cannot start: no busy loop)
+            port = int(url.rsplit(":", 1)[1])
+            self.replicas[i] = (replica, url, self._spawn(replica, port, "ab"))
+            self._drain_stdout(replica, self.replicas[i][2], url, threading.Event())
+            self.restarts += 1
+            revived.append((replica, code))
+        return revived
+
+    def _drain_stdout(
+        self, replica: str, proc: subprocess.Popen[bytes], url: str, found: threading.Event
+    ) -> None:
+        """Read the replica's stdout on a thread (a full pipe would block its prints); ``found`` is set when
+        it prints its URL (``serve`` prints it once it serves)."""
 
         def read() -> None:
             assert proc.stdout is not None
             for raw in proc.stdout:
                 if raw.decode(errors="replace").strip() == url:
                     found.set()
-            # keep draining until exit: a full pipe would block the replica's prints
 
         threading.Thread(target=read, name=f"serve-{replica}-stdout", daemon=True).start()
+
+    def _wait_url(self, replica: str, url: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        """Wait until the replica prints its URL (``serve`` prints it once it serves)."""
+        found = threading.Event()
+        self._drain_stdout(replica, proc, url, found)
         while not found.wait(0.2):
             if proc.poll() is not None or time.monotonic() > deadline:
                 log = (self.log_dir / f"serve-{replica}.log").read_text(errors="replace")[-2000:]
@@ -161,6 +193,7 @@ class ServeReplicas:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop HAProxy, then every replica (SIGTERM: each stops its engine; SIGKILL after ``grace_s``)."""
+        self._stopping = True
         if self._haproxy is not None:
             self._haproxy.stop()
             self._haproxy = None

@@ -109,7 +109,7 @@ class StoreFollower(PollingThread):
                 served = self.swapper.reset_to_base()
             elif self.swapper.router.alias(alias) == active.ref:
                 served = None  # already served (e.g. swapped in-process by a HotSwapPublisher)
-            elif self.barrier is not None and not self._first:  # a starting replica serves nothing yet
+            elif self.barrier is not None:
                 served = self._staged_swap(active)
                 if served is None:
                     return None  # staged; waiting for the other replicas
@@ -148,8 +148,8 @@ class StoreFollower(PollingThread):
             self._staged = (active.version, name, time.monotonic())
             self.barrier.record(active.version)
         version, name, staged_at = self._staged
-        if not self.barrier.ready(version, staged_at):
-            return None
+        if not self._first and not self.barrier.ready(version, staged_at):  # a starting replica serves
+            return None  # nothing yet: it serves the store's version at once
         self._staged = None
         return self.swapper.promote(name)
 
@@ -213,8 +213,8 @@ class StoreFollower(PollingThread):
         self.sync()
 
     def start(self) -> Self:
-        """Sync once now (with a barrier too: a starting replica serves nothing yet, so it loads the store's
-        version and serves it without waiting for the others), then poll in a daemon thread."""
+        """Sync once now, then poll in a daemon thread. With a barrier the first sync stages the store's
+        version and serves it without waiting for the others: a replica starts it before its gateway."""
         self._first = True
         try:
             self.sync()

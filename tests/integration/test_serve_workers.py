@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from adapters import LETTER_MESSAGES, letter_adapter
 from prerequisites import need_haproxy
@@ -35,8 +36,12 @@ def _free_port() -> int:
 
 
 def _ask(url: str, rollout_id: str) -> str | None:
+    """The answer of one call of ``rollout_id`` through HAProxy, ``None`` if it failed."""
     body = {"model": "policy", "messages": LETTER_MESSAGES, "max_tokens": 4, "temperature": 0}
-    r = httpx.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=body, timeout=60)
+    try:
+        r = httpx.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=body, timeout=60)
+    except httpx.HTTPError:
+        return None
     return r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else None
 
 
@@ -94,9 +99,33 @@ def test_two_replicas_stage_a_new_version_before_either_serves_it_and_stop_on_si
             if span.llm.version == "policy@v1":
                 assert span.started_at >= both_staged
 
+        # kill -9 of replica r0: its rollouts move to r1 (HAProxy's health check), then r0 is started again,
+        # serves the store's version from its first call, and takes its rollouts back
+        (r0,) = [c for c in psutil.Process(proc.pid).children() if "r0" in c.cmdline()]
+        r0.kill()
+        deadline = time.monotonic() + 180
+        answers: list[str | None] = []
+        while True:
+            answers += [_ask(url, rid) for rid in ids]
+            alive = [c for c in psutil.Process(proc.pid).children() if "r0" in c.cmdline()]
+            if alive and alive[0].pid != r0.pid and answers[-len(ids) :] == ["A"] * len(ids):
+                break
+            assert time.monotonic() < deadline, answers[-len(ids) :]
+            time.sleep(0.5)
+        assert set(answers) <= {
+            "A",
+            None,
+        }  # only calls caught by the kill fail; none is served by another version
+        assert store.get_resource("policy").ref == "policy@v1"
+
+        replicas = psutil.Process(proc.pid).children()
+        assert len(replicas) == 3  # r0, r1 and HAProxy
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0
-        assert "stopped (SIGTERM): HAProxy, 2 replicas" in (proc.stderr.read() if proc.stderr else "")
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert "replica r0 exited (code -9); started again" in stderr
+        assert "stopped (SIGTERM): HAProxy, 2 replicas" in stderr
+        assert not [c for c in replicas if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     finally:
         if proc.poll() is None:
             proc.kill()
