@@ -60,7 +60,7 @@ def haproxy_config(
     ]
     check = [
         "    option httpchk GET /health",
-        "    http-check expect rstatus ^(200|503)$",  # 503: the replica is up, its engine is not
+        "    http-check expect status 200",  # 503: the replica is up, its engine is not: out until it is
     ]
     return "\n".join(
         [
@@ -72,6 +72,10 @@ def haproxy_config(
             f"    timeout client {timeout}",
             f"    timeout server {timeout}",
             "    option http-keep-alive",
+            # a call whose replica refuses the connection (dead, not yet out) goes to another replica: the
+            # request was never sent, so even a POST is safe to retry (HAProxy retries connection failures only)
+            "    retries 2",
+            "    option redispatch 1",
             "frontend gateway",
             f"    bind {host}:{port}",
             "    use_backend by_rollout if { path_beg /rollouts/ }",

@@ -128,14 +128,27 @@ class ServeReplicas:
         self.url = self._haproxy.url
         return self.url
 
+    def cores(self, replica: str) -> str:
+        """The CPU cores replica ``replica``'s vLLM-CPU engine binds its threads to: its share of this
+        process's cores (``"0"`` and ``"1"`` for two replicas on two cores; ``"0,1,2,3"``, … for four on
+        sixteen; one core each, round robin, when there are more replicas than cores). vLLM's automatic binding would put every engine's threads on the same first core."""
+        allowed = sorted(os.sched_getaffinity(0))
+        i, n = replica_ids(self.workers).index(replica), self.workers
+        if n >= len(allowed):  # more replicas than cores: one core each, round robin
+            return str(allowed[i % len(allowed)])
+        return ",".join(map(str, allowed[i * len(allowed) // n : (i + 1) * len(allowed) // n]))
+
     def _spawn(self, replica: str, port: int, mode: str) -> subprocess.Popen[bytes]:
         self._spawned[replica] = time.monotonic()
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cores(replica))  # the operator's own binding wins
         with (self.log_dir / f"serve-{replica}.log").open(mode) as log:  # "ab" on a restart: keep the crash
             return subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                 self.command(replica, port),
                 stdout=subprocess.PIPE,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
+                env=env,
                 start_new_session=True,  # a Ctrl-C reaches the parent, which stops them in order
             )
 
