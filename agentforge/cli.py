@@ -329,6 +329,7 @@ def _serve_replicas(
     """
     from agentforge.config import home_dir
     from agentforge.errors import AgentForgeError
+    from agentforge.gateway.server import check_port
     from agentforge.loopback import check_bind
     from agentforge.scale.replicas import ServeReplicas
 
@@ -355,6 +356,7 @@ def _serve_replicas(
     os.environ.update({k: v for k, v in env.items() if v})  # the replicas inherit the keys, never on argv
     try:
         check_bind(host, api_key, "gateway")
+        check_port(host, port)  # HAProxy's, before the replicas' slow start
         replica_set = ServeReplicas(args, workers, port, host, log_dir=home_dir() / "logs")
         console.print(f"starting {workers} replicas (logs in {replica_set.log_dir}/serve-r*.log) …")
         url = replica_set.start()

@@ -146,7 +146,15 @@ class StoreFollower(PollingThread):
         if self._staged is None:
             name = self.swapper.swap(active.payload["path"], version=active.ref, flip=False)
             self._staged = (active.version, name, time.monotonic())
-            self.barrier.record(active.version)
+            try:
+                self.barrier.record(active.version)
+            except AgentForgeError as exc:  # e.g. a store server that refuses this key the write
+                log.error(
+                    "could not record %s as staged (%s); the other replicas flip after %.0f s without it",
+                    name,
+                    exc,
+                    self.barrier.timeout_s,
+                )
         version, name, staged_at = self._staged
         if not self._first and not self.barrier.ready(version, staged_at):  # a starting replica serves
             return None  # nothing yet: it serves the store's version at once

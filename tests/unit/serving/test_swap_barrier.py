@@ -104,3 +104,25 @@ def test_a_barrier_needs_its_replica_in_the_set() -> None:
         SwapBarrier(None, "policy", "r9", IDS)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="timeout_s"):
         SwapBarrier(None, "policy", "r0", IDS, timeout_s=0)  # type: ignore[arg-type]
+
+
+def test_a_replica_that_cannot_record_keeps_serving_and_the_others_flip_after_the_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentforge.errors import UserError
+
+    store = SQLStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    r0, r1, r2 = replicas = [_replica(store, r, timeout_s=0.3) for r in IDS]
+
+    def refused(version: int) -> None:
+        raise UserError("this key may not publish resources")
+
+    assert r0.barrier is not None
+    r0.barrier.record = refused  # type: ignore[method-assign]  # a store server refusing the write
+    StorePublisher(store).publish(rank_adapter(8), step=1)
+    with caplog.at_level(logging.ERROR, logger="agentforge.serving.follow"):
+        assert [f.sync() for f in replicas] == [None, None, None]  # r0's record is missing for everyone
+    assert "could not record policy@v1 as staged" in caplog.text and r0.failed == set()
+    time.sleep(0.35)
+    assert [f.sync() for f in replicas] == ["policy@v1"] * 3
+    store.close()
