@@ -334,6 +334,9 @@ def _serve_replicas(
     from agentforge.scale.replicas import ServeReplicas
 
     skip = {"workers", "replica", "replicas", "host", "port", "api_key", "admin_key", "store_api_key"}
+    adapter, follow = ctx.params.get("adapter"), ctx.params.get("follow", True)
+    if adapter is not None and follow:  # published once, here; each replica follows it from the store
+        skip.add("adapter")
     args: list[str] = []
     for param in ctx.command.params:
         if not getattr(param, "opts", None) or param.name in skip or param.name is None:
@@ -357,6 +360,17 @@ def _serve_replicas(
     try:
         check_bind(host, api_key, "gateway")
         check_port(host, port)  # HAProxy's, before the replicas' slow start
+        if "adapter" in skip:
+            from agentforge.open import open_store
+            from agentforge.serving.adapters import read_adapter
+            from agentforge.trainers.publish import StorePublisher
+
+            read_adapter(adapter)  # a folder that is not a PEFT adapter: say so now
+            store = open_store(ctx.params.get("store_url"), api_key=store_key or api_key)
+            try:
+                StorePublisher(store).publish(adapter, step=0)
+            finally:
+                store.close()
         replica_set = ServeReplicas(args, workers, port, host, log_dir=home_dir() / "logs")
         console.print(f"starting {workers} replicas (logs in {replica_set.log_dir}/serve-r*.log) …")
         url = replica_set.start()

@@ -54,7 +54,7 @@ def _save_atomically(model: Any, target: Path) -> Path:
     return target
 
 
-def letter_adapter(letter: str, *, steps: int = 12, lr: float = 5e-3, r: int = 8) -> Path:
+def letter_adapter(letter: str, *, steps: int = 30, lr: float = 3e-3, r: int = 8) -> Path:
     """A LoRA adapter whose greedy answer to :data:`LETTER_MESSAGES` is exactly ``letter``.
 
     Args:
