@@ -198,6 +198,7 @@ def serve(
                 "checkpoint folder (nothing is downloaded), or leave --model out for the default model"
             )
         if adapter is not None:
+            adapter = Path(adapter)
             read_adapter(adapter)  # a folder that is not a PEFT adapter: say so now
         from agentforge.privacy import PrivacyConfig
 
@@ -360,11 +361,12 @@ def _serve_replicas(
     try:
         check_bind(host, api_key, "gateway")
         check_port(host, port)  # HAProxy's, before the replicas' slow start
-        if "adapter" in skip:
+        if adapter is not None and "adapter" in skip:
             from agentforge.open import open_store
             from agentforge.serving.adapters import read_adapter
             from agentforge.trainers.publish import StorePublisher
 
+            adapter = Path(adapter)
             read_adapter(adapter)  # a folder that is not a PEFT adapter: say so now
             store = open_store(ctx.params.get("store_url"), api_key=store_key or api_key)
             try:
