@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import socket
 from typing import TYPE_CHECKING
 
 from agentforge.errors import UserError
@@ -25,11 +26,21 @@ __all__ = [
     "MIN_KEY_LENGTH",
     "is_loopback",
     "check_bind",
+    "free_port",
     "check_key",
     "bearer_token",
     "browser_problem",
     "LoopbackGuard",
 ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free now (the OS picks it; another process may still take it before
+    the caller binds it). IPv6 hosts (with a ``:``) get an IPv6 socket."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
 
 #: The shortest API key a server accepts (a key an attacker can guess is no key).
 MIN_KEY_LENGTH = 16

@@ -3,10 +3,10 @@
 Two replicas, each with its own vLLM engine, behind HAProxy, on one PostgreSQL store. ``--clients`` threads
 each run conversations of ``--turns`` turns (one rollout each; every turn appends the answer and asks again)
 while three adapter versions are activated in the store (letter adapters: ``policy@v1`` answers "A", ``v2``
-"B", ``v3`` "C"), replica r0 is killed with SIGKILL and, once it is back, the vLLM engine of replica r1. Printed: calls
-answered and failed (and when the failures happened), answers not from the version their span records,
-acknowledged calls without a span, conversations that are not one trajectory, and that both killed processes
-came back.
+"B", ``v3`` "C"), replica r0 is killed with SIGKILL and, once it is back, the vLLM engine of replica r1.
+Printed: calls answered and failed (and when the failures happened), answers not from the version their span
+records, acknowledged calls without a span, conversations that are not one trajectory, and that both killed
+processes came back.
 
     python benchmarks/replica_swaps.py --clients 8 --seconds 120
 
@@ -31,30 +31,16 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # the letter adapters, as the tests build them
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # letter adapters, cmdline: the tests'
 
 from adapters import LETTER_MESSAGES, letter_adapter  # noqa: E402
+from processes import cmdline  # noqa: E402
 
+from agentforge.loopback import free_port  # noqa: E402
 from agentforge.stores.sql import SQLStore  # noqa: E402
 from agentforge.trainers.publish import StorePublisher  # noqa: E402
 from agentforge.trainers.samples import build_trajectories  # noqa: E402
 from agentforge.types import Rollout, SpanKind, Task  # noqa: E402
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    """A process's command line, empty for one that has exited (a zombie until its parent reaps it)."""
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 def _fresh_database(url: str) -> str:
@@ -120,7 +106,7 @@ def main() -> None:
     if store_url.startswith("postgresql"):
         store_url = _fresh_database(store_url)
     store = SQLStore(store_url)
-    port = _free_port()
+    port = free_port()
     serve = [sys.executable, "-m", "agentforge.cli", "serve", "--workers", "2", "--backend", args.backend]
     proc = subprocess.Popen(
         [*serve, "--port", str(port), "--store-url", store_url, "--no-dashboard"],
@@ -156,11 +142,11 @@ def main() -> None:
         print(f"t={events[-1][0]:6.1f} s  {what}", flush=True)
 
     def replica(name: str) -> psutil.Process | None:
-        found = [c for c in psutil.Process(proc.pid).children() if name in _cmdline(c)]
+        found = [c for c in psutil.Process(proc.pid).children() if name in cmdline(c)]
         return found[0] if found else None
 
     def healthy(process: psutil.Process | None) -> bool:
-        argv = _cmdline(process) if process is not None else []
+        argv = cmdline(process) if process is not None else []
         if "--port" not in argv:
             return False
         port = argv[argv.index("--port") + 1]
@@ -170,7 +156,7 @@ def main() -> None:
             return False
 
     def engine_of(process: psutil.Process | None) -> int | None:
-        found = [c.pid for c in (process.children() if process else []) if "vllm" in " ".join(_cmdline(c))]
+        found = [c.pid for c in (process.children() if process else []) if "vllm" in " ".join(cmdline(c))]
         return found[0] if found else None
 
     def until(ok, what: str) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentforge.errors import UserError
+from agentforge.loopback import free_port
 from agentforge.scale.haproxy import HAProxy
 
 __all__ = ["ServeReplicas", "replica_ids"]
@@ -36,12 +36,6 @@ __all__ = ["ServeReplicas", "replica_ids"]
 def replica_ids(workers: int) -> list[str]:
     """The ids of a set of ``workers`` replicas: ``r0`` … ``r{workers-1}``."""
     return [f"r{i}" for i in range(workers)]
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class ServeReplicas:
@@ -114,7 +108,7 @@ class ServeReplicas:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for replica in replica_ids(self.workers):
-                port = _free_port("127.0.0.1")
+                port = free_port("127.0.0.1")
                 self.replicas.append((replica, f"http://127.0.0.1:{port}", self._spawn(replica, port, "wb")))
             deadline = time.monotonic() + self.start_timeout_s
             for replica, url, proc in self.replicas:
@@ -199,10 +193,6 @@ class ServeReplicas:
                 raise UserError(
                     f"replica {replica} {why}; its log ({self.log_dir}/serve-{replica}.log):\n{log}"
                 )
-
-    def alive(self) -> list[str]:
-        """The ids of the replicas whose process runs."""
-        return [r for r, _, p in self.replicas if p.poll() is None]
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop HAProxy, then every replica (SIGTERM: each stops its engine; SIGKILL after ``grace_s``)."""

@@ -29,10 +29,10 @@ from typing import Any
 
 from agentforge.config import HTTP_KEEP_ALIVE_S, default_model_dir
 from agentforge.errors import MissingExtraError, NotFoundError, ServingError, UserError
-from agentforge.loopback import bearer_token
+from agentforge.loopback import bearer_token, free_port
 from agentforge.serving.adapters import check_adapter
 from agentforge.serving.sampling import sampling_problem
-from agentforge.serving.vllm import _free_port, default_chat_template
+from agentforge.serving.vllm import default_chat_template
 from agentforge.serving.vllm_format import ResponseShaper, Step, prompt_logprob_entries
 from agentforge.types import LOGPROBS_MODES
 
@@ -111,7 +111,7 @@ class EmbeddedServer:
             raise UserError(f"logprobs_mode={logprobs_mode!r}: use one of {', '.join(LOGPROBS_MODES)}")
         self.logprobs_mode = logprobs_mode
         self.base_model = str(model if model is not None else default_model_dir())
-        self.host, self.port, self.served_name = host, port or _free_port(host), served_name
+        self.host, self.port, self.served_name = host, port or free_port(host), served_name
         self.max_lora_rank, self.max_model_len, self.dtype = max_lora_rank, max_model_len, dtype
         template = Path(chat_template) if chat_template else default_chat_template(self.base_model)
         self._template = template.read_text() if template else None

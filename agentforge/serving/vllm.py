@@ -35,11 +35,11 @@ import httpx
 
 from agentforge.config import HTTP_KEEP_ALIVE_S, default_model_dir, home_dir, vllm_python
 from agentforge.errors import ConfigError, ServingError, UserError
+from agentforge.loopback import free_port
 from agentforge.serving.adapters import check_max_lora_rank
 from agentforge.serving.vllm_admin import VLLMAdapterRoutes
 from agentforge.serving.vllm_files import (
     _die_with_parent,
-    _free_port,
     default_chat_template,
     guard_dir,
     tool_chat_template,
@@ -143,7 +143,7 @@ class VLLMServer(VLLMAdapterRoutes):
         self.base_model = str(model if model is not None else default_model_dir())
         self.max_lora_rank = check_max_lora_rank(max_lora_rank)
         self.max_loras = max_loras
-        self.host, self.port, self.served_name = host, port or _free_port(host), served_name
+        self.host, self.port, self.served_name = host, port or free_port(host), served_name
         self.max_model_len, self.gpu_memory_utilization, self.dtype = (
             max_model_len,
             gpu_memory_utilization,

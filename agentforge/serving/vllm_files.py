@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 from importlib import resources
 from pathlib import Path
 
@@ -20,12 +19,6 @@ def tool_chat_template() -> Path:
 def guard_dir() -> Path:
     """The folder holding ``agentforge_vllm_guard.py``, put on the vLLM process's ``PYTHONPATH``."""
     return Path(str(resources.files("agentforge.serving") / "vllm_guard"))
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def default_chat_template(model: str | Path) -> Path | None:

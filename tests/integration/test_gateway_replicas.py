@@ -21,6 +21,7 @@ import pytest
 from prerequisites import need_haproxy
 
 from agentforge.errors import UserError
+from agentforge.loopback import free_port
 from agentforge.open import open_store
 from agentforge.scale import HAProxy, haproxy_config
 from agentforge.testing import ScriptedTurn, ScriptedUpstream
@@ -42,16 +43,8 @@ threading.Event().wait()
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _replica(store_url: str, engine_url: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", REPLICA, str(port), store_url, engine_url], cwd=ROOT)
     deadline = time.monotonic() + 120
     while True:
@@ -83,7 +76,7 @@ def two_replicas(store_url: str) -> Iterator[tuple[HAProxy, list[subprocess.Pope
             proc, port = _replica(store_url, f"{engine.url}/v1")
             replicas.append(proc)
             ports.append(port)
-        with HAProxy([f"127.0.0.1:{p}" for p in ports], _free_port()) as balancer:
+        with HAProxy([f"127.0.0.1:{p}" for p in ports], free_port()) as balancer:
             yield balancer, replicas, store_url
     finally:
         for proc in replicas:

@@ -19,29 +19,15 @@ import psutil
 import pytest
 from adapters import LETTER_MESSAGES, letter_adapter
 from prerequisites import need_haproxy
+from processes import cmdline
 
+from agentforge.loopback import free_port
 from agentforge.serving.barrier import barrier_resource
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.publish import StorePublisher
 from agentforge.types import Rollout, SpanKind, Task
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    """A child's command line, empty for one that exited (a zombie until its parent reaps it)."""
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 def _ask(url: str, rollout_id: str) -> str | None:
@@ -59,7 +45,7 @@ def test_two_replicas_stage_a_new_version_before_either_serves_it_and_stop_on_si
     first, second = letter_adapter("A"), letter_adapter("B")  # built before the replicas take the cores
     url_db = f"sqlite:///{tmp_path / 'traces.db'}"
     store = SQLStore(url_db)
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -122,13 +108,13 @@ def test_two_replicas_stage_a_new_version_before_either_serves_it_and_stop_on_si
 
         # kill -9 of replica r0: its rollouts move to r1 (HAProxy's health check), then r0 is started again,
         # serves the store's version from its first call, and takes its rollouts back
-        (r0,) = [c for c in psutil.Process(proc.pid).children() if "r0" in _cmdline(c)]
+        (r0,) = [c for c in psutil.Process(proc.pid).children() if "r0" in cmdline(c)]
         r0.kill()
         deadline = time.monotonic() + 180
         answers: list[str | None] = []
         while True:
             answers += [_ask(url, rid) for rid in ids]
-            alive = [c for c in psutil.Process(proc.pid).children() if "r0" in _cmdline(c)]
+            alive = [c for c in psutil.Process(proc.pid).children() if "r0" in cmdline(c)]
             if alive and alive[0].pid != r0.pid and answers[-len(ids) :] == ["B"] * len(ids):
                 break
             assert time.monotonic() < deadline, answers[-len(ids) :]
