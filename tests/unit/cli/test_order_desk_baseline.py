@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from prerequisites import load_data
+from processes import run_script
 
 from agentforge.agents.customer_service.order_desk import order_desk_tasks
 from agentforge.agents.customer_service.order_eval import PARTS
@@ -22,25 +21,11 @@ pytestmark = pytest.mark.slow  # the embedded engine loads the default model (~2
 
 def test_two_held_out_rollouts_on_the_embedded_engine_write_the_baseline(tmp_path: Path) -> None:
     load_data(order_desk_tasks, None, 2)  # the Bitext and tau-retail sets: skipped (or failed) without them
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "order_desk_baseline.py"),
-            "--backend",
-            "embedded",
-            "--eval-size",
-            "2",
-            "--workers",
-            "2",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
+    out = run_script(
+        ROOT / "examples" / "order_desk_baseline.py",
+        *("--backend", "embedded", "--eval-size", "2", "--workers", "2", "--out", str(tmp_path)),
         cwd=tmp_path,
-    ).stdout
+    )
     summary = json.loads((tmp_path / "baseline.json").read_text())
     assert summary["n"] == 2 and summary["states"] == {"succeeded": 2}
     assert summary["backend"] == "embedded" and summary["split"] == "test" and summary["temperature"] == 0.0

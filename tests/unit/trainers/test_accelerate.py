@@ -78,12 +78,12 @@ class _RecordingPublisher:
         return self.current()
 
 
-def main(out: Path) -> None:
-    """One rank of the smoke run (rank 0 seeds the store first; the others wait at a barrier)."""
+def main(out: Path, model: Path) -> None:
+    """One rank of the smoke run on checkpoint ``model`` (rank 0 seeds the store first; the others wait at a
+    barrier)."""
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
-    from agentforge.config import default_model_dir
     from agentforge.stores.sql import SQLStore
     from agentforge.trainers.grpo_config import TrainConfig
     from agentforge.trainers.grpo_trainer import LightningTrainer
@@ -93,7 +93,7 @@ def main(out: Path) -> None:
     state = PartialState()
     store = SQLStore(f"sqlite:///{out / 'traces.db'}")
     if state.is_main_process:
-        _seed(store, AutoTokenizer.from_pretrained(default_model_dir()))
+        _seed(store, AutoTokenizer.from_pretrained(model))
     state.wait_for_everyone()
     selection = select_traces(store, TraceFilter(agent=AGENT))
     source = StoredGroupSource(selection.groups(), 2)
@@ -117,7 +117,7 @@ def main(out: Path) -> None:
     )
     publisher = _RecordingPublisher(out / "published.jsonl", state.process_index)
     trainer = LightningTrainer(
-        default_model_dir(), store, None, config, publisher, source=source, swap_during_training=False
+        model, store, None, config, publisher, source=source, swap_during_training=False
     )
     seen: list[list[str]] = []
     inner = trainer.trainer.rollout_func
@@ -161,6 +161,9 @@ LAUNCHES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_two_cpu_processes_train_and_only_rank_0_publishes(tmp_path: Path, launch: str) -> None:
+    # imported here, not at the top: torchrun runs this file as a script, where tests/support is not on the path
+    from tiny_model import tiny_model
+
     flags, extra_env, distributed, zero_stage = LAUNCHES[launch]
     if launch == "zero2":
         pytest.importorskip("deepspeed", reason="ZeRO-2 needs `pip install deepspeed`")
@@ -183,6 +186,7 @@ def test_two_cpu_processes_train_and_only_rank_0_publishes(tmp_path: Path, launc
         str(29517 + len(launch)),
         __file__,
         str(tmp_path),
+        str(tiny_model()),  # what is checked is the launch and who publishes, not the model's size
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -210,4 +214,4 @@ def test_two_cpu_processes_train_and_only_rank_0_publishes(tmp_path: Path, launc
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
