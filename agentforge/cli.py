@@ -155,6 +155,15 @@ def serve(
             "every replica before any serves it. See docs/deploy.md.",
         ),
     ] = 1,
+    engines: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Engines behind the policy: N engines of the same model, every version loaded into each "
+            "before it serves, a rollout's calls on one engine; a dead vLLM leaves the pool, restarts and "
+            "rejoins with the versions loaded. vLLM engines split the cores. See docs/deploy.md.",
+        ),
+    ] = 1,
     replica: Annotated[
         str | None,
         typer.Option(help="This process's id in a replica set (set by --workers).", hidden=True),
@@ -203,29 +212,44 @@ def serve(
         from agentforge.privacy import PrivacyConfig
 
         policy = PrivacyConfig.from_options(privacy, privacy_pattern, privacy_allow)
+        if engines > 1 and tenants:
+            raise UserError("--engines N with --tenants is not supported yet: serve tenants on one engine")
         path = model or prepare_default_model()
         if backend == "vllm":
             from agentforge.serving.vllm import VLLMServer
 
-            server = VLLMServer(
-                path,
-                max_lora_rank=max_lora_rank,
-                max_model_len=max_model_len,
-                chat_template=chat_template,
-                max_loras=max_loras,
-                max_cpu_loras=max_cpu_loras,
-                logprobs_mode=logprobs_mode,
-            )
+            members = [
+                VLLMServer(
+                    path,
+                    max_lora_rank=max_lora_rank,
+                    max_model_len=max_model_len,
+                    chat_template=chat_template,
+                    max_loras=max_loras,
+                    max_cpu_loras=max_cpu_loras,
+                    logprobs_mode=logprobs_mode,
+                    env=_engine_cores(i, engines),
+                )
+                for i in range(engines)
+            ]
         else:
             from agentforge.serving.embedded import EmbeddedServer
 
-            server = EmbeddedServer(
-                path,
-                max_lora_rank=max_lora_rank,
-                max_model_len=max_model_len,
-                chat_template=chat_template,
-                logprobs_mode=logprobs_mode,
-            )
+            members = [
+                EmbeddedServer(
+                    path,
+                    max_lora_rank=max_lora_rank,
+                    max_model_len=max_model_len,
+                    chat_template=chat_template,
+                    logprobs_mode=logprobs_mode,
+                )
+                for _ in range(engines)
+            ]
+        pool = None
+        if engines > 1:
+            from agentforge.scale.pool import EnginePool
+
+            pool = EnginePool(members)
+        server = pool or members[0]
         router = ModelRouter()  # the swapper refuses limits that cannot hold `retain` before the slow start
         swapper = HotSwapper(server, router, alias="policy", retain=retain)
         store = open_store(store_url, api_key=store_api_key or api_key)
@@ -269,19 +293,22 @@ def serve(
             from agentforge.serving.follow import StoreFollower
 
             follower = StoreFollower(swapper, store).start()
-        supervisor = None
+        supervisors = []
         if backend == "vllm":  # a dead vLLM is logged, reported on /health, restarted with its versions
             from agentforge.serving.supervise import EngineSupervisor
             from agentforge.serving.vllm import VLLMServer
 
-            assert isinstance(server, VLLMServer)  # the vllm backend built it above
             models = tenancy.get("tenant_models")  # tenant versions the dead engine held load again on demand
-            supervisor = EngineSupervisor(
-                server,
-                swapper,
-                on_restart=print_engine,
-                on_stopped=models.engine_lost if models is not None else None,
-            ).start()
+            supervisors = [
+                EngineSupervisor(
+                    member,
+                    swapper if pool is None else pool.member(i),
+                    on_restart=print_engine,
+                    on_stopped=models.engine_lost if models is not None else None,
+                ).start()
+                for i, member in enumerate(members)
+                if isinstance(member, VLLMServer)  # the vllm backend built them above
+            ]
         gateway.wait_privacy_ready()  # built while the engine started; the URL is printed when calls mask
     except AgentForgeError as exc:
         console.print(f"[red]error:[/] {exc}")
@@ -301,17 +328,38 @@ def serve(
             pass
     finally:
         stopped = []
-        if supervisor is not None:
+        for supervisor in supervisors:
             supervisor.stop()
-            stopped.append("engine supervisor")
+        if supervisors:
+            stopped.append("engine supervisor" + ("s" if len(supervisors) > 1 else ""))
         if follower is not None:
             follower.stop()
             stopped.append("store follower")
         gateway.stop()
         server.stop()
         store.close()
-        stopped += [f"gateway {gateway.url}", f"{backend} engine", "store"]
+        stopped += [
+            f"gateway {gateway.url}",
+            f"{backend} engine" + (f"s ({engines})" if engines > 1 else ""),
+            "store",
+        ]
         console.print(f"[bold]stopped[/] ({why[0] if why else 'exit'}): {', '.join(stopped)}", soft_wrap=True)
+
+
+def _engine_cores(index: int, count: int) -> dict[str, str]:
+    """The environment of vLLM engine ``index`` of ``count`` in this process: its share of the cores this
+    process may use (``VLLM_CPU_OMP_THREADS_BIND`` when set, as ``serve --workers`` sets it for each replica,
+    else its CPU affinity); nothing for one engine (vLLM's own binding)."""
+    import os
+
+    from agentforge.scale.pool import core_share
+
+    if count == 1:
+        return {}
+    given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    cores = [int(c) for c in given.split(",")] if given.replace(",", "").isdigit() else None
+    cores = cores or sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": core_share(cores, index, count)}
 
 
 def _serve_replicas(

@@ -203,11 +203,17 @@ class _Gateway(SpanRecorder):
                 target = await anyio.to_thread.run_sync(self.pins.target, rollout_id, ctx.model)
         try:
             if self.tenants is None:
-                ctx.version, upstream = self.router.acquire(target)
+                ctx.version, upstream = self.router.acquire(target, rollout_id)
             else:
                 ctx.version, upstream = await self.tenants.acquire(ctx.tenant, target)  # as _claim settled it
             ctx.logprobs_mode, ctx.upstream = upstream.logprobs_mode, upstream
-        except ServingError as exc:  # a tenant's adapter could not be loaded (slots busy, engine refused it)
+        except ServingError as exc:
+            if self.tenants is None:  # an engine pool with no engine serving (each down or restarting)
+                body = error_body(
+                    f"the policy's engines are down: {exc}", "server_error", "engine_unavailable"
+                )
+                return await self.fail(ctx, 503, body, "engine_unavailable")
+            # a tenant's adapter could not be loaded (slots busy, engine refused it)
             logger.warning("tenant %s: %s", ctx.tenant, exc)  # names other tenants' versions: the log only
             msg = f"the adapter of tenant {ctx.tenant!r} cannot be loaded now; retry shortly"
             body = error_body(msg, "server_error", "tenant_adapter_unavailable")
@@ -232,7 +238,7 @@ class _Gateway(SpanRecorder):
                 response = await self._forward(ctx, upstream, release)
             except VersionRefused as refused:  # held for a canary that failed: ask the version before it
                 release()
-                ctx.version, upstream = self.router.acquire(refused.fallback)
+                ctx.version, upstream = self.router.acquire(refused.fallback, rollout_id)
                 ctx.upstream, released = upstream, False
                 continue
             except BaseException:

@@ -11,12 +11,22 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from agentforge.errors import NotFoundError, ServingError
 from agentforge.gateway.probation import Probation
 
-__all__ = ["Upstream", "ModelRouter"]
+__all__ = ["EngineChooser", "Upstream", "ModelRouter"]
+
+
+@runtime_checkable
+class EngineChooser(Protocol):
+    """Several engines behind one version (:class:`agentforge.scale.pool.EnginePool`): picks one per call."""
+
+    def route(self, upstream: Upstream, key: str | None) -> Upstream:
+        """``upstream`` with the URL and key of the engine that serves this call (``key``: the rollout id)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class Upstream:
         token_in: whether the engine renders chats on ``/tokenize`` and takes token-id prompts on
             ``/v1/completions`` (vLLM, the embedded backend): a rollout's follow-up chat calls are then sent
             as ids (:mod:`agentforge.gateway.prefix`), so one conversation stays one trajectory.
+        pool: the engines that serve the version when there are several (``None``: ``base_url`` alone):
+            :meth:`ModelRouter.acquire` asks it for one engine per call.
     """
 
     base_url: str
@@ -41,6 +53,7 @@ class Upstream:
     token_ids: bool = True
     logprobs_mode: str | None = None
     token_in: bool = False
+    pool: EngineChooser | None = field(default=None, compare=False, repr=False)
 
 
 class ModelRouter:
@@ -195,10 +208,21 @@ class ModelRouter:
         with self._lock:
             return sorted(set(self._aliases) | set(self._versions))
 
-    def acquire(self, name: str) -> tuple[str, Upstream]:
-        """``resolve`` and count one in-flight request on the resolved version (pair with ``release``)."""
+    def acquire(self, name: str, key: str | None = None) -> tuple[str, Upstream]:
+        """``resolve`` and count one in-flight request on the resolved version (pair with ``release``).
+
+        Args:
+            name: an alias or version name.
+            key: the rollout id of the call: a version served by an engine pool (``Upstream.pool``) sends all
+                calls of one key to one engine.
+
+        Raises:
+            NotFoundError: unknown name. ServingError: the version's pool has no engine serving (not counted).
+        """
         with self._lock:
             version, upstream = self.resolve(name)
+            if upstream.pool is not None:
+                upstream = upstream.pool.route(upstream, key)
             self._inflight[version] = self._inflight.get(version, 0) + 1
             if self._awaited and version in self._awaited:  # a swap's canary waits for this call
                 self._lock.notify_all()

@@ -29,6 +29,7 @@ from pathlib import Path
 from agentforge.errors import UserError
 from agentforge.loopback import free_port
 from agentforge.scale.haproxy import HAProxy
+from agentforge.scale.pool import core_share
 
 __all__ = ["ServeReplicas", "replica_ids"]
 
@@ -124,13 +125,9 @@ class ServeReplicas:
 
     def cores(self, replica: str) -> str:
         """The CPU cores replica ``replica``'s vLLM-CPU engine binds its threads to: its share of this
-        process's cores (``"0"`` and ``"1"`` for two replicas on two cores; ``"0,1,2,3"``, … for four on
-        sixteen; one core each, round robin, when there are more replicas than cores). vLLM's automatic binding would put every engine's threads on the same first core."""
-        allowed = sorted(os.sched_getaffinity(0))
-        i, n = replica_ids(self.workers).index(replica), self.workers
-        if n >= len(allowed):  # more replicas than cores: one core each, round robin
-            return str(allowed[i % len(allowed)])
-        return ",".join(map(str, allowed[i * len(allowed) // n : (i + 1) * len(allowed) // n]))
+        process's cores (:func:`agentforge.scale.pool.core_share`)."""
+        index = replica_ids(self.workers).index(replica)
+        return core_share(sorted(os.sched_getaffinity(0)), index, self.workers)
 
     def _spawn(self, replica: str, port: int, mode: str) -> subprocess.Popen[bytes]:
         self._spawned[replica] = time.monotonic()

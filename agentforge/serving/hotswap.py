@@ -46,7 +46,7 @@ from agentforge.errors import (
     ServingError,
     UserError,
 )
-from agentforge.gateway.router import ModelRouter, Upstream
+from agentforge.gateway.router import EngineChooser, ModelRouter, Upstream
 from agentforge.serving.adapters import AdapterWeights, adapter_weights_later, check_adapter
 from agentforge.serving.base import PolicyServer
 from agentforge.serving.canary import (
@@ -173,6 +173,9 @@ class HotSwapper:
             api_key=getattr(self.server, "api_key", None),
             token_in=True,  # vLLM and the embedded backend render on /tokenize and take token-id prompts
             logprobs_mode=getattr(self.server, "logprobs_mode", None),
+            pool=self.server
+            if isinstance(self.server, EngineChooser)
+            else None,  # several engines: one per call
         )
 
     def live_versions(self) -> list[str]:

@@ -28,20 +28,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Literal, Protocol, Self
 
 from agentforge.errors import AgentForgeError, ConfigError
 from agentforge.serving.polling import PollingThread
 
 if TYPE_CHECKING:
-    from agentforge.serving.hotswap import HotSwapper
     from agentforge.serving.vllm import VLLMServer
 
-__all__ = ["EngineSupervisor"]
+__all__ = ["EngineSupervisor", "Reloader"]
 
 log = logging.getLogger(__name__)
 
 State = Literal["up", "restarting", "failed", "stopped"]
+
+
+class _EngineMarks(Protocol):
+    def mark_engine(self, base_url: str, down: str | None) -> None: ...
+
+
+class Reloader(Protocol):
+    """What a supervisor reports to and reloads through: a :class:`~agentforge.serving.hotswap.HotSwapper`
+    (its router marks the engine; ``reload`` loads every live version again), or one engine of a pool
+    (:meth:`agentforge.scale.pool.EnginePool.member`: marks it in the pool, loads the pool's adapters into
+    it)."""
+
+    @property
+    def router(self) -> _EngineMarks: ...
+
+    def reload(self) -> list[str]: ...
 
 
 class EngineSupervisor(PollingThread):
@@ -49,7 +64,8 @@ class EngineSupervisor(PollingThread):
 
     Args:
         server: the started engine (a :class:`~agentforge.serving.vllm.VLLMServer` this process owns).
-        swapper: the engine's hot-swapper (its router is the gateway's).
+        swapper: the engine's hot-swapper (its router is the gateway's), or one engine of a pool
+            (:meth:`agentforge.scale.pool.EnginePool.member`).
         poll_s: seconds between liveness checks (the delay before a death is noticed).
         max_restarts: failed restart attempts in a row before giving up.
         backoff_s: seconds before the second attempt (doubling, at most 60 s).
@@ -71,7 +87,7 @@ class EngineSupervisor(PollingThread):
     def __init__(
         self,
         server: VLLMServer,
-        swapper: HotSwapper,
+        swapper: Reloader,
         *,
         poll_s: float = 1.0,
         max_restarts: int = 5,

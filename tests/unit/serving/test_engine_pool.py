@@ -1,0 +1,119 @@
+"""An engine pool behind one policy (issue 39 item 2), on two real embedded engines behind the real gateway.
+
+A hot-swap loads the version into both engines before the flip (or into neither); the router sends every call
+of a rollout to one engine and spreads rollouts over both; an engine taken out leaves its rollouts to the
+other and rejoins only with every live version loaded; with no engine serving, calls get a clean 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from adapters import LETTER_MESSAGES
+
+from agentforge.errors import ServingError
+from agentforge.gateway.router import ModelRouter
+from agentforge.gateway.server import GatewayServer
+from agentforge.scale.pool import EnginePool, core_share
+from agentforge.serving.embedded import EmbeddedServer
+from agentforge.serving.hotswap import HotSwapper
+from agentforge.testing import memory_store
+
+pytestmark = pytest.mark.slow  # two embedded engines load the default model
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[EnginePool]:
+    with EnginePool([EmbeddedServer(), EmbeddedServer()]) as started:
+        yield started
+
+
+def _ask(gateway: GatewayServer, rollout: str) -> httpx.Response:
+    body = {"model": "policy", "messages": LETTER_MESSAGES, "max_tokens": 1, "temperature": 0.0}
+    return httpx.post(f"{gateway.url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
+    pool: EnginePool, letter_adapters: dict[str, Path]
+) -> None:
+    router = ModelRouter()
+    swapper = HotSwapper(pool, router, alias="policy")
+    swapper.register_base()
+    store = memory_store()
+    with GatewayServer(store, router) as gateway:
+        a = swapper.swap(letter_adapters["A"])
+        assert all(a in engine.adapters() for engine in pool.engines)  # loaded into both before the flip
+        _, upstream = router.resolve("policy")
+        rollouts = [f"ro-pool{i:02d}" for i in range(16)]
+        engine_of = {r: pool.route(upstream, r).base_url for r in rollouts}
+        assert set(engine_of.values()) == set(pool.endpoints())  # both engines take rollouts
+        assert all(pool.route(upstream, r).base_url == engine_of[r] for r in rollouts)  # sticky
+        for rollout in rollouts[:6]:
+            answer = _ask(gateway, rollout)
+            assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "A"
+
+        # an engine refusing the next version: the swap fails, the other engine unloads it, the alias stays
+        second = pool.engines[1]
+
+        def refuse(name: str, path: str) -> None:
+            raise ServingError("no slot")
+
+        second.load_adapter = refuse  # type: ignore[method-assign]
+        with pytest.raises(ServingError):
+            swapper.swap(letter_adapters["B"])
+        del second.load_adapter
+        assert router.alias("policy") == a and pool.adapters() == [a]
+        assert all(engine.adapters() == [a] for engine in pool.engines)
+
+        # engine 1 out: its rollouts move to engine 0, the others stay; a swap now loads into engine 0 only
+        pool.mark(1, "test: down")
+        assert {pool.route(upstream, r).base_url for r in rollouts} == {pool.endpoints()[0]}
+        b = swapper.swap(letter_adapters["B"])
+        assert b in pool.engines[0].adapters() and b not in pool.engines[1].adapters()
+        moved = [r for r in rollouts if engine_of[r] == pool.endpoints()[1]]
+        assert _ask(gateway, moved[0]).json()["choices"][0]["message"]["content"] == "B"
+        # it rejoins with every version the pool serves loaded, then takes its rollouts back
+        assert pool.rejoin(1) == pool.adapters() and set(pool.engines[1].adapters()) == set(pool.adapters())
+        pool.mark(1, None)
+        assert pool.route(router.resolve("policy")[1], moved[0]).base_url == pool.endpoints()[1]
+        assert _ask(gateway, moved[0]).json()["choices"][0]["message"]["content"] == "B"
+
+        # no engine serving: a clean 503 that names why, nothing half-sent
+        pool.mark(0, "test: down")
+        pool.mark(1, "test: down")
+        refused = _ask(gateway, rollouts[0])
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
+        pool.mark(0, None)
+        pool.mark(1, None)
+        assert _ask(gateway, rollouts[0]).status_code == 200
+        swapper.reset_to_base()
+        assert swapper.wait_drained(30)
+    store.close()
+
+
+def test_engines_split_the_cores() -> None:
+    assert [core_share([0, 1], i, 2) for i in range(2)] == ["0", "1"]
+    assert [core_share(range(16), i, 4) for i in range(4)][1] == "4,5,6,7"
+    assert [core_share([0, 1], i, 3) for i in range(3)] == ["0", "1", "0"]
+    with pytest.raises(Exception, match="engine 2 of 2"):
+        core_share([0, 1], 2, 2)
+
+
+def test_serve_splits_its_cores_over_its_engines_and_refuses_tenants_on_a_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from agentforge.cli import _engine_cores, app
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "4,5,6,7")  # a replica's share (serve --workers sets it)
+    assert [_engine_cores(i, 2) for i in range(2)] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "4,5"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "6,7"},
+    ]
+    assert _engine_cores(0, 1) == {}  # one engine: vLLM's own binding
+    refused = CliRunner().invoke(app, ["serve", "--engines", "2", "--tenants", "--store-url", "sqlite://"])
+    assert refused.exit_code == 2 and "--engines N with --tenants" in refused.output
