@@ -34,13 +34,18 @@ def _engines(serve_pid: int) -> list[psutil.Process]:
     return [c for c in psutil.Process(serve_pid).children() if "vllm.entrypoints" in " ".join(cmdline(c))]
 
 
-def _ask(url: str, rollout_id: str) -> str | None:
+def _ask(url: str, rollout_id: str, why: list[str] | None = None) -> str | None:
+    """The answer of one call of ``rollout_id``; ``None`` if it failed (and why, appended to ``why``)."""
     body = {"model": "policy", "messages": LETTER_MESSAGES, "max_tokens": 4, "temperature": 0}
     try:
         r = httpx.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=body, timeout=120)
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        (why if why is not None else []).append(repr(exc))
         return None
-    return r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else None
+    if r.status_code != 200:
+        (why if why is not None else []).append(f"{r.status_code} {r.text[:300]}")
+        return None
+    return r.json()["choices"][0]["message"]["content"]
 
 
 def test_two_engines_serve_one_policy_and_a_killed_one_rejoins_with_the_version(tmp_path: Path) -> None:
@@ -62,6 +67,7 @@ def test_two_engines_serve_one_policy_and_a_killed_one_rejoins_with_the_version(
         assert all(_ask(url, r) == "A" for r in ids)  # both engines have it: the rollouts hash onto both
 
         answers: list[tuple[float, str | None]] = []
+        reasons: list[str] = []
 
         def traffic(seconds: float) -> None:
             """8 clients, one rollout each, calling in a loop for ``seconds``."""
@@ -69,7 +75,7 @@ def test_two_engines_serve_one_policy_and_a_killed_one_rejoins_with_the_version(
 
             def client(rollout_id: str) -> None:
                 while time.monotonic() < until:
-                    answers.append((time.monotonic(), _ask(url, rollout_id)))
+                    answers.append((time.monotonic(), _ask(url, rollout_id, reasons)))
 
             clients = [threading.Thread(target=client, args=(r,)) for r in ids]
             for c in clients:
@@ -94,7 +100,7 @@ def test_two_engines_serve_one_policy_and_a_killed_one_rejoins_with_the_version(
         assert {a for _, a in answers} <= {"A", None}  # nothing from another version
         failed = [t for t, a in answers if a is None]
         # only calls caught by the kill fail: none before it, none once it is back
-        assert all(killed - 1 <= t <= back + 1 for t in failed), (killed, back, failed)
+        assert all(killed - 1 <= t <= back + 1 for t in failed), (killed, back, failed, reasons)
         after = [a for t, a in answers if t > back + 1]
         assert after and set(after) == {"A"}
         during = [a for t, a in answers if killed + 2 < t < back]
