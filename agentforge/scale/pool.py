@@ -115,15 +115,15 @@ class EnginePool:
             ServingError: an engine refused it (it is unloaded again from the engines that took it).
         """
         with self._lock:
-            loaded = []
-            try:
-                for i in self._serving():
+            loaded: list[int] = []
+            for i in self._serving():
+                try:
                     self.engines[i].load_adapter(name, path)
-                    loaded.append(i)
-            except Exception as exc:
-                for i in loaded:
-                    self._unload(i, name)
-                raise ServingError(f"engine {len(loaded) + 1} of the pool refused {name!r}: {exc}") from exc
+                except Exception as exc:
+                    for j in loaded:
+                        self._unload(j, name)
+                    raise ServingError(f"pool engine {i} refused {name!r}: {exc}") from exc
+                loaded.append(i)
             self._adapters[name] = str(path)
 
     def unload_adapter(self, name: str) -> None:
