@@ -21,7 +21,13 @@ import signal
 import sys
 from pathlib import Path
 
+# The trainer's heavy imports (datasets, TRL) run here, in the main thread, before the engine, gateway and runner
+# threads start: CI once saw ``datasets`` fail to import ("No module named 'datasets.download.
+# streaming_download_manager'") when the trainer was built while those threads were importing, a class of
+# concurrent-import races CPython has fixed piecemeal (python/cpython#143650, #75074).
+from datasets import Dataset  # noqa: F401
 from transformers import TrainerCallback
+from trl import GRPOTrainer  # noqa: F401
 
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter
