@@ -310,11 +310,14 @@ def lone_surrogate(body: dict[str, Any]) -> tuple[str, str] | None:
 
 def health_response(router: ModelRouter) -> JSONResponse:
     """``{"status": "ok"}``, or 503 ``{"status": "degraded", "engines_down": {version: why}}`` while serving's
-    supervisor has an engine marked down (no engine address is named)."""
+    supervisor has an engine marked down or no engine of a version's pool serves (no engine address is
+    named; a load balancer takes the replica out). While some engines of a pool are out and another serves,
+    200 ``{"status": "ok", "pool_engines_out": {version: {index: why}}}``: the replica still serves."""
     down = router.engines_down()
-    if not down:
-        return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
+    if down:
+        return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
+    partial = router.pool_engines_out()
+    return JSONResponse({"status": "ok", "pool_engines_out": partial} if partial else {"status": "ok"})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

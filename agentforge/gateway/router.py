@@ -12,7 +12,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from agentforge.errors import NotFoundError, ServingError
 from agentforge.gateway.probation import Probation
@@ -24,8 +24,14 @@ __all__ = ["EngineChooser", "Upstream", "ModelRouter"]
 class EngineChooser(Protocol):
     """Several engines behind one version (:class:`agentforge.scale.pool.EnginePool`): picks one per call."""
 
+    engines: list[Any]
+
     def route(self, upstream: Upstream, key: str | None) -> Upstream:
         """``upstream`` with the URL and key of the engine that serves this call (``key``: the rollout id)."""
+        ...
+
+    def engines_out(self) -> dict[int, str]:
+        """Engines that take no calls now: index in ``engines`` → why."""
         ...
 
 
@@ -195,13 +201,28 @@ class ModelRouter:
                 self._down[base_url] = down
 
     def engines_down(self) -> dict[str, str]:
-        """Registered version → why its engine is down, for every version whose engine is marked down."""
+        """Registered version → why its engine is down, for every version whose engine is marked down or
+        whose engine pool has no engine serving."""
         with self._lock:
-            return {
-                v: self._down[u.base_url]
-                for v, u in sorted(self._versions.items())
-                if u.base_url in self._down
-            }
+            versions = sorted(self._versions.items())
+            down = {v: self._down[u.base_url] for v, u in versions if u.base_url in self._down}
+        for v, u in versions:
+            if u.pool is not None:
+                out = u.pool.engines_out()
+                if len(out) == len(u.pool.engines):
+                    down[v] = "no engine of its pool serves: " + "; ".join(out.values())
+        return down
+
+    def pool_engines_out(self) -> dict[str, dict[int, str]]:
+        """Version → {pool index: why} for every pooled version with an engine out, while another serves."""
+        with self._lock:
+            pooled = [(v, u.pool) for v, u in sorted(self._versions.items()) if u.pool is not None]
+        shown = {}
+        for v, pool in pooled:
+            out = pool.engines_out()
+            if out and len(out) < len(pool.engines):
+                shown[v] = out
+        return shown
 
     def models(self) -> list[str]:
         """Every alias and version name the gateway can serve."""

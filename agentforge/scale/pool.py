@@ -67,7 +67,7 @@ class EnginePool:
         self.logprobs_mode: str | None = getattr(first, "logprobs_mode", None)
         self._lock = threading.RLock()  # loads, unloads and rejoins, one at a time
         self._adapters: dict[str, str] = {}  # name → adapter directory, in load order
-        self._out: set[int] = set()  # engines marked down (their supervisor restarts them)
+        self._out: dict[int, str] = {}  # engines marked down → why (their supervisor restarts them)
 
     # -- the PolicyServer port -------------------------------------------------------------------------------
 
@@ -180,9 +180,9 @@ class EnginePool:
         """Take engine ``index`` out of routing (``down``: why) or put it back (``None``)."""
         with self._lock:
             if down is None:
-                self._out.discard(index)
+                self._out.pop(index, None)
             else:
-                self._out.add(index)
+                self._out[index] = down
         log.warning("pool engine %d %s", index, f"out: {down}" if down else "back in")
 
     def rejoin(self, index: int) -> list[str]:
@@ -208,6 +208,16 @@ class EnginePool:
                 except Exception as exc:
                     raise ServingError(f"pool engine {index} could not load {name!r} again: {exc}") from exc
             return list(self._adapters)
+
+    def engines_out(self) -> dict[int, str]:
+        """The engines that take no calls now: pool index → why (what their supervisor marked, or that the
+        process is not running). The gateway's ``/health`` reports them (:func:`agentforge.gateway.call.
+        health_response`): 200 while another engine serves, 503 when none does."""
+        out = dict(self._out)  # no lock: a rejoin holds it for seconds, and /health runs on the event loop
+        for i, engine in enumerate(self.engines):
+            if i not in out and not getattr(engine, "running", True):
+                out[i] = "its process is not running"
+        return dict(sorted(out.items()))
 
     def _serving(self) -> list[int]:
         """Indexes of the engines that take calls: not marked down, and their process (if any) alive."""

@@ -71,6 +71,8 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
         # engine 1 out: its rollouts move to engine 0, the others stay; a swap now loads into engine 0 only
         pool.mark(1, "test: down")
         assert {pool.route(upstream, r).base_url for r in rollouts} == {pool.endpoints()[0]}
+        health = httpx.get(f"{gateway.url}/health")  # the replica still serves: a load balancer keeps it
+        assert health.status_code == 200 and health.json()["pool_engines_out"][a] == {"1": "test: down"}
         b = swapper.swap(letter_adapters["B"])
         assert b in pool.engines[0].adapters() and b not in pool.engines[1].adapters()
         moved = [r for r in rollouts if engine_of[r] == pool.endpoints()[1]]
@@ -78,6 +80,7 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
         # it rejoins with every version the pool serves loaded, then takes its rollouts back
         assert pool.rejoin(1) == pool.adapters() and set(pool.engines[1].adapters()) == set(pool.adapters())
         pool.mark(1, None)
+        assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
         assert pool.route(router.resolve("policy")[1], moved[0]).base_url == pool.endpoints()[1]
         assert _ask(gateway, moved[0]).json()["choices"][0]["message"]["content"] == "B"
 
@@ -86,6 +89,10 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
         pool.mark(1, "test: down")
         refused = _ask(gateway, rollouts[0])
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
+        health = httpx.get(f"{gateway.url}/health")  # no engine serves: a load balancer takes the replica out
+        assert (
+            health.status_code == 503 and "no engine of its pool serves" in health.json()["engines_down"][b]
+        )
         pool.mark(0, None)
         pool.mark(1, None)
         assert _ask(gateway, rollouts[0]).status_code == 200
