@@ -34,6 +34,10 @@ class EngineChooser(Protocol):
         """Engines that take no calls now: index in ``engines`` → why."""
         ...
 
+    def each(self, upstream: Upstream) -> list[tuple[int, Upstream]]:
+        """``(index, upstream on that engine)`` for every engine serving now (a swap's canary checks each)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Upstream:

@@ -160,6 +160,15 @@ class EnginePool:
             index = serving[0]
         else:
             index = max(serving, key=lambda i: hashlib.blake2b(f"{i}:{key}".encode(), digest_size=8).digest())
+        return self._on(upstream, index)
+
+    def each(self, upstream: Upstream) -> list[tuple[int, Upstream]]:
+        """``(pool index, upstream on that engine)`` for every engine serving now, in pool order: a swap's
+        canary checks every one (:meth:`agentforge.serving.canary.CanaryJudge.judge`), so no engine serves a
+        version whose load it did not apply. Empty when none serves."""
+        return [(i, self._on(upstream, i)) for i in self._serving()]
+
+    def _on(self, upstream: Upstream, index: int) -> Upstream:
         engine = self.engines[index]
         return dataclasses.replace(
             upstream, base_url=engine.base_url, api_key=getattr(engine, "api_key", None), pool=None

@@ -24,12 +24,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from agentforge.errors import ServingError, UserError
+from agentforge.errors import AgentForgeError, ServingError, UserError
 from agentforge.gateway.router import Upstream
 from agentforge.serving.adapters import AdapterWeights
 
@@ -362,14 +363,35 @@ class CanaryJudge:
                     self._probes[old] = known
         if before is not None:
             before()
-        result = canary(upstream)
-        result.change = fingerprint_change(result, known) if known is not None else None
-        if result.change is not None and result.change <= self.min_change and self.differ(name, old):
-            raise ServingError(
-                f"canary: {name} answers like {old} (largest log-prob change {result.change:.3g} <= "
-                f"min_change {self.min_change}) although its weights differ; the engine did not apply the "
-                "adapter. The old version keeps serving"
-            )
+        results = self._run(canary, upstream)
+        for where, result in results:
+            result.change = fingerprint_change(result, known) if known is not None else None
+            if result.change is not None and result.change <= self.min_change and self.differ(name, old):
+                raise ServingError(
+                    f"canary: {name} answers like {old}{where} (largest log-prob change {result.change:.3g} "
+                    f"<= min_change {self.min_change}) although its weights differ; the engine did not apply "
+                    "the adapter. The old version keeps serving"
+                )
+        result = results[0][1]
         with self._lock:
             self._probes[name] = result
         return result
+
+    @staticmethod
+    def _run(canary: Canary, upstream: Upstream) -> list[tuple[str, CanaryResult]]:
+        """``canary`` on ``upstream``'s engine, or on every serving engine of its pool at once (one thread
+        each; the first failure is raised, naming the engine); ``(where, result)`` in engine order."""
+        if upstream.pool is None:
+            return [("", canary(upstream))]
+        targets = upstream.pool.each(upstream)
+        if not targets:
+            raise ServingError("canary: no engine of the pool is serving")
+        with ThreadPoolExecutor(len(targets), thread_name_prefix="canary") as workers:
+            futures = [(index, workers.submit(canary, target)) for index, target in targets]
+        results = []
+        for index, future in futures:
+            try:
+                results.append((f" on pool engine {index}", future.result()))
+            except AgentForgeError as exc:
+                raise ServingError(f"on pool engine {index}: {exc}") from exc
+        return results

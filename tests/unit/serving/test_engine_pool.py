@@ -18,6 +18,7 @@ from agentforge.errors import ServingError
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
 from agentforge.scale.pool import EnginePool, core_share
+from agentforge.serving.canary import ChatCanary
 from agentforge.serving.embedded import EmbeddedServer
 from agentforge.serving.hotswap import HotSwapper
 from agentforge.testing import memory_store
@@ -64,6 +65,20 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
         second.load_adapter = refuse  # type: ignore[method-assign]
         with pytest.raises(ServingError):
             swapper.swap(letter_adapters["B"])
+        del second.load_adapter
+        assert router.alias("policy") == a and pool.adapters() == [a]
+        assert all(engine.adapters() == [a] for engine in pool.engines)
+
+        # an engine that loads other weights under the new name: the canary runs on every engine and refuses
+        real_load = second.load_adapter
+
+        def load_other(name: str, path: str) -> None:
+            real_load(name, letter_adapters["A"])
+
+        second.load_adapter = load_other  # type: ignore[method-assign]
+        expect_b = ChatCanary(LETTER_MESSAGES, expect=lambda text: text == "B")
+        with pytest.raises(ServingError, match="on pool engine 1"):
+            swapper.swap(letter_adapters["B"], canary=expect_b)
         del second.load_adapter
         assert router.alias("policy") == a and pool.adapters() == [a]
         assert all(engine.adapters() == [a] for engine in pool.engines)
