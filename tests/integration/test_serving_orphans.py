@@ -1,8 +1,5 @@
-"""A process that started vLLM and is then killed (SIGKILL: no atexit) leaves no vLLM process behind.
-
-On the CPU build vLLM runs as two processes, its API server and its engine core with the model inside
-(``serving/vllm.py``: no third, worker process); both go.
-"""
+"""A process that started vLLM and is then killed (SIGKILL: no atexit) leaves no vLLM process behind: not
+its API server, nor its engine core or worker (every process of vLLM's process group)."""
 
 from __future__ import annotations
 
@@ -11,12 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from agentforge.config import vllm_python
-from agentforge.serving.vllm_files import is_cpu_build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -43,11 +38,6 @@ def _group(pgid: int) -> list[int]:
     return pids
 
 
-def _cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-        return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -66,10 +56,7 @@ def test_killed_parent_takes_vllm_down() -> None:
         assert line.strip().isdigit(), f"the parent did not start vLLM: {line!r}"
         vllm_pid = int(line)
         assert _alive(vllm_pid)
-        started = [_cmdline(pid) for pid in _group(vllm_pid)]
-        vllm = [c for c in started if "resource_tracker" not in c]  # multiprocessing's own helper aside
-        if is_cpu_build(vllm_python() or Path(sys.executable)):
-            assert len(vllm) == 2, f"vLLM runs as {vllm}, expected its API server and engine core only"
+        assert len(_group(vllm_pid)) >= 2  # the API server and at least its engine core
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 60
