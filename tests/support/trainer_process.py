@@ -21,14 +21,6 @@ import signal
 import sys
 from pathlib import Path
 
-# The trainer's heavy imports (datasets, TRL) run here, in the main thread, before the engine, gateway and runner
-# threads start: CI once saw ``datasets`` fail to import ("No module named 'datasets.download.
-# streaming_download_manager'") when the trainer was built while those threads were importing, a class of
-# concurrent-import races CPython has fixed piecemeal (python/cpython#143650, #75074).
-from datasets import Dataset  # noqa: F401
-from transformers import TrainerCallback
-from trl import GRPOTrainer  # noqa: F401
-
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter
 from agentforge.gateway.server import GatewayServer
@@ -101,19 +93,22 @@ def letter_agent(task, ctx):
     return 1.0 if text.startswith(task.input["letter"]) else 0.0
 
 
-class _Report(TrainerCallback):
-    """Appends the state just after loading (Adam's first moments) to ``report.jsonl``."""
+def _report_callback(path: Path, owner):  # noqa: ANN202 - a transformers TrainerCallback
+    """A callback that appends the state just after loading (Adam's first moments) to ``path``; made here so
+    that importing this module (the tests take ``letter_agent`` and ``letter_train_config`` from it) costs no
+    transformers import."""
+    from transformers import TrainerCallback
 
-    def __init__(self, path: Path, owner) -> None:
-        self.path, self.owner = path, owner
+    class _Report(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            optimizer = owner.trainer.optimizer
+            moments = [s["exp_avg"] for s in optimizer.state_dict()["state"].values() if "exp_avg" in s]
+            row = {"event": "train_begin", "pid": os.getpid(), "global_step": int(state.global_step)}
+            row["adam_exp_avg_abs"] = float(sum(m.abs().sum() for m in moments)) if moments else 0.0
+            with path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
 
-    def on_train_begin(self, args, state, control, **kw):
-        optimizer = self.owner.trainer.optimizer
-        moments = [s["exp_avg"] for s in optimizer.state_dict()["state"].values() if "exp_avg" in s]
-        row = {"event": "train_begin", "pid": os.getpid(), "global_step": int(state.global_step)}
-        row["adam_exp_avg_abs"] = float(sum(m.abs().sum() for m in moments)) if moments else 0.0
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+    return _Report()
 
 
 def main(argv: list[str]) -> None:
@@ -125,6 +120,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--adapter-only", action="store_true")
     parser.add_argument("--save-steps", type=int, default=1)
     args = parser.parse_args(argv)
+    # The trainer's heavy imports run here, in the main thread, before the engine, gateway and runner threads
+    # start: CI once saw ``datasets`` fail to import ("No module named 'datasets.download.
+    # streaming_download_manager'") when the trainer was built while those threads were importing, a class of
+    # concurrent-import races CPython has fixed piecemeal (python/cpython#143650, #75074).
+    import datasets  # noqa: F401
+    import trl  # noqa: F401
+
     out, model = args.out, args.model or str(default_model_dir())
     store = SQLStore(f"sqlite:///{out / 'traces.db'}")
     server = EmbeddedServer(model, max_lora_rank=16)
@@ -158,7 +160,7 @@ def main(argv: list[str]) -> None:
         wait_timeout_s=300,
     )
     trainer = LightningTrainer(model, store, tasks, config, HotSwapPublisher(swapper, store))
-    trainer.trainer.add_callback(_Report(out / "report.jsonl", trainer))
+    trainer.trainer.add_callback(_report_callback(out / "report.jsonl", trainer))
     if args.kill_at is not None:
         samples = trainer.source.samples
 

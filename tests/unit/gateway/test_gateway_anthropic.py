@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import pytest
 
 from agentforge.gateway import GatewayServer
@@ -29,6 +28,8 @@ FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "usage", "fini
 
 
 def _client(server: GatewayServer, rollout_id: str | None = None):
+    import anthropic  # here, not at the top: only the worker that runs it pays ~1.8 s
+
     base = server.url if rollout_id is None else f"{server.url}/rollouts/{rollout_id}"
     return anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
 
@@ -109,6 +110,8 @@ def test_the_sdks_stream_accumulator_equals_the_plain_answer_and_the_span(served
 
 
 def test_errors_reach_the_sdk_as_its_own_typed_exceptions(served) -> None:
+    import anthropic  # here, not at the top: only the worker that runs it pays ~1.8 s
+
     server, upstream = served
     client = _client(server)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
