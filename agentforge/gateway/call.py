@@ -313,10 +313,9 @@ def health_response(router: ModelRouter) -> JSONResponse:
     supervisor has an engine marked down or no engine of a version's pool serves (no engine address is
     named; a load balancer takes the replica out). While some engines of a pool are out and another serves,
     200 ``{"status": "ok", "pool_engines_out": {version: {index: why}}}``: the replica still serves."""
-    down = router.engines_down()
+    down, partial = router.engine_health()
     if down:
         return JSONResponse({"status": "degraded", "engines_down": down}, status_code=503)
-    partial = router.pool_engines_out()
     return JSONResponse({"status": "ok", "pool_engines_out": partial} if partial else {"status": "ok"})
 
 

@@ -206,27 +206,29 @@ class ModelRouter:
 
     def engines_down(self) -> dict[str, str]:
         """Registered version → why its engine is down, for every version whose engine is marked down or
-        whose engine pool has no engine serving."""
+        whose engine pool has no engine serving (the first half of :meth:`engine_health`)."""
+        return self.engine_health()[0]
+
+    def engine_health(self) -> tuple[dict[str, str], dict[str, dict[int, str]]]:
+        """``(down, partial)`` for the gateway's ``/health``: ``down`` as :meth:`engines_down`; ``partial``:
+        version → {pool index: why} for every pooled version with an engine out while another serves. Each
+        pool is asked once (the base and every adapter version of a pool share it)."""
         with self._lock:
             versions = sorted(self._versions.items())
             down = {v: self._down[u.base_url] for v, u in versions if u.base_url in self._down}
+        partial: dict[str, dict[int, str]] = {}
+        asked: dict[int, dict[int, str]] = {}
         for v, u in versions:
-            if u.pool is not None:
-                out = u.pool.engines_out()
-                if len(out) == len(u.pool.engines):
-                    down[v] = "no engine of its pool serves: " + "; ".join(out.values())
-        return down
-
-    def pool_engines_out(self) -> dict[str, dict[int, str]]:
-        """Version → {pool index: why} for every pooled version with an engine out, while another serves."""
-        with self._lock:
-            pooled = [(v, u.pool) for v, u in sorted(self._versions.items()) if u.pool is not None]
-        shown = {}
-        for v, pool in pooled:
-            out = pool.engines_out()
-            if out and len(out) < len(pool.engines):
-                shown[v] = out
-        return shown
+            if u.pool is None:
+                continue
+            if id(u.pool) not in asked:
+                asked[id(u.pool)] = u.pool.engines_out()
+            out = asked[id(u.pool)]
+            if len(out) == len(u.pool.engines):
+                down[v] = "no engine of its pool serves: " + "; ".join(out.values())
+            elif out:
+                partial[v] = out
+        return down, partial
 
     def models(self) -> list[str]:
         """Every alias and version name the gateway can serve."""
