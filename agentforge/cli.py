@@ -302,7 +302,7 @@ def serve(
             supervisors = [
                 EngineSupervisor(
                     member,
-                    swapper if pool is None else pool.member(i),
+                    swapper if pool is None else pool.member(i, check=swapper.canary_on_engine),
                     on_restart=print_engine,
                     on_stopped=models.engine_lost if models is not None else None,
                 ).start()

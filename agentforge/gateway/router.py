@@ -38,6 +38,10 @@ class EngineChooser(Protocol):
         """``(index, upstream on that engine)`` for every engine serving now (a swap's canary checks each)."""
         ...
 
+    def at(self, upstream: Upstream, index: int) -> Upstream:
+        """``upstream`` on engine ``index``, serving or not (a rejoining engine's canary)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Upstream:

@@ -14,7 +14,9 @@ hot-swapper, the store follower and the gateway work with a pool unchanged:
 * **an engine that dies leaves the pool** at once (its process is gone) and calls go to the others; calls in
   flight on it fail with the gateway's clean 502. Its :class:`~agentforge.serving.supervise.EngineSupervisor`
   (one per engine, :meth:`EnginePool.member`) restarts it; it **rejoins** only after every version the pool
-  serves is loaded into it again (:meth:`EnginePool.rejoin`), so it never answers for a version it lacks.
+  serves is loaded into it again (:meth:`EnginePool.rejoin`) and, where its member was given a check
+  (``agentforge serve`` passes :meth:`~agentforge.serving.hotswap.HotSwapper.canary_on_engine`), the served
+  version's canary passed on it, so it never answers for a version it lacks or did not apply.
 
 Rendezvous (highest-random-weight) hashing: Thaler & Ravishankar, "Using name-based mappings to increase hit
 rates", IEEE/ACM Trans. Networking 6(1), 1998.
@@ -26,7 +28,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentforge.errors import ConfigError, ServingError
@@ -160,15 +162,17 @@ class EnginePool:
             index = serving[0]
         else:
             index = max(serving, key=lambda i: hashlib.blake2b(f"{i}:{key}".encode(), digest_size=8).digest())
-        return self._on(upstream, index)
+        return self.at(upstream, index)
 
     def each(self, upstream: Upstream) -> list[tuple[int, Upstream]]:
         """``(pool index, upstream on that engine)`` for every engine serving now, in pool order: a swap's
         canary checks every one (:meth:`agentforge.serving.canary.CanaryJudge.judge`), so no engine serves a
         version whose load it did not apply. Empty when none serves."""
-        return [(i, self._on(upstream, i)) for i in self._serving()]
+        return [(i, self.at(upstream, i)) for i in self._serving()]
 
-    def _on(self, upstream: Upstream, index: int) -> Upstream:
+    def at(self, upstream: Upstream, index: int) -> Upstream:
+        """``upstream`` on engine ``index`` (its URL and key), whether that engine serves now or not: where a
+        rejoining engine's canary goes before it takes calls again."""
         engine = self.engines[index]
         return dataclasses.replace(
             upstream, base_url=engine.base_url, api_key=getattr(engine, "api_key", None), pool=None
@@ -180,10 +184,12 @@ class EnginePool:
 
     # -- an engine leaves and rejoins -----------------------------------------------------------------------
 
-    def member(self, index: int) -> PoolMember:
+    def member(self, index: int, check: Callable[[int], object] | None = None) -> PoolMember:
         """What engine ``index``'s :class:`~agentforge.serving.supervise.EngineSupervisor` reloads and
-        marks."""
-        return PoolMember(self, index)
+        marks; ``check`` (called with ``index`` after the rejoin's loads, before the engine is marked back
+        in; raising fails the rejoin) is typically :meth:`~agentforge.serving.hotswap.HotSwapper.
+        canary_on_engine`."""
+        return PoolMember(self, index, check)
 
     def mark(self, index: int, down: str | None) -> None:
         """Take engine ``index`` out of routing (``down``: why) or put it back (``None``)."""
@@ -256,17 +262,31 @@ class EnginePool:
 
 class PoolMember:
     """One engine of a pool as its supervisor sees it: ``router.mark_engine`` marks it in the pool, ``reload``
-    rejoins it (:meth:`EnginePool.rejoin`)."""
+    rejoins it (:meth:`EnginePool.rejoin`) and then runs ``check`` on it, if given."""
 
-    def __init__(self, pool: EnginePool, index: int) -> None:
-        self.pool, self.index = pool, index
+    def __init__(self, pool: EnginePool, index: int, check: Callable[[int], object] | None = None) -> None:
+        self.pool, self.index, self.check = pool, index, check
         self.router = self  # the supervisor marks the engine down and up through ``router.mark_engine``
 
     def mark_engine(self, base_url: str, down: str | None) -> None:
         self.pool.mark(self.index, down)
 
     def reload(self) -> list[str]:
-        return self.pool.rejoin(self.index)
+        """Load the pool's adapters into the engine, then check it (still out of routing).
+
+        Raises:
+            ServingError: a load or the check failed (the supervisor restarts the engine again; a failed check
+                first unloads the adapters from the engine, so a later rejoin loads them anew).
+        """
+        names = self.pool.rejoin(self.index)
+        if self.check is not None:
+            try:
+                self.check(self.index)
+            except BaseException:  # what it holds is suspect: the next attempt loads every adapter anew
+                for name in names:
+                    self.pool._unload(self.index, name)
+                raise
+        return names
 
 
 def core_share(cores: Sequence[int], index: int, count: int) -> str:

@@ -396,6 +396,38 @@ class HotSwapper:
                     ) from exc
             return list(paths)
 
+    def canary_on_engine(self, index: int) -> str | None:
+        """Run the canary of the version the alias points at on engine ``index`` of the swapper's pool, before
+        that engine takes calls again (it rejoins after a restart: :meth:`agentforge.scale.pool.PoolMember.
+        reload`). The check a swap makes: it must answer, and where the version's weights differ from the
+        base model's, answer differently from the base model (probed on the same engine when no answer of it
+        is remembered), so an engine that took the load but did not apply it stays out of the pool.
+
+        Returns:
+            The version checked; ``None`` when the alias serves the base model (nothing to check).
+
+        Raises:
+            ConfigError: the swapper's engine is not a pool.
+            ServingError: the canary failed or the engine answers like the base model.
+        """
+        target = self.router.alias(self.alias)
+        if target is None or target == self.base_version:
+            return None
+        _, upstream = self.router.resolve(target)
+        _, base = self.router.resolve(self.base_version)
+        pool = upstream.pool
+        if pool is None:
+            raise ConfigError("canary_on_engine needs a swapper whose engine is a pool (EnginePool)")
+        try:
+            self.judge.judge(
+                target, pool.at(upstream, index), self.canary, self.base_version, lambda: pool.at(base, index)
+            )
+        except AgentForgeError as exc:
+            raise ServingError(f"pool engine {index} failed {target}'s canary on rejoining: {exc}") from exc
+        except Exception as exc:
+            raise ServingError(f"pool engine {index} failed {target}'s canary on rejoining: {exc!r}") from exc
+        return target
+
     def reset_to_base(self) -> str:
         """Point the alias back at the base model (``{alias}@v0``); the old version drains and unloads.
 

@@ -116,6 +116,44 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
     store.close()
 
 
+def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_passed_on_it(
+    pool: EnginePool, letter_adapters: dict[str, Path]
+) -> None:
+    from adapters import rank_adapter
+
+    router = ModelRouter()
+    swapper = HotSwapper(pool, router, alias="policy")
+    swapper.register_base()
+    member = pool.member(1, check=swapper.canary_on_engine)
+    pool.mark(1, "test: restarting")
+    assert member.reload() == [] and swapper.canary_on_engine(1) is None  # the base model: nothing to check
+    pool.mark(1, None)
+    b = swapper.swap(letter_adapters["B"])
+    second = pool.engines[1]
+    real_load = second.load_adapter
+    try:
+        pool.mark(1, "test: restarting")  # as restarted: it holds no adapter
+        second.unload_adapter(b)
+        # an engine that takes the load but applies nothing (untrained LoRA): it answers like the base model
+        second.load_adapter = lambda name, path: real_load(name, rank_adapter(8))  # type: ignore[method-assign]
+        with pytest.raises(ServingError, match=f"pool engine 1 failed {b}'s canary.*answers like policy@v0"):
+            member.reload()
+        assert second.adapters() == []  # the suspect load is gone: the next rejoin loads it anew
+        second.load_adapter = lambda name, path: None  # type: ignore[method-assign]  # takes nothing
+        with pytest.raises(ServingError, match=f"pool engine 1 failed {b}'s canary"):
+            member.reload()
+        del second.load_adapter
+        assert member.reload() == [b] and swapper.canary_on_engine(1) == b  # the real load passes
+        pool.mark(1, None)
+        assert pool.engines_out() == {}
+    finally:
+        if "load_adapter" in vars(second):
+            del second.load_adapter
+        pool.mark(1, None)
+        swapper.reset_to_base()
+        assert swapper.wait_drained(30)
+
+
 def test_engines_split_the_cores() -> None:
     assert [core_share([0, 1], i, 2) for i in range(2)] == ["0", "1"]
     assert [core_share(range(16), i, 4) for i in range(4)][1] == "4,5,6,7"
