@@ -29,7 +29,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentforge.errors import ConfigError, ServingError
 
@@ -39,6 +39,16 @@ if TYPE_CHECKING:
 __all__ = ["EnginePool", "PoolMember", "core_share"]
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class _Launching(Protocol):
+    """An engine that starts as a process: launched, then waited for (:class:`~agentforge.serving.vllm.
+    VLLMServer`)."""
+
+    def launch(self) -> None: ...
+
+    def wait_started(self) -> None: ...
 
 
 class EnginePool:
@@ -93,13 +103,22 @@ class EnginePool:
         return dict(self._first().auth_headers())
 
     def start(self) -> None:
-        """Start every engine, one after the other (from this thread: a vLLM dies with the thread that started
-        it). Raises what an engine's start raises, after stopping the ones already started."""
+        """Start every engine, from this thread (a vLLM dies with the thread that started it). Engines that
+        start as a process (:class:`~agentforge.serving.vllm.VLLMServer`: ``launch`` and ``wait_started``)
+        are all launched first and then waited for, so they start side by side (each on its share of the
+        cores, :func:`core_share`) instead of one after the other; the others start in turn. Raises what an
+        engine's start raises, after stopping every engine started or launched."""
         started = []
         try:
             for engine in self.engines:
-                engine.start()
                 started.append(engine)
+                if isinstance(engine, _Launching):
+                    engine.launch()
+                else:
+                    engine.start()
+            for engine in self.engines:
+                if isinstance(engine, _Launching):
+                    engine.wait_started()
         except BaseException:
             for engine in started:
                 engine.stop()

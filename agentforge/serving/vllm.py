@@ -157,6 +157,7 @@ class VLLMServer(VLLMAdapterRoutes):
         self.log_path = Path(log_path) if log_path else home_dir() / "logs" / f"vllm-{self.port}.log"
         self.env = dict(env or {})
         self.startup_s: float | None = None  # seconds until healthy, measured by start()
+        self._launched_at: float | None = None  # monotonic time of a launch() not yet waited for
         self.warmup_s: float | None = None  # seconds of the warm-up request
         self._proc: subprocess.Popen[bytes] | None = None
         self._owned = True
@@ -265,12 +266,21 @@ class VLLMServer(VLLMAdapterRoutes):
         return cmd + ["--middleware", "agentforge_vllm_guard.KeyGuard", *self.extra_args]
 
     def start(self) -> None:
-        """Start vLLM and block until ``/health`` and ``/v1/models`` answer (then warm up if asked).
+        """Start vLLM and block until ``/health`` and ``/v1/models`` answer (then warm up if asked):
+        :meth:`launch`, then :meth:`wait_started`.
 
         Raises:
             ServingError: the process exited or did not become healthy within ``startup_timeout_s``
                 seconds; the message carries the tail of its log.
         """
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the vLLM process and return at once (nothing to do when it runs or is not owned). Call it
+        from the thread that will outlive the engine: vLLM dies with the thread that started it. Several
+        engines launched one after the other then waited for start at the same time
+        (:meth:`agentforge.scale.pool.EnginePool.start`)."""
         if not self._owned or self.running:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -303,6 +313,19 @@ class VLLMServer(VLLMAdapterRoutes):
                 preexec_fn=_die_with_parent,
             )
         atexit.register(self.stop)
+        self._launched_at = t0
+
+    def wait_started(self) -> None:
+        """Block until the launched process answers ``/health`` and ``/v1/models`` (then warm up if asked);
+        nothing to do when none was launched or it was waited for already.
+
+        Raises:
+            ServingError: the process exited or did not become healthy within ``startup_timeout_s`` seconds
+                of its launch; the message carries the tail of its log (the process is stopped).
+        """
+        t0, self._launched_at = self._launched_at, None
+        if t0 is None or self._proc is None:
+            return
         try:
             self._wait_healthy(t0 + self.startup_timeout_s)
             self.startup_s = time.monotonic() - t0

@@ -135,7 +135,8 @@ def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_pas
         pool.mark(1, "test: restarting")  # as restarted: it holds no adapter
         second.unload_adapter(b)
         # an engine that takes the load but applies nothing (untrained LoRA): it answers like the base model
-        second.load_adapter = lambda name, path: real_load(name, rank_adapter(8))  # type: ignore[method-assign]
+        untrained = rank_adapter(8)
+        second.load_adapter = lambda name, path: real_load(name, untrained)  # type: ignore[method-assign]
         with pytest.raises(ServingError, match=f"pool engine 1 failed {b}'s canary.*answers like policy@v0"):
             member.reload()
         assert second.adapters() == []  # the suspect load is gone: the next rejoin loads it anew
@@ -152,6 +153,39 @@ def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_pas
         pool.mark(1, None)
         swapper.reset_to_base()
         assert swapper.wait_drained(30)
+
+
+class _ProcessEngine:
+    """Records what the pool asks of it, as a process-started engine (``launch`` then ``wait_started``)."""
+
+    def __init__(self, name: str, calls: list[str], fail: str = "") -> None:
+        self.name, self.calls, self.fail = name, calls, fail
+        self.base_model, self.max_lora_rank = "m", 8
+
+    def launch(self) -> None:
+        self.calls.append(f"launch {self.name}")
+
+    def wait_started(self) -> None:
+        self.calls.append(f"wait {self.name}")
+        if self.fail:
+            raise ServingError(self.fail)
+
+    def start(self) -> None:  # pragma: no cover - the pool must not start a process engine this way
+        raise AssertionError("started one at a time")
+
+    def stop(self) -> None:
+        self.calls.append(f"stop {self.name}")
+
+
+def test_process_engines_are_launched_side_by_side_and_all_stopped_if_one_fails() -> None:
+    calls: list[str] = []
+    EnginePool([_ProcessEngine("a", calls), _ProcessEngine("b", calls)]).start()
+    assert calls == ["launch a", "launch b", "wait a", "wait b"]  # both launched before either is waited for
+    calls.clear()
+    pool = EnginePool([_ProcessEngine("a", calls), _ProcessEngine("b", calls, fail="no port")])
+    with pytest.raises(ServingError, match="no port"):
+        pool.start()
+    assert calls == ["launch a", "launch b", "wait a", "wait b", "stop a", "stop b"]
 
 
 def test_engines_split_the_cores() -> None:
