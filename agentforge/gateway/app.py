@@ -16,14 +16,13 @@ call into an HTTP 500. A span naming a rollout the store does not know is also k
 ``attributes["claimed_rollout_id"]``; one naming an attempt the store does not know (or another rollout's)
 stays in its rollout with ``attributes["claimed_attempt_id"]``, not trainable (flag ``attempt_rejected``).
 
-Errors reach the client as ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or a bad
-body → 400 (no upstream call), unknown model → 404 ``model_not_found``, engine errors → the engine's
-status and message (e.g. vLLM's 400 for a prompt over the context limit), engine unreachable → 502,
-engine timeout → 504, a body over ``max_request_bytes`` → 413 (not recorded). Every call whose body is a
-JSON object is recorded, failed ones with ``status="error"`` and the message in ``Span.error`` (a client
-that leaves before the answer: ``client_disconnected``). A failed store write is logged (``ERROR``) and
-never breaks the client's answer.
-"""
+Errors reach the client as ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or a bad body →
+400 (no upstream call), unknown model → 404 ``model_not_found``, engine errors → the engine's status and
+message (e.g. vLLM's 400 for a prompt over the context limit), engine refusing the connection → 503
+``engine_unavailable`` (nothing was sent), connection broken → 502, engine timeout → 504, a body over
+``max_request_bytes`` → 413 (not recorded). Every call whose body is a JSON object is recorded, failed ones
+with ``status="error"`` and the message in ``Span.error`` (a client that leaves before the answer:
+``client_disconnected``). A failed store write is logged (``ERROR``) and never breaks the client's answer."""
 
 from __future__ import annotations
 
@@ -65,6 +64,7 @@ from agentforge.gateway.stream import StreamRelay, relay_response
 from agentforge.gateway.tenancy import GatewayTenants, TenantModels, TenantRefused
 from agentforge.gateway.upstream import (
     UpstreamClient,
+    UpstreamRefused,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -298,11 +298,12 @@ class _Gateway(SpanRecorder):
         flags: tuple[str, ...] = (),
     ) -> UpstreamResponse | JSONResponse:
         """POST ``content`` to ``upstream``'s ``endpoint`` route; a transport failure becomes a recorded
-        502/504 error response, a client that leaves meanwhile a ``client_disconnected`` span (with
-        ``flags``) before the cancellation goes on. The ordinary path and token-in continuations
-        (:mod:`agentforge.gateway.prefix_call`) both send through here. The answer of a version on probation
-        waits here for its canary's verdict (:mod:`agentforge.gateway.probation`: ``VersionRefused`` if it
-        failed, and ``handle`` sends the call again to the version before it)."""
+        502/504 error response (503 ``engine_unavailable`` when no connection could be opened: nothing was
+        sent, so a load balancer may retry it on another replica), a client that leaves meanwhile a
+        ``client_disconnected`` span (with ``flags``) before the cancellation goes on. The ordinary path and
+        token-in continuations (:mod:`agentforge.gateway.prefix_call`) both send through here. The answer of a
+        version on probation waits here for its canary's verdict (:mod:`agentforge.gateway.probation`:
+        ``VersionRefused`` if it failed, and ``handle`` sends the call again to the version before it)."""
         url = upstream.base_url.rstrip("/") + _PATHS[endpoint]
         try:
             response = await self.client.post(url, content, engine_headers(upstream), stream)
@@ -323,6 +324,14 @@ class _Gateway(SpanRecorder):
             msg = f"the engine serving {ctx.version} timed out after {self._timeout_s} s"
             return await self.fail(
                 ctx, 504, error_body(msg, "upstream_timeout", "upstream_timeout"), "upstream_timeout"
+            )
+        except UpstreamRefused as exc:  # nothing was sent: a 503 that a load balancer may send elsewhere
+            logger.warning(
+                "upstream %s for %s refused the connection: %s", upstream.base_url, ctx.version, exc
+            )
+            msg = f"the engine serving {ctx.version} is not accepting connections (nothing was sent); retry"
+            return await self.fail(
+                ctx, 503, error_body(msg, "server_error", "engine_unavailable"), "engine_unavailable"
             )
         except UpstreamUnreachable as exc:
             logger.warning("upstream %s for %s is unreachable: %s", upstream.base_url, ctx.version, exc)

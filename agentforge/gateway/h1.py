@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["H1Client", "H1Answer", "H1Error", "H1Timeout", "H1Broken"]
+__all__ = ["H1Client", "H1Answer", "H1Error", "H1Timeout", "H1Broken", "H1Refused"]
 
 
 class H1Error(Exception):
@@ -49,6 +49,10 @@ class H1Timeout(H1Error):
 
 class H1Broken(H1Error):
     """The connection failed, closed, or sent something that is not HTTP/1.1."""
+
+
+class H1Refused(H1Broken):
+    """No connection could be opened (refused, no route): nothing of the request was sent."""
 
 
 _END = object()
@@ -342,7 +346,7 @@ class H1Client:
         except TimeoutError as exc:
             raise H1Timeout(f"no connection to {pool.host_header} within {self.connect_s} s") from exc
         except OSError as exc:
-            raise H1Broken(f"{type(exc).__name__}: {exc}") from exc
+            raise H1Refused(f"{type(exc).__name__}: {exc}") from exc
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], stream: bool) -> H1Answer:
         """Send ``POST url`` with ``body``; returns once the answer's head (streams) or whole answer arrived.

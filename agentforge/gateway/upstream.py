@@ -28,6 +28,7 @@ import httpx
 
 __all__ = [
     "UpstreamTimeout",
+    "UpstreamRefused",
     "UpstreamUnreachable",
     "UpstreamStreamError",
     "UpstreamResponse",
@@ -42,6 +43,12 @@ class UpstreamTimeout(Exception):
 
 class UpstreamUnreachable(Exception):
     """The engine could not be reached, or the connection broke before the answer's head."""
+
+
+class UpstreamRefused(UpstreamUnreachable):
+    """No connection to the engine could be opened (its process is gone, say): nothing of the request was
+    sent, so sending it elsewhere is safe (the gateway answers 503, which HAProxy retries on another
+    replica)."""
 
 
 class UpstreamStreamError(Exception):
@@ -169,6 +176,8 @@ class _HttpxClient(UpstreamClient):
             response = await self._client.send(request, stream=stream)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(type(exc).__name__) from exc
+        except httpx.ConnectError as exc:
+            raise UpstreamRefused(f"{type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
         if not stream:
@@ -213,6 +222,8 @@ class _AiohttpClient(UpstreamClient):
                 return UpstreamResponse(response.status, body)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(type(exc).__name__) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamRefused(f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
@@ -251,6 +262,8 @@ class _H1Client(UpstreamClient):
             answer = await self._client.post(url, content, headers, stream)
         except h1.H1Timeout as exc:
             raise UpstreamTimeout(str(exc)) from exc
+        except h1.H1Refused as exc:
+            raise UpstreamRefused(str(exc)) from exc
         except h1.H1Error as exc:
             raise UpstreamUnreachable(str(exc)) from exc
         if not stream:

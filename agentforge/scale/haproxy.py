@@ -72,9 +72,13 @@ def haproxy_config(
             f"    timeout client {timeout}",
             f"    timeout server {timeout}",
             "    option http-keep-alive",
-            # a call whose replica refuses the connection (dead, not yet out) goes to another replica: the
-            # request was never sent, so even a POST is safe to retry (HAProxy retries connection failures only)
+            # a call whose replica refuses the connection (dead, not yet out), or answers 503 (its engine
+            # refused the connection: the gateway sent nothing), goes to another replica: the request was
+            # never processed, so even a POST is safe to retry. HAProxy keeps a copy of each request for
+            # this; one larger than its buffer (tune.bufsize) gets the 503 instead
             "    retries 2",
+            "    retry-on conn-failure 503",
+            "    option http-buffer-request",
             "    option redispatch 1",
             "frontend gateway",
             f"    bind {host}:{port}",

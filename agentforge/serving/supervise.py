@@ -4,7 +4,8 @@
 thread. When the process is gone (killed, crashed, OOM-killed), within ``poll_s`` seconds it
 
 1. logs it (``ERROR``, with the exit code) and marks the engine down in the gateway's router, so the gateway's
-   ``/health`` answers 503 naming the versions that engine serves (requests meanwhile get a clean 502);
+   ``/health`` answers 503 naming the versions that engine serves (requests meanwhile get a clean 503
+   ``engine_unavailable``: nothing reached the engine, so a load balancer may retry them elsewhere);
 2. stops what is left of vLLM's process group (engine-core and worker processes outlive a killed API server
    and hold gigabytes), so nothing runs on orphaned;
 3. starts vLLM again (same port, new keys) and has the :class:`~agentforge.serving.hotswap.HotSwapper` load

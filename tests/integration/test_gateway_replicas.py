@@ -66,7 +66,9 @@ def store_url(pg_url: str) -> str:
 
 
 @pytest.fixture
-def two_replicas(store_url: str) -> Iterator[tuple[HAProxy, list[subprocess.Popen[bytes]], str]]:
+def two_replicas(
+    store_url: str,
+) -> Iterator[tuple[HAProxy, list[subprocess.Popen[bytes]], str, list[ScriptedUpstream]]]:
     need_haproxy()
     engines = [ScriptedUpstream([ScriptedTurn(f"from-r{i}")], cycle=True).serve() for i in range(2)]
     replicas: list[subprocess.Popen[bytes]] = []
@@ -77,7 +79,7 @@ def two_replicas(store_url: str) -> Iterator[tuple[HAProxy, list[subprocess.Pope
             replicas.append(proc)
             ports.append(port)
         with HAProxy([f"127.0.0.1:{p}" for p in ports], free_port()) as balancer:
-            yield balancer, replicas, store_url
+            yield balancer, replicas, store_url, engines
     finally:
         for proc in replicas:
             if proc.poll() is None:
@@ -114,7 +116,7 @@ def test_the_config_hashes_the_rollout_segment_consistently_and_refuses_bad_addr
 def test_each_rollout_stays_on_one_replica_and_a_killed_replica_loses_no_acknowledged_span(
     two_replicas,
 ) -> None:  # type: ignore[no-untyped-def]
-    balancer, replicas, store_url = two_replicas
+    balancer, replicas, store_url, _ = two_replicas
     store = open_store(store_url)
     try:
         rollouts = [store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="t")) for i in range(16)]
@@ -147,6 +149,38 @@ def test_each_rollout_stays_on_one_replica_and_a_killed_replica_loses_no_acknowl
         for rid in ids:  # every acknowledged call left its span in the one store
             spans = [s for s in store.list_spans(rollout_id=rid) if s.llm is not None and s.status == "ok"]
             assert len(spans) >= answered[rid], (rid, len(spans), answered[rid])
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_replica_whose_engine_refuses_connections_hands_its_calls_to_the_other(
+    two_replicas,
+) -> None:  # type: ignore[no-untyped-def]
+    """r0's engine is gone but r0 itself is up (its health check still passes): r0 answers 503
+    ``engine_unavailable`` (nothing was sent) and HAProxy sends the call again to r1, so no call fails.
+    Before, r0 answered 502 and HAProxy passed it on: every call of r0's rollouts failed until r0 left."""
+    balancer, _, store_url, engines = two_replicas
+    store = open_store(store_url)
+    try:
+        ids = [
+            store.enqueue_rollout(Rollout(task=Task(input={"i": i}), agent="t")).rollout_id for i in range(16)
+        ]
+        home = {rid: _ask(balancer.url, rid, 0) for rid in ids}
+        assert set(home.values()) == {"from-r0", "from-r1"}, home
+        engines[0].stop()
+        time.sleep(1.0)  # the replica's keep-alive connections to it see the close
+        after = {rid: [_ask(balancer.url, rid, t) for t in range(1, 4)] for rid in ids}
+        assert all(names == ["from-r1"] * 3 for names in after.values()), after
+        refused = [
+            s
+            for rid in ids
+            if home[rid] == "from-r0"
+            for s in store.list_spans(rollout_id=rid)
+            if s.llm is not None and s.status == "error"
+        ]
+        assert refused and all("not accepting connections" in (s.error or "") for s in refused)
     finally:
         store.close()
 

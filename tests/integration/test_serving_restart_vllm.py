@@ -78,7 +78,8 @@ def test_killed_vllm_is_reported_restarted_and_serves_every_version_again(tmp_pa
         refused = httpx.post(
             f"{url}/v1/chat/completions", json={"model": "policy", "messages": LETTER_MESSAGES}, timeout=30
         )
-        assert refused.status_code == 502, refused.text
+        assert refused.status_code == 503, refused.text  # nothing reached an engine: safe to send elsewhere
+        assert refused.json()["error"]["code"] == "engine_unavailable", refused.text
         wait_for(
             lambda: not any(alive(pid) for pid in old_group), 20, f"the old process group {old_group} to go"
         )

@@ -93,7 +93,7 @@ def test_gateway_errors_never_name_the_engine(
     )
     url = f"{serving_gateway.url}/rollouts/{new_rollout(serving_gateway)}/v1/chat/completions"
     secrets = [str(dead_port), str(vllm_server.port), "127.0.0.1", "localhost", vllm_server.base_url]
-    for model, status in (("down@v1", 502), ("wrongkey@v1", 401)):
+    for model, status in (("down@v1", 503), ("wrongkey@v1", 401)):
         for stream in (False, True):
             body = {"model": model, "messages": LETTER_MESSAGES, "max_tokens": 2, "stream": stream}
             answer = httpx.post(url, json=body, timeout=60)

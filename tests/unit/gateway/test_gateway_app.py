@@ -365,7 +365,8 @@ async def test_error_inside_a_stream_is_relayed_and_recorded(make_gateway, gw_cl
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_connection_refused_is_502_and_releases(gw_store, gw_client_for, stream) -> None:
+async def test_connection_refused_is_503_and_releases(gw_store, gw_client_for, stream) -> None:
+    """Nothing was sent: 503 ``engine_unavailable``, which a load balancer may retry on another replica."""
     router = ModelRouter()
     router.register(
         "policy@v1", Upstream("http://127.0.0.1:9/v1", "base")
@@ -373,9 +374,43 @@ async def test_connection_refused_is_502_and_releases(gw_store, gw_client_for, s
     router.set_alias("policy", "policy@v1")
     app = create_gateway(gw_store, router)
     r = await gw_client_for(app).post("/v1/chat/completions", json={**CHAT, "stream": stream})
-    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+    assert "nothing was sent" in r.json()["error"]["message"]
     assert only_span(gw_store, orphans=True).status == "error"
     assert router.inflight("policy@v1") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_connection_closed_before_the_answer_is_502(gw_store, gw_client_for, stream) -> None:
+    """The engine took the connection and closed it unanswered (it may have begun the call): 502, not the
+    retryable 503."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def close_unanswered() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.close()
+
+    threading.Thread(target=close_unanswered, daemon=True).start()
+    try:
+        router = ModelRouter()
+        router.register("policy@v1", Upstream(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", "base"))
+        router.set_alias("policy", "policy@v1")
+        app = create_gateway(gw_store, router)
+        r = await gw_client_for(app).post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+        assert router.inflight("policy@v1") == 0
+    finally:
+        listener.close()
 
 
 async def test_upstream_timeout_is_504(gw_store, gw_client_for) -> None:
