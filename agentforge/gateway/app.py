@@ -105,6 +105,11 @@ logger = logging.getLogger("agentforge.gateway")
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
 
 
+class _EngineRefused(Exception):
+    """An engine of a pool refused a call's connection and another engine of the pool serves: ``handle``
+    sends the call there (raised by :meth:`_Gateway.send`; never reaches a client)."""
+
+
 class _Gateway(SpanRecorder):
     """State and handlers behind one gateway app (recording: :class:`~agentforge.gateway.record.SpanRecorder`)."""
 
@@ -241,6 +246,17 @@ class _Gateway(SpanRecorder):
                 ctx.version, upstream = self.router.acquire(refused.fallback, rollout_id)
                 ctx.upstream, released = upstream, False
                 continue
+            except _EngineRefused:  # nothing was sent: another engine of the version's pool gets the call
+                release()
+                try:
+                    ctx.version, upstream = self.router.acquire(ctx.version, rollout_id, ctx.refused)
+                except ServingError as exc:  # it stopped serving meanwhile
+                    body = error_body(
+                        f"the policy's engines are down: {exc}", "server_error", "engine_unavailable"
+                    )
+                    return await self.fail(ctx, 503, body, "engine_unavailable")
+                ctx.upstream, released = upstream, False
+                continue
             except BaseException:
                 release()
                 raise
@@ -329,6 +345,9 @@ class _Gateway(SpanRecorder):
             logger.warning(
                 "upstream %s for %s refused the connection: %s", upstream.base_url, ctx.version, exc
             )
+            ctx.refused.add(upstream.base_url)
+            if self.router.has_other_engine(ctx.version, ctx.refused):  # another engine of its pool takes it
+                raise _EngineRefused from exc
             msg = f"the engine serving {ctx.version} is not accepting connections (nothing was sent); retry"
             return await self.fail(
                 ctx, 503, error_body(msg, "server_error", "engine_unavailable"), "engine_unavailable"

@@ -52,6 +52,8 @@ class CallContext:
         privacy: what the gateway's privacy policy did to this call (``None``: nothing; ``body`` is then
             the client's own).
         upstream: the engine serving the call (``None`` until resolved).
+        refused: URLs of the engines that refused this call's connection (it went to another engine of the
+            version's pool).
         dialect: the API the client spoke when not the chat route's own (``"anthropic"``: the Messages API,
             translated to this chat call by :mod:`agentforge.gateway.anthropic`); recorded on the span.
     """
@@ -69,6 +71,7 @@ class CallContext:
         self.privacy: CallPrivacy | None = None
         self.dialect: str | None = None
         self.upstream: Upstream | None = None
+        self.refused: set[str] = set()
 
     @property
     def model(self) -> str:

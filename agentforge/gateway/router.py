@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,8 +27,9 @@ class EngineChooser(Protocol):
 
     engines: list[Any]
 
-    def route(self, upstream: Upstream, key: str | None) -> Upstream:
-        """``upstream`` with the URL and key of the engine that serves this call (``key``: the rollout id)."""
+    def route(self, upstream: Upstream, key: str | None, avoid: Collection[str] = ()) -> Upstream:
+        """``upstream`` with the URL and key of the engine that serves this call (``key``: the rollout id),
+        none of whose URLs is in ``avoid``."""
         ...
 
     def engines_out(self) -> dict[int, str]:
@@ -208,6 +210,14 @@ class ModelRouter:
             else:
                 self._down[base_url] = down
 
+    def has_other_engine(self, version: str, avoid: Collection[str]) -> bool:
+        """Whether ``version`` is served by a pool with an engine serving now whose URL is not in ``avoid``."""
+        with self._lock:
+            upstream = self._versions.get(version)
+        if upstream is None or upstream.pool is None:
+            return False
+        return any(u.base_url not in avoid for _, u in upstream.pool.each(upstream))
+
     def engines_down(self) -> dict[str, str]:
         """Registered version → why its engine is down, for every version whose engine is marked down or
         whose engine pool has no engine serving (the first half of :meth:`engine_health`)."""
@@ -239,13 +249,14 @@ class ModelRouter:
         with self._lock:
             return sorted(set(self._aliases) | set(self._versions))
 
-    def acquire(self, name: str, key: str | None = None) -> tuple[str, Upstream]:
+    def acquire(self, name: str, key: str | None = None, avoid: Collection[str] = ()) -> tuple[str, Upstream]:
         """``resolve`` and count one in-flight request on the resolved version (pair with ``release``).
 
         Args:
             name: an alias or version name.
             key: the rollout id of the call: a version served by an engine pool (``Upstream.pool``) sends all
                 calls of one key to one engine.
+            avoid: engine URLs of the version's pool not to choose (they refused this call's connection).
 
         Raises:
             NotFoundError: unknown name. ServingError: the version's pool has no engine serving (not counted).
@@ -253,7 +264,7 @@ class ModelRouter:
         with self._lock:
             version, upstream = self.resolve(name)
             if upstream.pool is not None:
-                upstream = upstream.pool.route(upstream, key)
+                upstream = upstream.pool.route(upstream, key, avoid)
             self._inflight[version] = self._inflight.get(version, 0) + 1
             if self._awaited and version in self._awaited:  # a swap's canary waits for this call
                 self._lock.notify_all()

@@ -28,7 +28,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentforge.errors import ConfigError, ServingError
@@ -163,18 +163,21 @@ class EnginePool:
 
     # -- routing ------------------------------------------------------------------------------------------
 
-    def route(self, upstream: Upstream, key: str | None) -> Upstream:
+    def route(self, upstream: Upstream, key: str | None, avoid: Collection[str] = ()) -> Upstream:
         """The engine that serves this call: ``upstream`` with one serving engine's URL and key.
 
         Args:
             upstream: the version's upstream as registered (its ``pool`` is this pool).
             key: the rollout id (every call of one rollout goes to one engine); ``None``: the first serving
                 one.
+            avoid: engine URLs (``base_url``) not to choose: ones that just refused this call's connection
+                (the gateway sends it again to another engine, :meth:`agentforge.gateway.router.ModelRouter.
+                acquire`).
 
         Raises:
-            ServingError: no engine serves now (the gateway answers 502).
+            ServingError: no engine serves now, or only avoided ones (the gateway answers 503).
         """
-        serving = self._serving()
+        serving = [i for i in self._serving() if str(self.engines[i].base_url) not in avoid]
         if not serving:
             raise ServingError("no engine of the pool is serving (every one is down or restarting)")
         if key is None or len(serving) == 1:

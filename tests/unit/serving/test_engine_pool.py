@@ -116,6 +116,47 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
     store.close()
 
 
+def test_a_call_whose_engine_refuses_the_connection_goes_to_another_engine_of_the_pool(
+    pool: EnginePool, letter_adapters: dict[str, Path]
+) -> None:
+    """Engine 1 is still listed as serving but its port refuses connections (its process just died, before
+    its supervisor marked it): its rollouts' calls are sent to engine 0 (nothing had been sent) and answered;
+    with every engine refusing, a clean 503."""
+    import socket
+    from types import SimpleNamespace
+
+    router = ModelRouter()
+    swapper = HotSwapper(pool, router, alias="policy")
+    swapper.register_base()
+    store = memory_store()
+    engines = list(pool.engines)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens once it is closed
+    try:
+        with GatewayServer(store, router) as gateway:
+            swapper.swap(letter_adapters["A"])
+            upstream = router.resolve("policy")[1]
+            rollouts = [f"ro-refused{i:02d}" for i in range(12)]
+            on_second = [r for r in rollouts if pool.route(upstream, r).base_url == pool.endpoints()[1]]
+            assert on_second
+            pool.engines[1] = SimpleNamespace(base_url=dead, api_key=None, running=True)
+            for rollout in on_second[:3]:
+                answer = _ask(gateway, rollout)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["choices"][0]["message"]["content"] == "A"
+            spans = [s for s in store.list_spans() if s.llm is not None]
+            assert len(spans) == 3 and all(s.status == "ok" for s in spans)  # the refused tries sent nothing
+            pool.engines[0] = SimpleNamespace(base_url=dead.replace("/v1", "/v2"), api_key=None, running=True)
+            refused = _ask(gateway, on_second[0])
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
+    finally:
+        pool.engines[:] = engines
+        swapper.reset_to_base()
+        assert swapper.wait_drained(30)
+        store.close()
+
+
 def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_passed_on_it(
     pool: EnginePool, letter_adapters: dict[str, Path]
 ) -> None:
