@@ -304,14 +304,15 @@ def sft(
     """
     from agentforge.model import prepare_default_model
     from agentforge.trainers.replay import select_traces
-    from agentforge.trainers.replay.sft_config import ReplaySFTConfig
-    from agentforge.trainers.replay.sft_trainer import run_replay_sft
 
     flt = make_filter(min_reward, None, since, until, agent, task, resource, limit)
     with reported():
         report_to_names(report_to)  # an unknown or uninstalled integration fails before any work
         store = _store(store_url, (store_key, admin_key))
-        select_traces(store, flt)  # EmptySelectionError now, before torch or the model load
+        select_traces(store, flt)  # EmptySelectionError now, before torch, TRL or the model load (4 s)
+        from agentforge.trainers.replay.sft_config import ReplaySFTConfig
+        from agentforge.trainers.replay.sft_trainer import run_replay_sft
+
         config = ReplaySFTConfig(
             output_dir=str(output_dir),
             min_reward=min_reward,
