@@ -32,17 +32,25 @@ def pool() -> Iterator[EnginePool]:
         yield started
 
 
+@pytest.fixture
+def swapper(pool: EnginePool) -> Iterator[HotSwapper]:
+    """A hot-swapper on the shared pool with its own router, back on the base model (drained) afterwards."""
+    swapper = HotSwapper(pool, ModelRouter(), alias="policy")
+    swapper.register_base()
+    yield swapper
+    swapper.reset_to_base()
+    assert swapper.wait_drained(30)
+
+
 def _ask(gateway: GatewayServer, rollout: str) -> httpx.Response:
     body = {"model": "policy", "messages": LETTER_MESSAGES, "max_tokens": 1, "temperature": 0.0}
     return httpx.post(f"{gateway.url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=60)
 
 
 def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
-    pool: EnginePool, letter_adapters: dict[str, Path]
+    pool: EnginePool, swapper: HotSwapper, letter_adapters: dict[str, Path]
 ) -> None:
-    router = ModelRouter()
-    swapper = HotSwapper(pool, router, alias="policy")
-    swapper.register_base()
+    router = swapper.router
     store = memory_store()
     with GatewayServer(store, router) as gateway:
         a = swapper.swap(letter_adapters["A"])
@@ -111,13 +119,11 @@ def test_a_swap_loads_into_every_engine_and_each_rollout_keeps_one_engine(
         pool.mark(0, None)
         pool.mark(1, None)
         assert _ask(gateway, rollouts[0]).status_code == 200
-        swapper.reset_to_base()
-        assert swapper.wait_drained(30)
     store.close()
 
 
 def test_a_call_whose_engine_refuses_the_connection_goes_to_another_engine_of_the_pool(
-    pool: EnginePool, letter_adapters: dict[str, Path]
+    pool: EnginePool, swapper: HotSwapper, letter_adapters: dict[str, Path]
 ) -> None:
     """Engine 1 is still listed as serving but its port refuses connections (its process just died, before
     its supervisor marked it): its rollouts' calls are sent to engine 0 (nothing had been sent) and answered;
@@ -125,11 +131,7 @@ def test_a_call_whose_engine_refuses_the_connection_goes_to_another_engine_of_th
     import socket
     from types import SimpleNamespace
 
-    router = ModelRouter()
-    swapper = HotSwapper(pool, router, alias="policy")
-    swapper.register_base()
-    store = memory_store()
-    engines = list(pool.engines)
+    router, store, engines = swapper.router, memory_store(), list(pool.engines)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens once it is closed
@@ -152,19 +154,14 @@ def test_a_call_whose_engine_refuses_the_connection_goes_to_another_engine_of_th
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
     finally:
         pool.engines[:] = engines
-        swapper.reset_to_base()
-        assert swapper.wait_drained(30)
         store.close()
 
 
 def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_passed_on_it(
-    pool: EnginePool, letter_adapters: dict[str, Path]
+    pool: EnginePool, swapper: HotSwapper, letter_adapters: dict[str, Path]
 ) -> None:
     from adapters import rank_adapter
 
-    router = ModelRouter()
-    swapper = HotSwapper(pool, router, alias="policy")
-    swapper.register_base()
     member = pool.member(1, check=swapper.canary_on_engine)
     pool.mark(1, "test: restarting")
     assert member.reload() == [] and swapper.canary_on_engine(1) is None  # the base model: nothing to check
@@ -192,8 +189,6 @@ def test_a_rejoining_engine_takes_calls_only_once_the_served_versions_canary_pas
         if "load_adapter" in vars(second):
             del second.load_adapter
         pool.mark(1, None)
-        swapper.reset_to_base()
-        assert swapper.wait_drained(30)
 
 
 class _ProcessEngine:
