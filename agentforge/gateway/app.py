@@ -214,10 +214,7 @@ class _Gateway(SpanRecorder):
             ctx.logprobs_mode, ctx.upstream = upstream.logprobs_mode, upstream
         except ServingError as exc:
             if self.tenants is None:  # an engine pool with no engine serving (each down or restarting)
-                body = error_body(
-                    f"the policy's engines are down: {exc}", "server_error", "engine_unavailable"
-                )
-                return await self.fail(ctx, 503, body, "engine_unavailable")
+                return await self._engines_down(ctx, exc)
             # a tenant's adapter could not be loaded (slots busy, engine refused it)
             logger.warning("tenant %s: %s", ctx.tenant, exc)  # names other tenants' versions: the log only
             msg = f"the adapter of tenant {ctx.tenant!r} cannot be loaded now; retry shortly"
@@ -251,10 +248,7 @@ class _Gateway(SpanRecorder):
                 try:
                     ctx.version, upstream = self.router.acquire(ctx.version, rollout_id, ctx.refused)
                 except ServingError as exc:  # it stopped serving meanwhile
-                    body = error_body(
-                        f"the policy's engines are down: {exc}", "server_error", "engine_unavailable"
-                    )
-                    return await self.fail(ctx, 503, body, "engine_unavailable")
+                    return await self._engines_down(ctx, exc)
                 ctx.upstream, released = upstream, False
                 continue
             except BaseException:
@@ -266,6 +260,11 @@ class _Gateway(SpanRecorder):
         if ctx.privacy is not None and ctx.privacy.mode is PrivacyMode.mask:
             return _restored(response, ctx.privacy)
         return response
+
+    async def _engines_down(self, ctx: CallContext, exc: ServingError) -> JSONResponse:
+        """The recorded 503 ``engine_unavailable`` of a call whose version's pool has no engine to take it."""
+        body = error_body(f"the policy's engines are down: {exc}", "server_error", "engine_unavailable")
+        return await self.fail(ctx, 503, body, "engine_unavailable")
 
     async def _claim(self, request: Request, ctx: CallContext) -> tuple[int, dict[str, Any], str] | None:
         """Settle whom the call acts for before anything is masked, validated or recorded (with tenants).
@@ -345,7 +344,7 @@ class _Gateway(SpanRecorder):
             logger.warning(
                 "upstream %s for %s refused the connection: %s", upstream.base_url, ctx.version, exc
             )
-            ctx.refused.add(upstream.base_url)
+            ctx.refused |= {upstream.base_url}
             if self.router.has_other_engine(ctx.version, ctx.refused):  # another engine of its pool takes it
                 raise _EngineRefused from exc
             msg = f"the engine serving {ctx.version} is not accepting connections (nothing was sent); retry"

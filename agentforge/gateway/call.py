@@ -71,7 +71,7 @@ class CallContext:
         self.privacy: CallPrivacy | None = None
         self.dialect: str | None = None
         self.upstream: Upstream | None = None
-        self.refused: set[str] = set()
+        self.refused: frozenset[str] = frozenset()  # the shared empty one: nothing allocated per call
 
     @property
     def model(self) -> str:
