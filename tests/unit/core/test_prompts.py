@@ -32,7 +32,9 @@ from agentforge.runtime import Runner, enqueue_tasks
 from agentforge.testing import memory_store
 from agentforge.types import ResourceVersion, RolloutState, Task
 
-FAST = {"heartbeat_s": 0.2, "heartbeat_timeout_s": 2.0, "poll_s": 0.02}
+# The watchdog is not under test here: a timeout a loaded 2-core CI machine cannot trip (2.0 s did once,
+# re-queueing a rollout that was still running, so its call reached the engine twice).
+FAST = {"heartbeat_s": 0.2, "heartbeat_timeout_s": 30.0, "poll_s": 0.02}
 
 
 def _task(text: str = "I want my money back", label: str = "refund") -> Task:

@@ -26,7 +26,9 @@ from agentforge.runtime import LangGraphAgent, Runner, enqueue_tasks
 from agentforge.testing import ScriptedToolCall, ScriptedTurn
 from agentforge.types import AttemptState, RolloutState, SpanKind, Task
 
-FAST = {"heartbeat_s": 0.2, "heartbeat_timeout_s": 2.0, "poll_s": 0.02}
+# The watchdog is not under test here: a timeout a loaded 2-core CI machine cannot trip (2.0 s did once,
+# re-queueing a rollout that was still running, so its call reached the engine twice).
+FAST = {"heartbeat_s": 0.2, "heartbeat_timeout_s": 30.0, "poll_s": 0.02}
 
 
 def _last(_old: Any, new: Any) -> Any:
