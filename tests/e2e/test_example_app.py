@@ -322,18 +322,17 @@ def test_forget_finds_the_apps_users_and_sessions_not_what_clients_claim(
     upstream.add(*order_turns(), *order_turns())
     olivia = started(app_client.post("/sessions", json={"user": "olivia_ito_3591"}))
     say(app_client, olivia, "Where is my order W1001?")
-    assert (
-        store.get_rollout(olivia).user_id == "olivia_ito_3591"
-        and store.get_rollout(olivia).session_id == olivia
-    )
     body = {"user": "mallory", "metadata": {"session_id": olivia, "user_id": "olivia_ito_3591"}}
     mallory = started(app_client.post("/sessions", json=body))
     say(app_client, mallory, "Where is my order W1001?")
     assert len(store.list_spans(rollout_id=olivia, kind=SpanKind.llm)) == 2
 
-    report = forget(store, sessions=[olivia], vacuum=False)
+    report = forget(store, sessions=[olivia], vacuum=False)  # the report's steer, as an attacker ran it
     assert report.rollout_ids == [olivia] and report.deleted["spans"] >= 2
     assert report.named_in_metadata == [mallory]
+    assert (
+        store.get_rollout(mallory).user_id == "mallory" and store.get_rollout(mallory).session_id == mallory
+    )
     with pytest.raises(NotFoundError):
         store.get_rollout(olivia)
     assert len(store.list_spans(rollout_id=mallory, kind=SpanKind.llm)) == 2

@@ -1,7 +1,12 @@
 """Personal data the model itself writes (issue 36): in ``mask`` mode the client gets the answer as the model wrote
 it, the store never holds the value (text or ids), and the client's echo of the answer masks to the same
 placeholder, so a token-in continuation still continues — one trajectory, the re-tokenised tail at
-``env_mask`` 0 (agentforge.privacy.answer)."""
+``env_mask`` 0 (agentforge.privacy.answer).
+
+The names the fix added (``agentforge.privacy.answer``, ``sampled_mask``) are imported inside the tests, after
+the checks the report made (the value in the store, the conversation split), so that
+``scripts/tests_at_commit.sh 52048a9 tests/unit/privacy/test_privacy_answer.py`` runs this file on the tree the
+issue was filed on and shows those defects there."""
 
 from __future__ import annotations
 
@@ -14,9 +19,8 @@ import pytest
 from agentforge.gateway import GatewayServer
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.privacy import PrivacyConfig
-from agentforge.privacy.answer import ANSWER_MASKED, ANSWER_WITHHELD, UNSAMPLED_FROM
 from agentforge.testing import ScriptedTurn, ScriptedUpstream, memory_store
-from agentforge.trainers.samples import SampleValidationError, build_trajectories, sampled_mask
+from agentforge.trainers.samples import build_trajectories
 from agentforge.types import LLMCall, Rollout, Span, SpanKind
 
 EMAIL = "bob.smith@example.org"
@@ -52,6 +56,8 @@ def test_an_address_the_model_wrote_is_masked_in_the_store_and_in_the_echo(scrip
     first, second = server.store.list_spans(rollout_id=rid)
     assert EMAIL not in first.model_dump_json() + second.model_dump_json()
     assert first.llm.response_text == "Write to <EMAIL_1> any time."
+    from agentforge.privacy.answer import ANSWER_WITHHELD
+
     assert first.llm.completion_token_ids is None and first.llm.logprobs is None and not first.llm.trainable
     assert ANSWER_WITHHELD in first.llm.flags and first.attributes["not_trainable_reason"] == ANSWER_WITHHELD
     assert first.attributes["privacy"]["redactions"] == {"EMAIL": 1}
@@ -74,6 +80,9 @@ def _span(completion: list[int], **attributes) -> Span:
 
 
 def test_the_unsampled_tail_has_env_mask_0_and_a_bad_index_is_a_clear_error() -> None:
+    from agentforge.privacy.answer import UNSAMPLED_FROM
+    from agentforge.trainers.samples import SampleValidationError, sampled_mask
+
     assert sampled_mask(_span([5, 6, 7, 8], **{UNSAMPLED_FROM: 2})) == [1, 1, 0, 0]
     assert sampled_mask(_span([5, 6])) == [1, 1]
     (traj,) = build_trajectories([_span([5, 6, 7], **{UNSAMPLED_FROM: 1})])
@@ -126,15 +135,14 @@ def _two_turns(engine, forced: bool = False) -> None:
         _post(base, [user, answer, *follow], temperature=0, max_tokens=8, **tools)
     first, second = store.list_spans(rollout_id=rid)
     store.close()
+    assert "token_in_continuation" in second.llm.flags
+    assert not [f for f in second.llm.flags if f.startswith("prefix_break")]
     detokenized = httpx.post(
         f"{engine.base_url.removesuffix('/v1')}/detokenize",
         json={"model": engine.base_model_name, "tokens": first.llm.completion_token_ids},
         headers={"authorization": f"Bearer {engine.api_key}"},
         timeout=30,
     ).json()["prompt"]
-    assert ANSWER_MASKED in first.llm.flags and first.llm.trainable
-    assert "token_in_continuation" in second.llm.flags
-    assert not [f for f in second.llm.flags if f.startswith("prefix_break")]
     echoed = second.llm.request["messages"][1]  # the client's echo, as the engine saw it
     echoed_text = " ".join(
         [echoed.get("content") or "", *(c["function"]["arguments"] for c in echoed.get("tool_calls") or [])]
@@ -144,6 +152,9 @@ def _two_turns(engine, forced: bool = False) -> None:
     )
     assert not any(re.search(rf"\b{w}\b", stored) for w in words), (words, detokenized)
     assert "<WORD_1>" in detokenized  # the stored ids spell the placeholder
+    from agentforge.privacy.answer import ANSWER_MASKED, UNSAMPLED_FROM
+
+    assert ANSWER_MASKED in first.llm.flags and first.llm.trainable
     if forced:  # the guided call's grammar logprobs: one per stored token
         assert "guided_logprobs_recomputed" in first.llm.flags
         assert len(first.attributes["guided_logprobs"]) == len(first.llm.completion_token_ids)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from agentforge.cli import app
 from agentforge.errors import NotFoundError
 from agentforge.privacy.ledger import DELETIONS, EXPORTS
-from agentforge.stores.forget import RETAINED_METRICS, apply_retention, forget
+from agentforge.stores.forget import RETAINED_METRICS, ForgetReport, apply_retention, forget
 from agentforge.stores.sql import SQLStore
 from agentforge.trainers.replay import TraceFilter, export_jsonl
 from agentforge.types import AttemptState, LLMCall, Reward, Rollout, Span, SpanKind, Task
@@ -204,12 +204,13 @@ def test_exports_refuse_spans_that_must_stay_and_retention_keeps_aggregates(
         assert report.skipped == {"privacy: must not leave the store": 1}
         assert b"held text" not in (tmp_path / "out.jsonl").read_bytes()
         gone = apply_retention(store, 1, at=now_)
-        assert sorted(gone.rollout_ids) == sorted([kept, held]) and gone.deleted["orphan_spans"] == 1
+        assert sorted(gone.rollout_ids) == sorted([kept, held])
         assert (
             [s.span_id for s in store.list_spans(orphans=True)]
             == [new_orphan.span_id]
             != [old_orphan.span_id]
         )
+        assert gone.deleted["orphan_spans"] == 1
         (metrics,) = store.list_resources(RETAINED_METRICS)
         (row,) = metrics.payload["aggregates"]
         assert (row["rollouts"], row["rewarded"], row["reward_mean"], row["state"]) == (
@@ -301,9 +302,9 @@ def _wal_files(url: str) -> bytes:
     return b"".join(p.read_bytes() for p in root.iterdir() if p.is_file())
 
 
-def _forget_one(url: str) -> tuple[list[str], bool]:
-    """Store a rollout with a fresh marker, forget its user; returns the report's residue and whether the
-    marker is still in a WAL file."""
+def _forget_one(url: str) -> tuple[ForgetReport, bool]:
+    """Store a rollout with a fresh marker, forget its user; returns the report and whether the marker is still
+    in a WAL file."""
     with SQLStore(url) as store:
         marker = "walmark-" + secrets.token_hex(8)
         _rollout(store, "alice_17", f"77 Alice Lane {marker}")
@@ -311,8 +312,8 @@ def _forget_one(url: str) -> tuple[list[str], bool]:
         assert marker.encode() in _wal_files(
             url
         )  # the insert is in the WAL: the check sees what it looks for
-        residue = forget(store, users=["alice_17"]).residue
-    return residue, marker.encode() in _wal_files(url)
+        report = forget(store, users=["alice_17"])
+    return report, marker.encode() in _wal_files(url)
 
 
 @pytest.mark.postgres
@@ -325,23 +326,29 @@ def test_forget_on_postgresql_removes_the_wal_segments_that_hold_the_text(pg_url
     from sqlalchemy.engine import make_url
 
     role = make_url(pg_url).username
+    grants = (f"pg_checkpoint TO {role}", f"EXECUTE ON FUNCTION pg_switch_wal() TO {role}")
     try:
-        _as_postgres(pg_url, f"REVOKE pg_checkpoint FROM {role}")
-        _as_postgres(pg_url, f"REVOKE EXECUTE ON FUNCTION pg_switch_wal() FROM {role}")
-        residue, _ = _forget_one(pg_url)
-        (rights,) = [r for r in residue if "may not checkpoint" in r]
-        assert f"GRANT pg_checkpoint TO {role}" in rights and f"pg_switch_wal() TO {role}" in rights
-
-        _as_postgres(pg_url, f"GRANT pg_checkpoint TO {role}")
-        _as_postgres(pg_url, f"GRANT EXECUTE ON FUNCTION pg_switch_wal() TO {role}")
+        for grant in grants:
+            _as_postgres(pg_url, f"GRANT {grant}")
         for recycle in ("off", "on"):
             _as_postgres(pg_url, f"ALTER SYSTEM SET wal_recycle = {recycle}")
             _as_postgres(pg_url, "SELECT pg_reload_conf()")
-            residue, left = _forget_one(pg_url)
+            report, left = _forget_one(pg_url)
             if recycle == "off":
-                assert residue == [] and not left, residue
+                assert not left
+                assert report.residue == [], report.residue
             else:
-                assert len(residue) == 1 and "wal_recycle" in residue[0] and left, residue
+                assert left and len(report.residue) == 1 and "wal_recycle" in report.residue[0], (
+                    report.residue
+                )
+
+        for grant in grants:
+            _as_postgres(pg_url, f"REVOKE {grant.replace(' TO ', ' FROM ')}")
+        report, _ = _forget_one(pg_url)
+        (rights,) = [r for r in report.residue if "may not checkpoint" in r]
+        assert f"GRANT pg_checkpoint TO {role}" in rights and f"pg_switch_wal() TO {role}" in rights
     finally:
+        for grant in grants:
+            _as_postgres(pg_url, f"GRANT {grant}")
         _as_postgres(pg_url, "ALTER SYSTEM RESET wal_recycle")
         _as_postgres(pg_url, "SELECT pg_reload_conf()")
