@@ -39,6 +39,7 @@ import httpx
 from agentforge.config import default_model_dir
 from agentforge.gateway.router import ModelRouter, Upstream
 from agentforge.gateway.server import GatewayServer
+from agentforge.open import open_store
 from agentforge.testing import memory_store
 from agentforge.trainers.samples import Trajectory, build_trajectories
 from agentforge.types import Rollout, Span
@@ -97,9 +98,10 @@ def _stream_message(text: str) -> dict[str, Any]:
 
 
 def conversation(
-    url: str, model: str, *, force_first: bool, turns: int = 4, max_tokens: int = 48
+    url: str | list[str], model: str, *, force_first: bool, turns: int = 4, max_tokens: int = 48
 ) -> list[str]:
-    """Run one conversation of ``turns`` LLM calls against ``url`` (a rollout's ``.../v1``).
+    """Run one conversation of ``turns`` LLM calls against ``url`` (a rollout's ``.../v1``; a list: one per
+    gateway replica, call ``i`` sent to ``url[i % len(url)]``).
 
     Returns:
         The texts the conversation added between calls (tool answers, user turns), in order.
@@ -117,7 +119,8 @@ def conversation(
                 "max_tokens": max_tokens,
                 "stream": turn == 2,
             }
-            response = client.post(f"{url}/chat/completions", json=body)
+            base = url if isinstance(url, str) else url[turn % len(url)]
+            response = client.post(f"{base}/chat/completions", json=body)
             response.raise_for_status()
             if body["stream"]:
                 message = _stream_message(response.text)
@@ -322,50 +325,67 @@ def run_mode(
     model: Any,
     tokenizer: Any,
     dialect: str = "chat",
+    replicas: int = 1,
+    store_url: str | None = None,
 ) -> dict:
     """``rollouts`` conversations through a fresh gateway (spoken as chat calls, or as the Anthropic Messages
-    API with ``dialect="anthropic"``, or the Responses API with ``dialect="responses"``); the per-mode summary."""
+    API with ``dialect="anthropic"``, or the Responses API with ``dialect="responses"``); the per-mode summary.
+    ``replicas`` > 1 (chat only): that many gateways, each on its own connection to the store ``store_url``
+    (default: an in-memory one shared), and each conversation's calls go to them in turn."""
+    if replicas > 1 and dialect != "chat":
+        raise ValueError("replicas > 1 runs chat conversations only")
     router = ModelRouter()
     upstream = Upstream(
         base_url=engine.base_url, model=engine.base_model_name, api_key=engine.api_key, token_in=token_in
     )
     router.register("policy@v0", upstream)
     router.set_alias("policy", "policy@v0")
-    store = memory_store()
+    store = open_store(store_url) if store_url else memory_store()
+    others = [open_store(store_url) if store_url else store for _ in range(replicas - 1)]
+    more = [GatewayServer(s, router).start() for s in others]
     rows = []
     t0 = time.monotonic()
-    with GatewayServer(store, router) as gateway:
-        for _ in range(rollouts):
-            rollout_id = store.enqueue_rollout(Rollout()).rollout_id
-            if dialect == "responses":
-                added = responses_conversation(
-                    gateway.rollout_base_url(rollout_id), "policy", force_first=force_first
+    try:
+        with GatewayServer(store, router) as gateway:
+            for _ in range(rollouts):
+                rollout_id = store.enqueue_rollout(Rollout()).rollout_id
+                if dialect == "responses":
+                    added = responses_conversation(
+                        gateway.rollout_base_url(rollout_id), "policy", force_first=force_first
+                    )
+                elif dialect == "anthropic":
+                    root = f"{gateway.url}/rollouts/{rollout_id}"
+                    added = anthropic_conversation(root, "policy", force_first=force_first)
+                else:
+                    urls = [g.rollout_base_url(rollout_id) for g in (gateway, *more)]
+                    added = conversation(urls, "policy", force_first=force_first)
+                spans = [s for s in store.list_spans(rollout_id=rollout_id) if s.llm is not None]
+                trajectories = build_trajectories(spans)
+                last = trajectories[-1]
+                seq, tok = step1_ratios(last, model)
+                rows.append(
+                    {
+                        "trajectories": len(trajectories),
+                        "calls": len(spans),
+                        "continued": sum("token_in_continuation" in s.llm.flags for s in spans),  # type: ignore[union-attr]
+                        "breaks": [f for s in spans for f in s.llm.flags if f.startswith("prefix_break:")],  # type: ignore[union-attr]
+                        "guided": [f for s in spans for f in s.llm.flags if f.startswith("guided_")],  # type: ignore[union-attr]
+                        "ids_match": ids_match(last, spans),
+                        "tool_masked": tool_masked(last, added, tokenizer)
+                        if len(trajectories) == 1
+                        else None,
+                        "sequence_ratio": seq,
+                        "token_ratio": tok,
+                    }
                 )
-            elif dialect == "anthropic":
-                root = f"{gateway.url}/rollouts/{rollout_id}"
-                added = anthropic_conversation(root, "policy", force_first=force_first)
-            else:
-                added = conversation(gateway.rollout_base_url(rollout_id), "policy", force_first=force_first)
-            spans = [s for s in store.list_spans(rollout_id=rollout_id) if s.llm is not None]
-            trajectories = build_trajectories(spans)
-            last = trajectories[-1]
-            seq, tok = step1_ratios(last, model)
-            rows.append(
-                {
-                    "trajectories": len(trajectories),
-                    "calls": len(spans),
-                    "continued": sum("token_in_continuation" in s.llm.flags for s in spans),  # type: ignore[union-attr]
-                    "breaks": [f for s in spans for f in s.llm.flags if f.startswith("prefix_break:")],  # type: ignore[union-attr]
-                    "guided": [f for s in spans for f in s.llm.flags if f.startswith("guided_")],  # type: ignore[union-attr]
-                    "ids_match": ids_match(last, spans),
-                    "tool_masked": tool_masked(last, added, tokenizer) if len(trajectories) == 1 else None,
-                    "sequence_ratio": seq,
-                    "token_ratio": tok,
-                }
-            )
-    store.close()
+    finally:
+        for g in more:
+            g.stop()
+    for s in {id(s): s for s in [store, *others]}.values():
+        s.close()
     return {
         "dialect": dialect,
+        "replicas": replicas,
         "token_in": token_in,
         "rollouts": rollouts,
         "one_trajectory_share": sum(r["trajectories"] == 1 for r in rows) / rollouts,
@@ -406,6 +426,10 @@ def main() -> None:
         default="chat",
         help="the API the conversations speak",
     )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="gateway replicas a conversation's calls go to in turn (chat)"
+    )
+    parser.add_argument("--store-url", default=None, help="the replicas' shared store (default: in memory)")
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON line last")
     args = parser.parse_args()
     import torch
@@ -421,7 +445,15 @@ def main() -> None:
     try:
         summaries = [
             run_mode(
-                engine, mode == "on", args.rollouts, args.engine == "vllm", model, tokenizer, args.dialect
+                engine,
+                mode == "on",
+                args.rollouts,
+                args.engine == "vllm",
+                model,
+                tokenizer,
+                args.dialect,
+                args.replicas,
+                args.store_url,
             )
             for mode in args.modes.split(",")
         ]
@@ -430,7 +462,8 @@ def main() -> None:
             engine.stop()
     for s in summaries:
         print(
-            f"{args.engine} {s['dialect']} token_in={'on ' if s['token_in'] else 'off'}: one trajectory in "
+            f"{args.engine} {s['dialect']} replicas={s['replicas']} token_in={'on ' if s['token_in'] else 'off'}: "
+            "one trajectory in "
             f"{s['one_trajectory_share']:.0%} of {s['rollouts']} rollouts, extra_trajectories={s['extra_trajectories']}, "
             f"ids match {s['ids_match_share']:.0%}, tool outputs masked {s['tool_masked_share']:.0%}, "
             f"step-1 IS ratio: sequence {s['sequence_ratio_mean']:.3f}, token {s['token_ratio_mean']:.3f} "

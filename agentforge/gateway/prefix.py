@@ -31,7 +31,14 @@ When a call of a known rollout cannot continue, it takes the ordinary path and i
 ``prefix_break:<reason>`` (see :data:`BREAK_REASONS`), so every split the trainer counts has a visible cause.
 Calls outside a rollout, non-chat calls and engines without ``Upstream.token_in`` never enter this module
 beyond one dictionary lookup. State lives in this gateway process (an LRU of :data:`MAX_ROLLOUTS` rollouts,
-:data:`TURNS_PER_ROLLOUT` calls each): behind several gateway replicas, pin a rollout to one replica.
+:data:`TURNS_PER_ROLLOUT` calls each), and is rebuilt from the trace store where it is missing or behind: a
+chat call that carries an assistant message, of a rollout this process remembers nothing of (another replica
+served it, or this process restarted), or whose history holds an answer after the last call it continues of
+those remembered here (another replica answered it), reads the
+rollout's recorded chat calls (their spans hold the request and the ids, committed before their answers
+were sent) off the event loop and continues the one it extends. So a conversation stays one trajectory
+whichever gateway replica serves each of its calls. A rollout whose read found nothing to continue is not
+read again while it stays in an LRU of :data:`MAX_ROLLOUTS` ids (unless this process then records a call of it).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from starlette.responses import Response
 
 from agentforge.gateway.guided import GUIDED_RECOMPUTED, is_guided, recompute_logprobs
@@ -56,7 +64,7 @@ if TYPE_CHECKING:
     from agentforge.gateway.call import CallContext
     from agentforge.gateway.host import CallHost
     from agentforge.gateway.router import Upstream
-    from agentforge.types import LLMCall
+    from agentforge.types import LLMCall, Span
 
 __all__ = ["CONTINUED", "BREAK_PREFIX", "BREAK_REASONS", "Continuations", "MAX_ROLLOUTS", "TURNS_PER_ROLLOUT"]
 
@@ -198,9 +206,18 @@ class Continuations:
         turns_per_rollout: calls remembered per rollout.
     """
 
-    def __init__(self, max_rollouts: int = MAX_ROLLOUTS, turns_per_rollout: int = TURNS_PER_ROLLOUT) -> None:
+    def __init__(
+        self,
+        max_rollouts: int = MAX_ROLLOUTS,
+        turns_per_rollout: int = TURNS_PER_ROLLOUT,
+        stored: Callable[[str], Sequence[Span]] | None = None,
+    ) -> None:
         self._turns: OrderedDict[str, list[_Turn]] = OrderedDict()
         self._max, self._per = max_rollouts, turns_per_rollout
+        self._stored = stored
+        self._read_empty: OrderedDict[str, None] = (
+            OrderedDict()
+        )  # rollouts whose read found no call to continue
         self._closings: dict[str, list[int]] = {}  # engine root URL → its template's closing after a turn
         self._breaks: weakref.WeakKeyDictionary[CallContext, str] = weakref.WeakKeyDictionary()
 
@@ -212,7 +229,51 @@ class Continuations:
         call of a rollout (a dictionary lookup and a few key reads: the hot path's only cost)."""
         if ctx.rollout_id is None:
             return False
-        return ctx.rollout_id in self._turns or is_guided(ctx.body)
+        return ctx.rollout_id in self._turns or is_guided(ctx.body) or self._may_read(ctx)
+
+    def _may_read(self, ctx: CallContext) -> bool:
+        """Whether the store may hold calls ``ctx`` continues: a chat call with an assistant message, of a
+        rollout not read in vain before."""
+        if self._stored is None or ctx.endpoint != "chat" or ctx.rollout_id in self._read_empty:
+            return False
+        messages = ctx.body.get("messages")
+        return isinstance(messages, list) and any(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages
+        )
+
+    async def _read(self, rollout_id: str) -> list[_Turn] | None:
+        """The rollout's last :data:`TURNS_PER_ROLLOUT` continuable chat calls as the trace store holds them,
+        read in a worker thread, now remembered in place of what this process held; ``None`` when there is
+        none (or the store failed: logged, the call takes the ordinary path)."""
+        assert self._stored is not None
+        try:
+            spans = await anyio.to_thread.run_sync(self._stored, rollout_id)
+        except Exception as exc:  # noqa: BLE001 - a store outage must not fail the call: render it anew
+            logger.warning(
+                "could not read rollout %s's calls to continue its conversation: %s", rollout_id, exc
+            )
+            return None
+        turns = [
+            _Turn(s.llm.request, s.llm)
+            for s in spans
+            if s.llm is not None
+            and s.status == "ok"
+            and s.llm.endpoint == "chat"
+            and s.llm.trainable
+            and s.llm.prompt_token_ids is not None
+            and s.llm.completion_token_ids is not None
+            and isinstance(s.llm.request, dict)
+        ][-self._per :]
+        if not turns:
+            self._read_empty[rollout_id] = None
+            if len(self._read_empty) > self._max:
+                self._read_empty.popitem(last=False)
+            return None
+        self._turns[rollout_id] = turns
+        self._turns.move_to_end(rollout_id)
+        if len(self._turns) > self._max:
+            self._turns.popitem(last=False)
+        return turns
 
     # --- memory (called by the recorder for every recorded call) ---------------------------------
     def remember(self, ctx: CallContext, llm: LLMCall) -> None:
@@ -231,6 +292,7 @@ class Continuations:
             return
         if llm.prompt_token_ids is None or llm.completion_token_ids is None:
             return
+        self._read_empty.pop(rollout_id, None)
         turns = self._turns.get(rollout_id)
         if turns is None:
             turns = self._turns[rollout_id] = []
@@ -254,6 +316,16 @@ class Continuations:
                 return turn
         return None
 
+    def _behind(self, body: dict[str, Any], turns: list[_Turn]) -> bool:
+        """Whether ``body`` continues a remembered call but its messages after that call's answer hold another
+        assistant message: a later call of the rollout this process did not answer (another replica did)."""
+        turn = self._match(body, turns)
+        if turn is None:
+            return False
+        messages = body.get("messages") or []
+        after = messages[len(turn.request.get("messages") or []) + 1 :]
+        return any(isinstance(m, dict) and m.get("role") == "assistant" for m in after)
+
     def _break(self, ctx: CallContext, why: str) -> None:
         self._breaks[ctx] = why
 
@@ -276,8 +348,16 @@ class Continuations:
         """
         if ctx.endpoint != "chat" or not upstream.token_ids:
             return None
-        turns = self._turns.get(ctx.rollout_id or "")
+        rollout_id = ctx.rollout_id or ""
+        turns = self._turns.get(rollout_id)
+        read = False
+        if (
+            turns is None and upstream.token_in and self._may_read(ctx)
+        ):  # another replica's, or before a restart
+            turns, read = await self._read(rollout_id), True
         if turns and upstream.token_in:
+            if not read and self._behind(ctx.body, turns) and self._may_read(ctx):
+                turns = await self._read(rollout_id) or turns  # calls of it another replica answered since
             continued = await self._continue(gateway, ctx, upstream, turns, release)
             if not isinstance(continued, str):
                 return continued

@@ -53,7 +53,7 @@ class SpanRecorder:
 
     def __init__(self, store: TraceStore) -> None:
         self.store = store
-        self.prefix = Continuations()
+        self.prefix = Continuations(stored=self._chat_spans)
         self.orphans = 0
         self._warned: dict[str, tuple[float, int]] = {}  # kind -> (time of its last WARNING, quiet since)
 
@@ -106,6 +106,11 @@ class SpanRecorder:
                 "the client at <gateway>/rollouts/<rollout_id>/v1 or send the X-Rollout-Id header to attribute it",
             )
         await self._write(span)
+
+    def _chat_spans(self, rollout_id: str) -> list[Span]:
+        """The rollout's recorded LLM calls, oldest first (read in a worker thread by :class:`Continuations`
+        to continue a conversation another replica, or this process before a restart, answered)."""
+        return self.store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm)
 
     def engine_tokens(self, ctx: CallContext) -> EngineTokens | None:
         """The tokenizer routes of the engine that served ``ctx`` (``None``: none known; the gateway's own

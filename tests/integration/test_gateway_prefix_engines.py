@@ -63,3 +63,17 @@ def test_vllm_conversation_in_another_dialect_is_one_trajectory(
     summary = one_trajectory.run_mode(vllm_tool_server, True, 1, True, *reference, dialect=dialect)
     _check(summary)
     assert summary["rows"][0]["guided"] == ["guided_logprobs_recomputed"], summary
+
+
+@pytest.mark.vllm
+@pytest.mark.postgres
+def test_vllm_conversation_over_two_gateway_replicas_is_one_trajectory(
+    vllm_tool_server: Any, reference: tuple[Any, Any], pg_url: str
+) -> None:
+    """Issue 39: the same conversation, its calls sent in turn to two gateway replicas, each on its own
+    connection to one PostgreSQL store. A replica that did not answer the rollout's last call rebuilds its
+    continuation from the stored spans: still one trajectory, the same ids, every follow-up continued."""
+    summary = one_trajectory.run_mode(
+        vllm_tool_server, True, 1, True, *reference, replicas=2, store_url=pg_url
+    )
+    _check(summary)
