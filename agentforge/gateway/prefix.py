@@ -215,9 +215,8 @@ class Continuations:
         self._turns: OrderedDict[str, list[_Turn]] = OrderedDict()
         self._max, self._per = max_rollouts, turns_per_rollout
         self._stored = stored
-        self._read_empty: OrderedDict[str, None] = (
-            OrderedDict()
-        )  # rollouts whose read found no call to continue
+        # rollouts whose store read found no call to continue (not read again while remembered here)
+        self._read_empty: OrderedDict[str, None] = OrderedDict()
         self._closings: dict[str, list[int]] = {}  # engine root URL → its template's closing after a turn
         self._breaks: weakref.WeakKeyDictionary[CallContext, str] = weakref.WeakKeyDictionary()
 
@@ -351,9 +350,8 @@ class Continuations:
         rollout_id = ctx.rollout_id or ""
         turns = self._turns.get(rollout_id)
         read = False
-        if (
-            turns is None and upstream.token_in and self._may_read(ctx)
-        ):  # another replica's, or before a restart
+        if turns is None and upstream.token_in and self._may_read(ctx):
+            # a rollout another replica served, or this process served before it restarted
             turns, read = await self._read(rollout_id), True
         if turns and upstream.token_in:
             if not read and self._behind(ctx.body, turns) and self._may_read(ctx):
