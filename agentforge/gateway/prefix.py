@@ -31,7 +31,7 @@ When a call of a known rollout cannot continue, it takes the ordinary path and i
 ``prefix_break:<reason>`` (see :data:`BREAK_REASONS`), so every split the trainer counts has a visible cause.
 Calls outside a rollout, non-chat calls and engines without ``Upstream.token_in`` never enter this module
 beyond one dictionary lookup. State lives in this gateway process (an LRU of :data:`MAX_ROLLOUTS` rollouts,
-:data:`TURNS_PER_ROLLOUT` calls each), and is rebuilt from the trace store where it is missing or behind: a
+:data:`TURNS_PER_ROLLOUT` calls each, :data:`MAX_IDS` token ids in all), and is rebuilt from the trace store where it is missing or behind: a
 chat call that carries an assistant message, of a rollout this process remembers nothing of (another replica
 served it, or this process restarted), or whose history holds an answer after the last call it continues of
 those remembered here (another replica answered it), reads the
@@ -66,7 +66,15 @@ if TYPE_CHECKING:
     from agentforge.gateway.router import Upstream
     from agentforge.types import LLMCall, Span
 
-__all__ = ["CONTINUED", "BREAK_PREFIX", "BREAK_REASONS", "Continuations", "MAX_ROLLOUTS", "TURNS_PER_ROLLOUT"]
+__all__ = [
+    "CONTINUED",
+    "BREAK_PREFIX",
+    "BREAK_REASONS",
+    "Continuations",
+    "MAX_IDS",
+    "MAX_ROLLOUTS",
+    "TURNS_PER_ROLLOUT",
+]
 
 logger = logging.getLogger("agentforge.gateway")
 
@@ -85,6 +93,10 @@ BREAK_REASONS = {
 MAX_ROLLOUTS = 2048
 #: Calls remembered per rollout (several are kept for agents that interleave independent conversations).
 TURNS_PER_ROLLOUT = 4
+#: Token ids (prompt + completion, summed over every remembered call) held at most; past it the least recently
+#: used rollouts are forgotten (a later call of one reads its calls back from the store). About 36 bytes an id
+#: in CPython (an int object and its list slot): ≈ 150 MB.
+MAX_IDS = 4_000_000
 
 #: Request keys a continuation carries over to ``/v1/completions`` unchanged.
 _SAMPLING = (
@@ -204,6 +216,8 @@ class Continuations:
     Args:
         max_rollouts: rollouts remembered (LRU).
         turns_per_rollout: calls remembered per rollout.
+        stored: reads a rollout's recorded spans from the trace store (``None``: memory only).
+        max_ids: token ids held at most, all rollouts together (LRU rollouts forgotten past it).
     """
 
     def __init__(
@@ -211,9 +225,12 @@ class Continuations:
         max_rollouts: int = MAX_ROLLOUTS,
         turns_per_rollout: int = TURNS_PER_ROLLOUT,
         stored: Callable[[str], Sequence[Span]] | None = None,
+        max_ids: int = MAX_IDS,
     ) -> None:
         self._turns: OrderedDict[str, list[_Turn]] = OrderedDict()
-        self._max, self._per = max_rollouts, turns_per_rollout
+        self._max, self._per, self._max_ids = max_rollouts, turns_per_rollout, max_ids
+        self._ids: dict[str, int] = {}  # rollout id → token ids its remembered calls hold
+        self._held = 0  # sum of self._ids
         self._stored = stored
         # rollouts whose store read found no call to continue (not read again while remembered here)
         self._read_empty: OrderedDict[str, None] = OrderedDict()
@@ -268,11 +285,21 @@ class Continuations:
             if len(self._read_empty) > self._max:
                 self._read_empty.popitem(last=False)
             return None
+        self._keep(rollout_id, turns)
+        return turns
+
+    def _keep(self, rollout_id: str, turns: list[_Turn]) -> None:
+        """Remember ``turns`` as the rollout's (most recently used), then forget least recently used rollouts
+        while more than ``max_rollouts`` are remembered or their calls hold more than ``max_ids`` token ids
+        (never the rollout just kept)."""
         self._turns[rollout_id] = turns
         self._turns.move_to_end(rollout_id)
-        if len(self._turns) > self._max:
-            self._turns.popitem(last=False)
-        return turns
+        size = sum(len(t.llm.prompt_token_ids or ()) + len(t.llm.completion_token_ids or ()) for t in turns)
+        self._held += size - self._ids.get(rollout_id, 0)
+        self._ids[rollout_id] = size
+        while len(self._turns) > 1 and (len(self._turns) > self._max or self._held > self._max_ids):
+            gone, _ = self._turns.popitem(last=False)
+            self._held -= self._ids.pop(gone, 0)
 
     # --- memory (called by the recorder for every recorded call) ---------------------------------
     def remember(self, ctx: CallContext, llm: LLMCall) -> None:
@@ -292,15 +319,10 @@ class Continuations:
         if llm.prompt_token_ids is None or llm.completion_token_ids is None:
             return
         self._read_empty.pop(rollout_id, None)
-        turns = self._turns.get(rollout_id)
-        if turns is None:
-            turns = self._turns[rollout_id] = []
-            if len(self._turns) > self._max:
-                self._turns.popitem(last=False)
-        else:
-            self._turns.move_to_end(rollout_id)
+        turns = self._turns.get(rollout_id) or []
         turns.append(_Turn(ctx.body, llm))
         del turns[: -self._per]
+        self._keep(rollout_id, turns)
 
     def _match(self, body: dict[str, Any], turns: list[_Turn]) -> _Turn | None:
         messages = body.get("messages") or []

@@ -192,3 +192,32 @@ def test_guided_calls_are_the_ones_sampled_under_a_grammar() -> None:
     memory = Continuations()
     assert memory.wants(CallContext("chat", {"tools": TOOLS, "tool_choice": "required"}, "ro-1", None))
     assert not memory.wants(CallContext("chat", {"tools": TOOLS, "tool_choice": "required"}, None, None))
+
+
+def test_the_memory_holds_at_most_max_ids_token_ids_forgetting_the_least_recently_used_rollouts() -> None:
+    """A byte bound, not only a count: remembered calls keep their prompt and completion ids, so a few rollouts
+    with long prompts could hold gigabytes under ``max_rollouts`` alone. Past ``max_ids`` ids (all rollouts
+    together) the least recently used rollouts are forgotten — never the one just kept, even alone over it."""
+    memory = Continuations(max_ids=100)
+    messages = [{"role": "user", "content": "hi"}]
+
+    def remember(rollout: str, prompt: int, completion: int = 10) -> None:
+        ctx = CallContext("chat", {"model": "policy", "messages": messages}, rollout, None)
+        memory.remember(ctx, _call(list(range(prompt)), list(range(completion))))
+
+    remember("ro-a", 20)  # 30 ids
+    remember("ro-b", 20)  # 60
+    remember("ro-c", 20)  # 90
+    assert len(memory) == 3
+    remember("ro-a", 30)  # a's second call: a holds 30 + 40, so 130 > 100: b (least recently used) goes
+    assert [r for r in ("ro-a", "ro-b", "ro-c") if memory.wants(_ctx(r))] == ["ro-a", "ro-c"]
+    remember("ro-d", 150)  # alone over the bound: every other rollout goes, d stays
+    assert [r for r in ("ro-a", "ro-c", "ro-d") if memory.wants(_ctx(r))] == ["ro-d"] and len(memory) == 1
+    remember("ro-e", 5)  # 15 ids: d (160) goes, e stays
+    assert [r for r in ("ro-d", "ro-e") if memory.wants(_ctx(r))] == ["ro-e"]
+
+
+def _ctx(rollout: str) -> CallContext:
+    return CallContext(
+        "chat", {"model": "policy", "messages": [{"role": "user", "content": "x"}]}, rollout, None
+    )
