@@ -31,8 +31,8 @@ When a call of a known rollout cannot continue, it takes the ordinary path and i
 ``prefix_break:<reason>`` (see :data:`BREAK_REASONS`), so every split the trainer counts has a visible cause.
 Calls outside a rollout, non-chat calls and engines without ``Upstream.token_in`` never enter this module
 beyond one dictionary lookup. State lives in this gateway process (an LRU of :data:`MAX_ROLLOUTS` rollouts,
-:data:`TURNS_PER_ROLLOUT` calls each, :data:`MAX_IDS` token ids in all), and is rebuilt from the trace store where it is missing or behind: a
-chat call that carries an assistant message, of a rollout this process remembers nothing of (another replica
+:data:`TURNS_PER_ROLLOUT` calls each, :data:`MAX_IDS` token ids in all), and is rebuilt from the trace store
+where it is missing or behind: a chat call that carries an assistant message, of a rollout this process remembers nothing of (another replica
 served it, or this process restarted), or whose history holds an answer after the last call it continues of
 those remembered here (another replica answered it), reads the
 rollout's recorded chat calls (their spans hold the request and the ids, committed before their answers
@@ -210,6 +210,11 @@ def _glue(completion: Sequence[int], closing: Sequence[int]) -> list[int]:
     return list(closing)
 
 
+def _continuable(llm: LLMCall) -> bool:
+    """Whether a recorded chat call may be continued token-in: trainable, with its prompt and completion ids."""
+    return llm.trainable and llm.prompt_token_ids is not None and llm.completion_token_ids is not None
+
+
 class Continuations:
     """Per-rollout memory of answered chat calls, and the token-in path for the calls that continue them.
 
@@ -275,9 +280,7 @@ class Continuations:
             if s.llm is not None
             and s.status == "ok"
             and s.llm.endpoint == "chat"
-            and s.llm.trainable
-            and s.llm.prompt_token_ids is not None
-            and s.llm.completion_token_ids is not None
+            and _continuable(s.llm)
             and isinstance(s.llm.request, dict)
         ][-self._per :]
         if not turns:
@@ -314,9 +317,7 @@ class Continuations:
             if why is not None:
                 llm.flags.append(BREAK_PREFIX + why)
         rollout_id = ctx.rollout_id
-        if rollout_id is None or ctx.endpoint != "chat" or not llm.trainable:
-            return
-        if llm.prompt_token_ids is None or llm.completion_token_ids is None:
+        if rollout_id is None or ctx.endpoint != "chat" or not _continuable(llm):
             return
         self._read_empty.pop(rollout_id, None)
         turns = self._turns.get(rollout_id) or []
@@ -337,12 +338,10 @@ class Continuations:
                 return turn
         return None
 
-    def _behind(self, body: dict[str, Any], turns: list[_Turn]) -> bool:
-        """Whether ``body`` continues a remembered call but its messages after that call's answer hold another
-        assistant message: a later call of the rollout this process did not answer (another replica did)."""
-        turn = self._match(body, turns)
-        if turn is None:
-            return False
+    @staticmethod
+    def _behind(body: dict[str, Any], turn: _Turn) -> bool:
+        """Whether ``body``, which continues ``turn``, holds another assistant message after that call's answer:
+        a later call of the rollout this process did not answer (another replica did)."""
         messages = body.get("messages") or []
         after = messages[len(turn.request.get("messages") or []) + 1 :]
         return any(isinstance(m, dict) and m.get("role") == "assistant" for m in after)
@@ -376,9 +375,12 @@ class Continuations:
             # a rollout another replica served, or this process served before it restarted
             turns, read = await self._read(rollout_id), True
         if turns and upstream.token_in:
-            if not read and self._behind(ctx.body, turns) and self._may_read(ctx):
-                turns = await self._read(rollout_id) or turns  # calls of it another replica answered since
-            continued = await self._continue(gateway, ctx, upstream, turns, release)
+            turn = self._match(ctx.body, turns)
+            if not read and turn is not None and self._behind(ctx.body, turn) and self._may_read(ctx):
+                fresher = await self._read(rollout_id)  # calls of it another replica answered since
+                if fresher:
+                    turn = self._match(ctx.body, fresher)
+            continued = await self._continue(gateway, ctx, upstream, turn, release)
             if not isinstance(continued, str):
                 return continued
             self._break(ctx, continued)
@@ -391,13 +393,13 @@ class Continuations:
         gateway: CallHost,
         ctx: CallContext,
         upstream: Upstream,
-        turns: list[_Turn],
+        turn: _Turn | None,
         release: Callable[[], None],
     ) -> Response | str:
-        """The continued call's response, or why it cannot continue (a :data:`BREAK_REASONS` key)."""
+        """The continued call's response, or why it cannot continue (a :data:`BREAK_REASONS` key); ``turn``
+        is the remembered call the request extends (``None``: none)."""
         if _unsupported(ctx.body):
             return "option"
-        turn = self._match(ctx.body, turns)
         if turn is None:
             return "history"
         try:
